@@ -1,0 +1,139 @@
+"""Whole-playbook checks that run after the structure is known: graph and templates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from noetl_stream.dsl import vocabulary as V
+from noetl_stream.dsl.diagnostics import Diagnostic, Path, format_path
+from noetl_stream.dsl.model import Playbook
+from noetl_stream.dsl.templates import check_syntax, has_template, undeclared_names
+
+if TYPE_CHECKING:
+    from noetl_stream.dsl.compiler import Compiler
+
+
+def check_graph(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
+    """Warn about steps no arc can reach from ``start``."""
+    steps = {s.name: s for s in playbook.workflow}
+    if "start" not in steps:
+        return
+    seen = {"start"}
+    todo = ["start"]
+    while todo:
+        step = steps.get(todo.pop())
+        if step is None or step.next is None:
+            continue
+        for arc in step.next.arcs:
+            if arc.step not in seen:
+                seen.add(arc.step)
+                todo.append(arc.step)
+    raw = data.get("workflow") or []
+    for i, item in enumerate(raw):
+        name = item.get("step") if isinstance(item, dict) else None
+        if isinstance(name, str) and name in steps and name not in seen:
+            c.warn(
+                ("workflow", i, "step"), f"step '{name}' is not reachable from 'start'", code="unreachable"
+            )
+
+
+def _strings(node: Any, path: Path) -> Iterator[tuple[Path, str]]:
+    if isinstance(node, str):
+        if has_template(node):
+            yield path, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _strings(v, (*path, i))
+
+
+def _template_position(c: Compiler, path: Path, lineno: int) -> tuple[int, int]:
+    line, col = c.smap.value(path)
+    if lineno <= 1:
+        return line, col
+    text = c.smap.lines[line - 1] if 0 < line <= len(c.smap.lines) else ""
+    block = text[col - 1 : col] in ("|", ">")
+    target = line + lineno - (0 if block else 1)
+    indent_line = c.smap.lines[target - 1] if 0 < target <= len(c.smap.lines) else ""
+    return target, len(indent_line) - len(indent_line.lstrip()) + 1
+
+
+def _who(path: Path, data: dict[str, Any]) -> str:
+    if len(path) >= 2 and path[0] == "workflow":
+        item = (data.get("workflow") or [])[path[1]] if isinstance(path[1], int) else None
+        name = item.get("step") if isinstance(item, dict) else None
+        who = f"step '{name}'"
+        if len(path) >= 4 and path[2] == "tool":
+            tool = item.get("tool") if isinstance(item, dict) else None
+            label = _task_label(tool, path[3], str(name))
+            if label:
+                who += f" task '{label}'"
+        return who
+    if path and path[0] == "workbook":
+        return f"workbook '{path[1]}'" if len(path) > 1 else "workbook"
+    return str(path[0]) if path else "playbook"
+
+
+def _task_label(tool: Any, key: Any, step: str) -> str | None:
+    if isinstance(tool, list) and isinstance(key, int) and key < len(tool):
+        item = tool[key]
+        if isinstance(item, dict):
+            if "name" in item:
+                return str(item["name"])
+            if "kind" not in item and len(item) == 1:
+                return str(next(iter(item)))
+        return f"task_{key}"
+    if isinstance(tool, dict):
+        if "kind" in tool:
+            return f"{step}_task"
+        return str(key)
+    return None
+
+
+def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
+    """Every template parses; names it reads exist in some scope (a warning if not)."""
+    workload_keys = set(playbook.workload)
+    step_names = {s.name for s in playbook.workflow}
+    labels_by_index: dict[int, set[str]] = {}
+    raw_steps = data.get("workflow") or []
+    by_name = {s.name: s for s in playbook.workflow}
+    for i, item in enumerate(raw_steps):
+        name = item.get("step") if isinstance(item, dict) else None
+        step = by_name.get(name) if isinstance(name, str) else None
+        if step is not None:
+            labels_by_index[i] = {t.name for t in step.tasks}
+    base = V.SCOPE_NAMES | V.JINJA_GLOBALS | workload_keys | step_names | set(playbook.workbook)
+    roots: list[tuple[Path, Any]] = [(("workflow",), raw_steps), (("workbook",), data.get("workbook"))]
+    for root, node in roots:
+        for path, text in _strings(node, root):
+            who = _who(path, data)
+            problem = check_syntax(text)
+            if problem is not None:
+                line, col = _template_position(c, path, problem.lineno)
+                c.diagnostics.append(
+                    Diagnostic(
+                        "error",
+                        f"{who}: template syntax error: {problem.message}",
+                        c.smap.file,
+                        line,
+                        col,
+                        format_path(path),
+                        "template-syntax",
+                    )
+                )
+                continue
+            known = base
+            if root == ("workflow",) and isinstance(path[1], int):
+                known = base | labels_by_index.get(path[1], set())
+            for name in sorted(undeclared_names(text) - known):
+                hint = ""
+                if any(s.loop is not None and s.loop.iterator == name for s in playbook.workflow):
+                    hint = f" (did you mean 'iter.{name}'?)"
+                c.warn(
+                    path,
+                    f"{who}: template reads '{name}', which is not defined in any scope{hint}",
+                    code="undefined-name",
+                )

@@ -1,0 +1,91 @@
+"""The registry of tool kinds the compiler accepts, with each kind's own keys.
+
+The registry is open: plugins (and the runtime's tool modules) call
+``register_kind`` to add a kind. A kind with ``keys=None`` accepts any key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+# Keys every task may carry, whatever its kind.
+COMMON_TASK_KEYS = frozenset({"name", "kind", "spec", "desc", "args"})
+
+
+class KindInfo(msgspec.Struct, frozen=True):
+    name: str
+    keys: frozenset[str] | None
+    required_any: tuple[tuple[str, ...], ...] = ()
+    defaults: dict[str, Any] = {}
+    description: str = ""
+
+
+_REGISTRY: dict[str, KindInfo] = {}
+
+
+def register_kind(
+    name: str,
+    keys: Iterable[str] | None,
+    *,
+    required_any: Iterable[Iterable[str]] = (),
+    defaults: dict[str, Any] | None = None,
+    description: str = "",
+) -> KindInfo:
+    """Register (or replace) a tool kind. ``required_any``: groups of which one key must be present."""
+    info = KindInfo(
+        name=name,
+        keys=None if keys is None else frozenset(keys),
+        required_any=tuple(tuple(g) for g in required_any),
+        defaults=dict(defaults or {}),
+        description=description,
+    )
+    _REGISTRY[name] = info
+    return info
+
+
+def kind_info(name: str) -> KindInfo | None:
+    return _REGISTRY.get(name)
+
+
+def known_kinds() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+register_kind("noop", {"result"}, description="does nothing; returns `result` if given")
+register_kind(
+    "http",
+    {"method", "url", "params", "headers", "body", "json", "form", "data", "auth"},
+    required_any=[("url",)],
+    defaults={"timeout": {"connect": 10, "read": 60}},
+    description="HTTP request (aiohttp)",
+)
+register_kind(
+    "postgres",
+    {"query", "command", "params", "auth", "dsn", "transaction"},
+    required_any=[("query", "command")],
+    description="PostgreSQL statements with bound parameters (asyncpg)",
+)
+register_kind(
+    "duckdb",
+    {"query", "command", "params", "db_path", "attach", "auth"},
+    required_any=[("query", "command")],
+    description="DuckDB SQL with bound parameters",
+)
+register_kind(
+    "python",
+    {"code", "module"},
+    required_any=[("code", "module")],
+    description="inline Python `code` or a `module: pkg.mod:function`",
+)
+register_kind("secrets", {"auth", "key", "secret", "field"}, description="read a keychain entry")
+register_kind(
+    "playbook",
+    {"path", "version", "return_step", "payload"},
+    required_any=[("path",)],
+    description="run another playbook as a child execution",
+)
+register_kind("workbook", {"task"}, description="run a task template from the root workbook")
+register_kind("script", {"code", "path", "language", "env"}, description="run a script")

@@ -1,0 +1,152 @@
+"""The normalized playbook model: what the compiler produces and the runtime reads.
+
+Authoring shapes (task lists with or without names, the label-as-key form, a
+single tool object) are gone by the time a ``Playbook`` exists: every step has a
+tuple of named ``Task``s, every router is a ``Next`` with ``mode`` and ``arcs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+Do = Literal["continue", "retry", "jump", "break", "fail"]
+Backoff = Literal["none", "linear", "exponential"]
+RouteMode = Literal["exclusive", "inclusive"]
+LoopMode = Literal["sequential", "parallel"]
+LoopExec = Literal["local", "distributed"]
+FailureMode = Literal["fail_fast", "best_effort"]
+
+
+class Then(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The action of a task policy rule."""
+
+    do: Do = "continue"
+    attempts: int | None = None
+    backoff: Backoff = "none"
+    delay: float | str | None = None
+    to: str | None = None
+    set_iter: dict[str, Any] | None = None
+    set_ctx: dict[str, Any] | None = None
+
+
+class Rule(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``when`` + ``then``; ``when is None`` marks the ``else`` rule."""
+
+    then: Then
+    when: Any = None
+    is_else: bool = False
+
+
+class TaskPolicy(msgspec.Struct, frozen=True, omit_defaults=True):
+    rules: tuple[Rule, ...] = ()
+
+
+class AdmitRule(msgspec.Struct, frozen=True, omit_defaults=True):
+    allow: bool
+    when: Any = None
+    is_else: bool = False
+
+
+class Admit(msgspec.Struct, frozen=True, omit_defaults=True):
+    rules: tuple[AdmitRule, ...] = ()
+    mode: RouteMode = "exclusive"
+
+
+class Task(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One labeled task of a step's pipeline. ``config`` holds the kind's own fields."""
+
+    name: str
+    kind: str
+    config: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
+    policy: TaskPolicy | None = None
+    line: int = 0
+    col: int = 0
+
+
+class LoopSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+    mode: LoopMode = "sequential"
+    max_in_flight: int | str | None = None
+    exec: LoopExec = "local"
+
+
+class Loop(msgspec.Struct, frozen=True, omit_defaults=True):
+    in_: Any = msgspec.field(name="in")
+    iterator: str = "item"
+    spec: LoopSpec = LoopSpec()
+    raw_spec: dict[str, Any] = {}
+
+
+class Arc(msgspec.Struct, frozen=True, omit_defaults=True):
+    step: str
+    when: Any = None
+    args: dict[str, Any] | None = None
+    spec: dict[str, Any] = {}
+
+
+class Next(msgspec.Struct, frozen=True, omit_defaults=True):
+    arcs: tuple[Arc, ...] = ()
+    mode: RouteMode = "exclusive"
+    spec: dict[str, Any] = {}
+
+
+class Step(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    desc: str | None = None
+    spec: dict[str, Any] = {}
+    admit: Admit | None = None
+    loop: Loop | None = None
+    tasks: tuple[Task, ...] = ()
+    next: Next | None = None
+    failure_mode: FailureMode = "fail_fast"
+    timeout_s: float | None = None
+    line: int = 0
+    col: int = 0
+
+    @property
+    def is_router(self) -> bool:
+        """A step without tasks is routed by the controller alone (no worker round trip)."""
+        return not self.tasks
+
+
+class Metadata(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    path: str
+    version: str | None = None
+    description: str | None = None
+    labels: dict[str, str] = {}
+
+
+class KeychainEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    kind: str
+    config: dict[str, Any] = {}
+
+
+class Executor(msgspec.Struct, frozen=True, omit_defaults=True):
+    kind: str | None = None
+    spec: dict[str, Any] = {}
+
+
+class Playbook(msgspec.Struct, frozen=True, omit_defaults=True):
+    metadata: Metadata
+    workflow: tuple[Step, ...]
+    api_version: str = "noetl.io/v2"
+    kind: str = "Playbook"
+    keychain: tuple[KeychainEntry, ...] = ()
+    executor: Executor = Executor()
+    workload: dict[str, Any] = {}
+    workbook: dict[str, Task] = {}
+    file: str = "<playbook>"
+
+    def step(self, name: str) -> Step:
+        for s in self.workflow:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def steps(self) -> dict[str, Step]:
+        return {s.name: s for s in self.workflow}

@@ -1,0 +1,62 @@
+"""Pure evaluation of the three rule sites: task outcome policy, admission, routing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from noetl_stream.dsl.model import Admit, Arc, Next, TaskPolicy, Then
+from noetl_stream.dsl.templates import evaluate_when
+
+MAX_RETRY_DELAY_S = 600.0
+CONTINUE = Then(do="continue")
+FAIL = Then(do="fail")
+
+
+def decide(
+    policy: TaskPolicy | None, status: str, scope: Mapping[str, Any], where: str = ""
+) -> tuple[Then, int | None]:
+    """The directive for a task outcome and the index of the rule that matched.
+
+    No policy: ``ok`` continues and ``error`` fails (001 §12.2). A policy with no
+    matching rule and no ``else``: continue.
+    """
+    if policy is None:
+        return (CONTINUE if status == "ok" else FAIL), None
+    for i, rule in enumerate(policy.rules):
+        if rule.is_else or evaluate_when(rule.when, scope, f"{where}.rules[{i}].when"):
+            return rule.then, i
+    return CONTINUE, None
+
+
+def admit(admission: Admit | None, scope: Mapping[str, Any], where: str = "") -> bool:
+    """Admission gate: first matching rule decides; no admission policy (or no match) allows."""
+    if admission is None:
+        return True
+    for i, rule in enumerate(admission.rules):
+        if rule.is_else or evaluate_when(rule.when, scope, f"{where}.admit.rules[{i}].when"):
+            return rule.allow
+    return True
+
+
+def route(router: Next | None, scope: Mapping[str, Any], where: str = "") -> list[Arc]:
+    """Arcs that fire: exclusive -> the first true arc in YAML order; inclusive -> every true arc."""
+    if router is None:
+        return []
+    fired: list[Arc] = []
+    for i, arc in enumerate(router.arcs):
+        if evaluate_when(arc.when, scope, f"{where}.next.arcs[{i}].when"):
+            fired.append(arc)
+            if router.mode == "exclusive":
+                break
+    return fired
+
+
+def backoff_delay(then: Then, attempt: int, base: float | None) -> float:
+    """Seconds to wait before run ``attempt + 1`` (``attempt`` counts runs so far, >= 1)."""
+    delay = 1.0 if base is None else max(0.0, float(base))
+    if then.backoff == "linear":
+        delay *= attempt
+    elif then.backoff == "exponential":
+        delay *= 2.0 ** min(attempt - 1, 30)
+    return min(delay, MAX_RETRY_DELAY_S)

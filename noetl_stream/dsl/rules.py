@@ -1,0 +1,247 @@
+"""Parsing of ``when``/``then`` rule lists: task outcome policies and step admission."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from noetl_stream.dsl import vocabulary as V
+from noetl_stream.dsl.diagnostics import Path
+from noetl_stream.dsl.model import Admit, AdmitRule, Rule, TaskPolicy, Then
+
+if TYPE_CHECKING:
+    from noetl_stream.dsl.compiler import Compiler
+
+
+def _split_rule(c: Compiler, raw: Any, path: Path, who: str) -> tuple[Any, Any, bool] | None:
+    """Return ``(when, then, is_else)`` of one rule, or report why it is not a rule."""
+    if not isinstance(raw, dict):
+        c.error(path, f"{who}: a rule must be a mapping with 'when' and 'then' (or 'else' and 'then')")
+        return None
+    if "expr" in raw:
+        c.error((*path, "expr"), f"{who}: 'expr' {V.NOT_V10}; use 'when'{V.LEGACY_HINT}", at_key=True)
+        return None
+    extra = [k for k in raw if k not in V.RULE_KEYS]
+    for k in extra:
+        if k in V.THEN_KEYS:
+            c.error((*path, k), f"{who}: '{k}' belongs under the rule's 'then'", at_key=True)
+        else:
+            c.error(
+                (*path, k), f"{who}: unknown rule key '{k}' (allowed: 'when', 'then', 'else')", at_key=True
+            )
+    if extra:
+        return None
+    if "else" in raw:
+        if "when" in raw:
+            c.error(path, f"{who}: a rule has either 'when' or 'else', not both")
+            return None
+        body = raw["else"]
+        if isinstance(body, dict) and "then" in body:
+            unknown = [k for k in body if k != "then"]
+            for k in unknown:
+                c.error(
+                    (*path, "else", k),
+                    f"{who}: unknown key '{k}' under 'else' (expected 'then')",
+                    at_key=True,
+                )
+            if "then" in raw:
+                c.error(path, f"{who}: 'then' given twice (under 'else' and beside it)")
+                return None
+            return None if unknown else (None, body["then"], True)
+        if "then" in raw and (body is None or body is True):
+            return (None, raw["then"], True)
+        c.error((*path, "else"), f"{who}: 'else' needs a 'then' (write '- else: {{then: {{...}}}}')")
+        return None
+    if "when" not in raw:
+        c.error(path, f"{who}: a rule needs 'when' (or 'else')")
+        return None
+    if "then" not in raw:
+        c.error(path, f"{who}: the rule has 'when' but no 'then'")
+        return None
+    when = raw["when"]
+    if not isinstance(when, (str, bool)):
+        c.error((*path, "when"), f"{who}: 'when' must be a template string or a boolean")
+        return None
+    return (when, raw["then"], False)
+
+
+def _rule_list(c: Compiler, raw: Any, path: Path, who: str) -> list[tuple[Path, Any, Any, bool]]:
+    if not isinstance(raw, list):
+        c.error(path, f"{who}: 'rules' must be a list")
+        return []
+    out: list[tuple[Path, Any, Any, bool]] = []
+    seen_else: int | None = None
+    for i, item in enumerate(raw):
+        rp = (*path, i)
+        parsed = _split_rule(c, item, rp, who)
+        if seen_else is not None:
+            c.error(rp, f"{who}: rule {i + 1} comes after 'else' (rule {seen_else + 1}) and can never match")
+        if parsed is None:
+            continue
+        when, then, is_else = parsed
+        if is_else and seen_else is None:
+            seen_else = i
+        out.append((rp, when, then, is_else))
+    return out
+
+
+def parse_task_policy(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]) -> TaskPolicy | None:
+    if not isinstance(raw, dict):
+        c.error(path, f"{who}: spec.policy must be an object with a required 'rules:' list (003 §5.4)")
+        return None
+    for k in raw:
+        if k not in V.TASK_POLICY_KEYS:
+            c.error(
+                (*path, k),
+                f"{who}: unknown task policy key '{k}'{V.suggest(k, V.TASK_POLICY_KEYS)}",
+                at_key=True,
+            )
+    if "rules" not in raw:
+        c.error(path, f"{who}: spec.policy needs a 'rules:' list (003 §5.4)")
+        return None
+    rules: list[Rule] = []
+    for rp, when, then_raw, is_else in _rule_list(c, raw["rules"], (*path, "rules"), who):
+        then = _task_then(
+            c,
+            then_raw,
+            (*rp, "else", "then") if is_else and _nested(raw, rp) else (*rp, "then"),
+            who,
+            task_names,
+        )
+        if then is not None:
+            rules.append(Rule(then=then, when=when, is_else=is_else))
+    return TaskPolicy(rules=tuple(rules))
+
+
+def _nested(raw: Any, rp: Path) -> bool:
+    rules = raw.get("rules") if isinstance(raw, dict) else None
+    idx = rp[-1]
+    if isinstance(rules, list) and isinstance(idx, int) and idx < len(rules):
+        item = rules[idx]
+        return isinstance(item, dict) and isinstance(item.get("else"), dict)
+    return False
+
+
+def _task_then(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]) -> Then | None:
+    if not isinstance(raw, dict):
+        c.error(path, f"{who}: 'then' must be a mapping with 'do'")
+        return None
+    ok = True
+    for k in raw:
+        if k in V.DEPRECATED_THEN:
+            c.error(
+                (*path, k), f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_THEN[k]}{V.LEGACY_HINT}", at_key=True
+            )
+            ok = False
+        elif k == "allow":
+            c.error((*path, k), f"{who}: 'allow' is an admission action; task rules use 'do'", at_key=True)
+            ok = False
+        elif k not in V.THEN_KEYS:
+            c.error((*path, k), f"{who}: unknown key '{k}' in 'then'{V.suggest(k, V.THEN_KEYS)}", at_key=True)
+            ok = False
+    do = raw.get("do")
+    if do is None:
+        c.error(path, f"{who}: 'then' needs 'do' (one of {V.one_of(V.DO_VALUES)})")
+        return None
+    if do not in V.DO_VALUES:
+        hint = V.suggest(str(do), V.DO_VALUES)
+        c.error((*path, "do"), f"{who}: 'do' must be one of {V.one_of(V.DO_VALUES)}, got '{do}'{hint}")
+        return None
+    attempts = raw.get("attempts")
+    if "attempts" in raw:
+        if do != "retry":
+            c.error(
+                (*path, "attempts"), f"{who}: 'attempts' is only meaningful with 'do: retry'", at_key=True
+            )
+            ok = False
+        elif isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            c.error((*path, "attempts"), f"{who}: 'attempts' must be a positive integer, got {attempts!r}")
+            ok = False
+    backoff = raw.get("backoff", "none")
+    if backoff not in V.BACKOFF_VALUES:
+        hint = V.suggest(str(backoff), V.BACKOFF_VALUES)
+        c.error(
+            (*path, "backoff"),
+            f"{who}: 'backoff' must be one of {V.one_of(V.BACKOFF_VALUES)}, got '{backoff}'{hint}",
+        )
+        ok = False
+    delay = raw.get("delay")
+    if delay is not None and not (
+        (isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay >= 0)
+        or (isinstance(delay, str) and c.is_template(delay))
+    ):
+        c.error(
+            (*path, "delay"), f"{who}: 'delay' must be a number of seconds >= 0 or a template, got {delay!r}"
+        )
+        ok = False
+    to = raw.get("to")
+    if do == "jump":
+        if to is None:
+            c.error(path, f"{who}: 'do: jump' needs 'to' (a task label of this pipeline)")
+            ok = False
+        elif to not in task_names:
+            hint = V.suggest(str(to), task_names)
+            c.error((*path, "to"), f"{who}: jump target '{to}' is not a task of this pipeline{hint}")
+            ok = False
+    elif to is not None:
+        c.error((*path, "to"), f"{who}: 'to' is only allowed with 'do: jump'", at_key=True)
+        ok = False
+    for key in ("set_iter", "set_ctx"):
+        if key in raw and not isinstance(raw[key], dict):
+            c.error((*path, key), f"{who}: '{key}' must be a mapping of names to values")
+            ok = False
+    if not ok:
+        return None
+    return Then(
+        do=do,
+        attempts=attempts,
+        backoff=backoff,
+        delay=float(delay) if isinstance(delay, (int, float)) else delay,
+        to=to,
+        set_iter=raw.get("set_iter"),
+        set_ctx=raw.get("set_ctx"),
+    )
+
+
+def parse_admit(c: Compiler, raw: Any, path: Path, who: str) -> Admit | None:
+    if not isinstance(raw, dict):
+        c.error(path, f"{who}: spec.policy.admit must be a mapping with 'rules'")
+        return None
+    for k in raw:
+        if k not in V.ADMIT_KEYS:
+            c.error((*path, k), f"{who}: unknown admission key '{k}' (allowed: 'mode', 'rules')", at_key=True)
+    mode = raw.get("mode", "exclusive")
+    if mode not in V.ROUTE_MODES:
+        c.error(
+            (*path, "mode"), f"{who}: admission 'mode' must be one of {V.one_of(V.ROUTE_MODES)}, got '{mode}'"
+        )
+        mode = "exclusive"
+    if "rules" not in raw:
+        c.error(path, f"{who}: spec.policy.admit needs a 'rules:' list")
+        return None
+    rules: list[AdmitRule] = []
+    for rp, when, then, is_else in _rule_list(c, raw["rules"], (*path, "rules"), who):
+        tp = (
+            (*rp, "else", "then")
+            if is_else and isinstance((raw["rules"][rp[-1]] or {}).get("else"), dict)
+            else (*rp, "then")
+        )
+        if not isinstance(then, dict):
+            c.error(tp, f"{who}: admission 'then' must be a mapping like {{allow: true}}")
+            continue
+        bad = [k for k in then if k != "allow"]
+        for k in bad:
+            if k in V.CONTROL_KEYS or k in V.THEN_KEYS:
+                c.error(
+                    (*tp, k),
+                    f"{who}: control action '{k}' is not allowed at step scope; admission rules only set 'allow' (task control belongs in a task's spec.policy.rules)",
+                    at_key=True,
+                )
+            else:
+                c.error((*tp, k), f"{who}: unknown key '{k}' in admission 'then' (only 'allow')", at_key=True)
+        allow = then.get("allow")
+        if not isinstance(allow, bool):
+            c.error(tp, f"{who}: admission 'then.allow' must be true or false, got {allow!r}")
+            continue
+        if not bad:
+            rules.append(AdmitRule(allow=allow, when=when, is_else=is_else))
+    return Admit(rules=tuple(rules), mode=mode)

@@ -1,0 +1,197 @@
+"""YAML text -> plain Python data plus a map of where every node came from.
+
+ruamel.yaml keeps 0-based line/column for every mapping key, mapping value and
+sequence item. We convert the round-trip tree to plain ``dict``/``list``/scalars
+(so the rest of the compiler never sees ruamel types) and record 1-based
+positions keyed by the node's path.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError, format_path
+
+# Alias expansion can make a small document enormous ("billion laughs").
+MAX_NODES = 200_000
+MAX_DEPTH = 200
+
+
+class SourceMap:
+    """Positions (1-based line, col) of values and keys, by YAML path."""
+
+    __slots__ = ("_keys", "_values", "file", "lines")
+
+    def __init__(self, file: str, text: str = "") -> None:
+        self.file = file
+        self.lines = text.splitlines()
+        self._values: dict[Path, tuple[int, int]] = {}
+        self._keys: dict[Path, tuple[int, int]] = {}
+
+    def set_value(self, path: Path, line: int, col: int) -> None:
+        self._values.setdefault(path, (line + 1, col + 1))
+
+    def set_key(self, path: Path, line: int, col: int) -> None:
+        self._keys.setdefault(path, (line + 1, col + 1))
+
+    def value(self, path: Path) -> tuple[int, int]:
+        """Where the value at ``path`` starts; falls back to the nearest ancestor."""
+        p = path
+        while True:
+            if p in self._values:
+                return self._values[p]
+            if p in self._keys:
+                return self._keys[p]
+            if not p:
+                return (1, 1)
+            p = p[:-1]
+
+    def key(self, path: Path) -> tuple[int, int]:
+        """Where the mapping key that ends ``path`` stands (else where its value does)."""
+        return self._keys.get(path) or self.value(path)
+
+    def diagnostic(
+        self,
+        path: Path,
+        message: str,
+        *,
+        severity: str = "error",
+        at_key: bool = False,
+        code: str = "invalid",
+    ) -> Diagnostic:
+        line, col = self.key(path) if at_key else self.value(path)
+        return Diagnostic(
+            severity="warning" if severity == "warning" else "error",
+            message=message,
+            file=self.file,
+            line=line,
+            col=col,
+            path=format_path(path),
+            code=code,
+        )
+
+
+class _Converter:
+    def __init__(self, smap: SourceMap) -> None:
+        self.smap = smap
+        self.nodes = 0
+
+    def convert(self, node: Any, path: Path, depth: int = 0) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise _TooLarge(
+                path, f"document is too large (more than {MAX_NODES} nodes after alias expansion)"
+            )
+        if depth > MAX_DEPTH:
+            raise _TooLarge(path, f"document is nested too deeply (more than {MAX_DEPTH} levels)")
+        if isinstance(node, CommentedMap):
+            out: dict[Any, Any] = {}
+            for key, value in node.items():
+                k = self._key(key)
+                child = (*path, k)
+                try:
+                    kl, kc = node.lc.key(key)
+                    self.smap.set_key(child, kl, kc)
+                    vl, vc = node.lc.value(key)
+                    self.smap.set_value(child, vl, vc)
+                except (KeyError, TypeError, AttributeError):
+                    pass
+                out[k] = self.convert(value, child, depth + 1)
+            return out
+        if isinstance(node, CommentedSeq):
+            items: list[Any] = []
+            for i, value in enumerate(node):
+                child = (*path, i)
+                try:
+                    il, ic = node.lc.item(i)
+                    self.smap.set_value(child, il, ic)
+                except (KeyError, TypeError, AttributeError, IndexError):
+                    pass
+                items.append(self.convert(value, child, depth + 1))
+            return items
+        return _scalar(node)
+
+    def _key(self, key: Any) -> Any:
+        value = _scalar(key)
+        if isinstance(value, (dict, list)) or value is None:
+            return str(value)
+        return value
+
+
+class _TooLarge(Exception):
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def _scalar(node: Any) -> Any:
+    if node is None or isinstance(node, bool):
+        return node
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, (datetime.datetime, datetime.date)):
+        return node.isoformat()
+    if isinstance(node, (bytes, bytearray)):
+        return bytes(node).decode("utf-8", "replace")
+    if isinstance(node, (CommentedMap, CommentedSeq, dict, list)):
+        return node
+    # Tagged scalars and anything exotic: keep its text.
+    value = getattr(node, "value", None)
+    return str(value if value is not None else node)
+
+
+def _yaml_error(file: str, exc: YAMLError) -> Diagnostic:
+    line, col = 1, 1
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        if mark is not None:
+            line, col = mark.line + 1, mark.column + 1
+        parts = [p for p in (exc.context, exc.problem) if p]
+        if parts:
+            message = ", ".join(str(p).strip() for p in parts)
+    return Diagnostic("error", f"YAML syntax error: {message}", file, line, col, "<root>", "yaml-syntax")
+
+
+def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
+    """Parse one YAML document. Raises ``PlaybookError`` on syntax errors."""
+    smap = SourceMap(file, text)
+    yaml = YAML(typ="rt", pure=True)
+    yaml.allow_duplicate_keys = False
+    try:
+        docs = list(yaml.load_all(text))
+    except YAMLError as exc:
+        raise PlaybookError([_yaml_error(file, exc)]) from None
+    except (ValueError, TypeError, RecursionError, OverflowError) as exc:
+        raise PlaybookError(
+            [Diagnostic("error", f"YAML could not be read: {exc}", file, 1, 1, "<root>", "yaml-syntax")]
+        ) from None
+    docs = [d for d in docs if d is not None]
+    if len(docs) != 1:
+        what = "no YAML document" if not docs else f"{len(docs)} YAML documents"
+        raise PlaybookError(
+            [
+                Diagnostic(
+                    "error", f"expected one playbook document, found {what}", file, 1, 1, "<root>", "yaml"
+                )
+            ]
+        )
+    try:
+        data = _Converter(smap).convert(docs[0], ())
+    except _TooLarge as exc:
+        raise PlaybookError([smap.diagnostic(exc.path, exc.message, code="too-large")]) from None
+    except RecursionError:
+        raise PlaybookError(
+            [Diagnostic("error", "document is nested too deeply", file, 1, 1, "<root>", "too-large")]
+        ) from None
+    return data, smap

@@ -1,0 +1,136 @@
+"""The keys the canonical DSL allows at each place, and what replaced the old ones.
+
+Validator and JSON Schema generator both read these, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from typing import Final
+
+API_VERSION: Final = "noetl.io/v2"
+KIND: Final = "Playbook"
+
+ROOT_KEYS: Final = (
+    "apiVersion",
+    "kind",
+    "metadata",
+    "keychain",
+    "executor",
+    "workload",
+    "workflow",
+    "workbook",
+)
+METADATA_KEYS: Final = ("name", "path", "version", "description", "labels")
+EXECUTOR_KEYS: Final = ("kind", "spec")
+KEYCHAIN_REQUIRED: Final = ("name", "kind")
+STEP_KEYS: Final = ("step", "desc", "spec", "loop", "tool", "next")
+LOOP_KEYS: Final = ("in", "iterator", "spec")
+LOOP_SPEC_TYPED: Final = ("mode", "max_in_flight", "policy")
+LOOP_POLICY_KEYS: Final = ("exec", "ordering", "reducers", "backpressure", "partitioning")
+NEXT_KEYS: Final = ("spec", "arcs")
+NEXT_SPEC_KEYS: Final = ("mode", "policy")
+ARC_KEYS: Final = ("step", "when", "args", "spec")
+STEP_POLICY_KEYS: Final = (
+    "admit",
+    "lifecycle",
+    "failure",
+    "emit",
+    "tracing",
+    "quotas",
+    "compensation",
+)
+ADMIT_KEYS: Final = ("mode", "rules")
+LIFECYCLE_KEYS: Final = ("timeout_s", "deadline_s")
+FAILURE_KEYS: Final = ("mode",)
+TASK_POLICY_KEYS: Final = ("rules", "mode", "on_unmatched", "before", "after", "finally")
+RULE_KEYS: Final = ("when", "then", "else")
+THEN_KEYS: Final = ("do", "attempts", "backoff", "delay", "to", "set_iter", "set_ctx")
+ADMIT_THEN_KEYS: Final = ("allow",)
+EXECUTOR_POLICY_KEYS: Final = ("defaults", "results", "limits", "placement")
+
+DO_VALUES: Final = ("continue", "retry", "jump", "break", "fail")
+BACKOFF_VALUES: Final = ("none", "linear", "exponential")
+ROUTE_MODES: Final = ("exclusive", "inclusive")
+LOOP_MODES: Final = ("sequential", "parallel")
+LOOP_EXECS: Final = ("local", "distributed")
+FAILURE_MODES: Final = ("fail_fast", "best_effort")
+CONTROL_KEYS: Final = frozenset({"rules", "do", "retry", "jump", "break", "continue", "fail"})
+
+# Names a template can read, besides step results, task results and bare workload keys.
+SCOPE_NAMES: Final = frozenset(
+    {
+        "workload",
+        "keychain",
+        "ctx",
+        "args",
+        "execution_id",
+        "iter",
+        "_prev",
+        "_task",
+        "_attempt",
+        "outcome",
+        "event",
+        "result",
+        "loop_result",
+    }
+)
+JINJA_GLOBALS: Final = frozenset(
+    {"range", "dict", "lipsum", "cycler", "joiner", "namespace", "true", "false", "none"}
+)
+RESERVED_NAMES: Final = SCOPE_NAMES | frozenset({"loop", "self", "env"})
+ITER_RESERVED: Final = frozenset({"index", "parent", "item_id"})
+
+EXTENSIONS: Final = ("legacy", "custom_kinds")
+
+LEGACY_HINT: Final = " (enable legacy extensions to translate it)"
+NOT_V10: Final = "is not part of noetl.io/v2 (v10)"
+
+# Deprecated keys -> the canonical replacement, per place.
+DEPRECATED_ROOT: Final = {
+    "vars": "use ctx (set_ctx in task policies) for mutable state and workload for inputs",
+    "name": "use metadata.name",
+    "path": "use metadata.path",
+    "version": "use metadata.version",
+    "description": "use metadata.description",
+}
+DEPRECATED_STEP: Final = {
+    "when": "use spec.policy.admit.rules",
+    "case": "use task spec.policy.rules and next.arcs",
+    "retry": "use task spec.policy.rules with 'do: retry'",
+    "sink": "store results with a task of a storage kind (e.g. postgres) in the pipeline",
+    "vars": "use set_ctx or set_iter in task spec.policy.rules",
+    "eval": "use task spec.policy.rules",
+    "pipe": "a step's tool list is the pipeline",
+}
+DEPRECATED_TASK: Final = {
+    "eval": "use spec.policy.rules",
+    "expr": "use 'when' inside spec.policy.rules",
+    "retry": "use spec.policy.rules with 'do: retry'",
+    "sink": "store results with a following task of a storage kind",
+    "vars": "use set_iter or set_ctx in spec.policy.rules",
+    "when": "use spec.policy.rules (outcome control) or the step's spec.policy.admit (admission)",
+}
+DEPRECATED_THEN: Final = {
+    "set_vars": "use set_iter (iteration scope) or set_ctx (execution scope)",
+    "set_shared": "use set_ctx",
+    "set_prev": "the next task's _prev is the outcome result",
+}
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_identifier(value: object) -> bool:
+    return isinstance(value, str) and bool(_IDENT.match(value))
+
+
+def suggest(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` or the empty string."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def one_of(values: Iterable[str]) -> str:
+    return ", ".join(f"'{v}'" for v in values)

@@ -1,0 +1,78 @@
+"""Canonical event names (001 §15, 003 §8), defined once.
+
+Event names are dotted lower-case strings. On the wire each dot becomes a
+subject token: ``noetl.events.<execution_id>.step.done``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- server (control plane) -------------------------------------------------
+EXECUTION_REQUESTED: Final = "playbook.execution.requested"
+REQUEST_EVALUATED: Final = "playbook.request.evaluated"
+REQUEST_REJECTED: Final = "playbook.request.rejected"
+WORKFLOW_STARTED: Final = "workflow.started"
+STEP_SCHEDULED: Final = "step.scheduled"
+STEP_SKIPPED: Final = "step.skipped"
+NEXT_EVALUATED: Final = "next.evaluated"
+CTX_PATCHED: Final = "ctx.patched"
+LOOP_STARTED: Final = "loop.started"
+WORKFLOW_FINISHED: Final = "workflow.finished"
+PLAYBOOK_PROCESSED: Final = "playbook.processed"
+
+# --- worker (data plane) ----------------------------------------------------
+STEP_STARTED: Final = "step.started"
+TASK_STARTED: Final = "task.started"
+TASK_DONE: Final = "task.done"
+STEP_DONE: Final = "step.done"
+STEP_FAILED: Final = "step.failed"
+LOOP_ITERATION_STARTED: Final = "loop.iteration.started"
+LOOP_ITERATION_DONE: Final = "loop.iteration.done"
+LOOP_ITERATION_FAILED: Final = "loop.iteration.failed"
+LOOP_DONE: Final = "loop.done"
+
+SERVER_EVENTS: Final = frozenset(
+    {
+        EXECUTION_REQUESTED,
+        REQUEST_EVALUATED,
+        REQUEST_REJECTED,
+        WORKFLOW_STARTED,
+        STEP_SCHEDULED,
+        STEP_SKIPPED,
+        NEXT_EVALUATED,
+        CTX_PATCHED,
+        LOOP_STARTED,
+        WORKFLOW_FINISHED,
+        PLAYBOOK_PROCESSED,
+    }
+)
+WORKER_EVENTS: Final = frozenset(
+    {
+        STEP_STARTED,
+        TASK_STARTED,
+        TASK_DONE,
+        STEP_DONE,
+        STEP_FAILED,
+        LOOP_ITERATION_STARTED,
+        LOOP_ITERATION_DONE,
+        LOOP_ITERATION_FAILED,
+        LOOP_DONE,
+    }
+)
+
+# Terminal boundary events of a step run: the controller evaluates `next` arcs on these.
+BOUNDARY_EVENTS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE})
+
+# Worker events the controller consumes (boundaries plus distributed-iteration results).
+CONTROLLER_INPUT_EVENTS: Final = BOUNDARY_EVENTS | {LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED}
+
+# Legacy aliases that arc conditions may test (`event.name == 'call.done'`).
+# Each alias names the canonical boundary events it matches.
+LEGACY_ALIASES: Final = {
+    "call.done": frozenset({STEP_DONE, LOOP_DONE}),
+    "call.error": frozenset({STEP_FAILED}),
+    "step.exit": frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE}),
+}
+
+ALL_EVENTS: Final = SERVER_EVENTS | WORKER_EVENTS

@@ -1,0 +1,210 @@
+"""Every JetStream name in one place: streams, subjects, consumers, buckets, API subjects.
+
+Nothing else in the package builds a subject or stream name with an f-string; it asks a `Topology`.
+Names follow DESIGN.md §3 for the default prefix ``noetl``::
+
+    NOETL_EVENTS    noetl.events.<execution_id>.<event name with dots as tokens>
+    NOETL_COMMANDS  noetl.cmd.<pool>.<execution_id>
+    NOETL_REQUESTS  noetl.exec.request
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import msgspec
+
+from noetl_stream import events
+
+__all__ = ["SubjectError", "Topology", "TopologyError", "check_pool", "check_token"]
+
+# Identifiers that become subject tokens, and also KV keys, consumer names and file names on the
+# server: stricter than the NATS subject rules (no dots, whitespace, `*`, `>`) on purpose.
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# The prefix also becomes part of stream names (upper-cased) and bucket names: lower-case only,
+# so that two prefixes can never map to the same stream name.
+_PREFIX_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+_EVENT_PART_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+MIN_DUPLICATE_WINDOW_S = 120.0
+
+
+class TopologyError(ValueError):
+    """An invalid topology setting."""
+
+
+class SubjectError(TopologyError):
+    """A value that cannot be used as a subject token (prefix, pool, execution id, ...)."""
+
+
+def check_token(value: str, what: str = "token") -> str:
+    """Return `value` if it is a safe single subject token, else raise `SubjectError`."""
+    if not isinstance(value, str) or not _TOKEN_RE.match(value):
+        raise SubjectError(
+            f"invalid {what} {value!r}: use letters, digits, '_' or '-' "
+            "(no dots, spaces, '*' or '>'; it becomes one NATS subject token)"
+        )
+    return value
+
+
+def check_pool(pool: str) -> str:
+    """Return `pool` if it is a valid worker pool name, else raise `SubjectError`."""
+    return check_token(pool, "pool name")
+
+
+def _check_event_name(name: str) -> str:
+    parts = name.split(".") if isinstance(name, str) else []
+    if not parts or not all(_EVENT_PART_RE.match(p) for p in parts):
+        raise SubjectError(f"invalid event name {name!r}: expected dotted lower-case words like 'step.done'")
+    return name
+
+
+class Topology(msgspec.Struct, frozen=True, kw_only=True):
+    """Names and JetStream settings of one noetl-stream installation (one prefix)."""
+
+    prefix: str = "noetl"
+    replicas: int = 1
+    storage: Literal["file", "memory"] = "file"
+    events_max_age_s: float = 30 * 24 * 3600.0  # 0 keeps events forever
+    duplicate_window_s: float = MIN_DUPLICATE_WINDOW_S
+    command_ack_wait_s: float = 30.0
+    command_max_deliver: int = 5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str) or not _PREFIX_RE.match(self.prefix):
+            raise SubjectError(
+                f"invalid prefix {self.prefix!r}: use lower-case letters, digits, '_' or '-', "
+                "starting with a letter (it becomes a subject token, stream and bucket names)"
+            )
+        if self.storage not in ("file", "memory"):
+            raise TopologyError(f"storage must be 'file' or 'memory', not {self.storage!r}")
+        if not 1 <= self.replicas <= 5:
+            raise TopologyError(f"replicas must be between 1 and 5, not {self.replicas}")
+        if self.duplicate_window_s < MIN_DUPLICATE_WINDOW_S:
+            raise TopologyError(f"duplicate_window_s must be >= {MIN_DUPLICATE_WINDOW_S:g}")
+        if self.events_max_age_s < 0 or 0 < self.events_max_age_s < self.duplicate_window_s:
+            raise TopologyError("events_max_age_s must be 0 (forever) or >= duplicate_window_s")
+        if self.command_ack_wait_s <= 0:
+            raise TopologyError("command_ack_wait_s must be positive")
+        if self.command_max_deliver < 1:
+            raise TopologyError("command_max_deliver must be >= 1 (redelivery is bounded)")
+
+    # --- streams --------------------------------------------------------------------------------
+    @property
+    def events_stream(self) -> str:
+        return f"{self._stream_prefix}_EVENTS"
+
+    @property
+    def commands_stream(self) -> str:
+        return f"{self._stream_prefix}_COMMANDS"
+
+    @property
+    def requests_stream(self) -> str:
+        return f"{self._stream_prefix}_REQUESTS"
+
+    @property
+    def _stream_prefix(self) -> str:
+        return self.prefix.upper()
+
+    # --- subjects -------------------------------------------------------------------------------
+    @property
+    def events_subjects(self) -> str:
+        """Subjects of the events stream."""
+        return f"{self.prefix}.events.>"
+
+    def event_subject(self, execution_id: str, event_name: str) -> str:
+        """``noetl.events.<id>.step.done`` for event ``step.done``."""
+        check_token(execution_id, "execution id")
+        return f"{self.prefix}.events.{execution_id}.{_check_event_name(event_name)}"
+
+    def events_filter(self, execution_id: str) -> str:
+        """All events of one execution: ``noetl.events.<id>.>``."""
+        return f"{self.prefix}.events.{check_token(execution_id, 'execution id')}.>"
+
+    @property
+    def controller_event_filters(self) -> tuple[str, ...]:
+        """One filter per controller input event, any execution (sorted, so configs are stable)."""
+        return tuple(
+            sorted(f"{self.prefix}.events.*.{_check_event_name(n)}" for n in events.CONTROLLER_INPUT_EVENTS)
+        )
+
+    @property
+    def commands_subjects(self) -> str:
+        """Subjects of the commands stream."""
+        return f"{self.prefix}.cmd.>"
+
+    def command_subject(self, pool: str, execution_id: str) -> str:
+        """``noetl.cmd.<pool>.<id>``."""
+        check_token(execution_id, "execution id")
+        return f"{self.prefix}.cmd.{check_pool(pool)}.{execution_id}"
+
+    def pool_filter(self, pool: str) -> str:
+        """Every command of one pool: ``noetl.cmd.<pool>.>``."""
+        return f"{self.prefix}.cmd.{check_pool(pool)}.>"
+
+    @property
+    def request_subject(self) -> str:
+        """Durable fire-and-forget execution requests: ``noetl.exec.request``."""
+        return f"{self.prefix}.exec.request"
+
+    # --- consumers ------------------------------------------------------------------------------
+    def pool_consumer(self, pool: str) -> str:
+        return f"pool-{check_pool(pool)}"
+
+    @property
+    def controller_events_consumer(self) -> str:
+        return "controller"
+
+    @property
+    def controller_requests_consumer(self) -> str:
+        return "controller-requests"
+
+    # --- KV buckets and object store ------------------------------------------------------------
+    @property
+    def executions_bucket(self) -> str:
+        return f"{self.prefix}_executions"
+
+    @property
+    def ctx_bucket(self) -> str:
+        return f"{self.prefix}_ctx"
+
+    @property
+    def loops_bucket(self) -> str:
+        return f"{self.prefix}_loops"
+
+    @property
+    def catalog_bucket(self) -> str:
+        return f"{self.prefix}_catalog"
+
+    @property
+    def keychain_bucket(self) -> str:
+        return f"{self.prefix}_keychain"
+
+    @property
+    def kv_buckets(self) -> tuple[str, ...]:
+        return (
+            self.executions_bucket,
+            self.ctx_bucket,
+            self.loops_bucket,
+            self.catalog_bucket,
+            self.keychain_bucket,
+        )
+
+    @property
+    def results_store(self) -> str:
+        return f"{self.prefix}_results"
+
+    # --- NATS micro API -------------------------------------------------------------------------
+    @property
+    def service_name(self) -> str:
+        """Name of the `nats.micro` service (``nats micro ls``)."""
+        return self.prefix
+
+    @property
+    def api_prefix(self) -> str:
+        return f"{self.prefix}.api"
+
+    def api_subject(self, endpoint: str) -> str:
+        """``noetl.api.<endpoint>``."""
+        return f"{self.api_prefix}.{check_token(endpoint, 'API endpoint')}"

@@ -65,3 +65,81 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
     if as_json:
         click.echo(msgspec.json.encode(all_diags).decode())
     sys.exit(EXIT_INVALID if invalid else EXIT_OK)
+
+
+def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, object]:
+    import json
+
+    data: dict[str, object] = {}
+    if payload:
+        text = Path(payload[1:]).read_text(encoding="utf-8") if payload.startswith("@") else payload
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+        if not isinstance(loaded, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--payload")
+        data.update(loaded)
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        try:
+            data[key] = json.loads(value)
+        except json.JSONDecodeError:
+            data[key] = value
+    return data
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--payload", help="Workload overrides: a JSON object, or @file.json.")
+@click.option("--set", "sets", multiple=True, help="Workload override KEY=VALUE (VALUE parsed as JSON if it can be).")
+@click.option("--nats", "nats_url", envvar="NOETL_NATS_URL", default=None,
+              help="NATS URL (default: start an embedded nats-server).")
+@click.option("--workers", default=1, show_default=True, help="In-process workers.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
+def run(file: Path, payload: str | None, sets: tuple[str, ...], nats_url: str | None, workers: int,
+        as_json: bool) -> None:
+    """Run a playbook end to end and print its outcome (exit 0 success, 1 failed, 2 invalid)."""
+    import asyncio
+
+    from noetl_stream.logs import configure
+    from noetl_stream.progress import Progress
+
+    configure("warning")
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        click.echo(f"{file}: cannot read: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    result = compile_playbook(text, str(file))
+    for d in result.diagnostics:
+        click.echo(d.format(), err=True)
+    if result.playbook is None:
+        sys.exit(EXIT_INVALID)
+    data = _load_payload(payload, sets)
+    progress = None if as_json else Progress()
+
+    async def go() -> object:
+        from noetl_stream.local import local_runtime
+
+        async with local_runtime(nats_url, workers=workers) as rt:
+            return await rt.run_playbook(text, str(file), data, progress.on_event if progress else None)
+
+    try:
+        summary = asyncio.run(go())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (OSError, ConnectionError, RuntimeError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    out = msgspec.to_builtins(summary)
+    if as_json:
+        click.echo(msgspec.json.encode(out).decode())
+    else:
+        assert progress is not None
+        progress.finish(out)
+    status = out.get("status") if isinstance(out, dict) else None
+    sys.exit(EXIT_OK if status == "success" else EXIT_INVALID if status == "rejected" else EXIT_FAILED)

@@ -64,8 +64,18 @@ WORKER_EVENTS: Final = frozenset(
 # Terminal boundary events of a step run: the controller evaluates `next` arcs on these.
 BOUNDARY_EVENTS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE})
 
-# Worker events the controller consumes (boundaries plus distributed-iteration results).
-CONTROLLER_INPUT_EVENTS: Final = BOUNDARY_EVENTS | {LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED}
+# Control-plane commands recorded as events (operator actions), consumed by the controller.
+EXECUTION_CANCEL_REQUESTED: Final = "execution.cancel.requested"
+
+# The events the controller's reducer folds, in stream order: the request, step boundaries
+# (including those the controller writes itself for router steps and distributed loops),
+# distributed-iteration results and operator actions. Replay folds exactly these.
+CONTROLLER_INPUT_EVENTS: Final = BOUNDARY_EVENTS | {
+    EXECUTION_REQUESTED,
+    LOOP_ITERATION_DONE,
+    LOOP_ITERATION_FAILED,
+    EXECUTION_CANCEL_REQUESTED,
+}
 
 # Legacy aliases that arc conditions may test (`event.name == 'call.done'`).
 # Each alias names the canonical boundary events it matches.
@@ -75,4 +85,4 @@ LEGACY_ALIASES: Final = {
     "step.exit": frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE}),
 }
 
-ALL_EVENTS: Final = SERVER_EVENTS | WORKER_EVENTS
+ALL_EVENTS: Final = SERVER_EVENTS | WORKER_EVENTS | {EXECUTION_CANCEL_REQUESTED}

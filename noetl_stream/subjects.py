@@ -21,11 +21,11 @@ __all__ = ["SubjectError", "Topology", "TopologyError", "check_pool", "check_tok
 
 # Identifiers that become subject tokens, and also KV keys, consumer names and file names on the
 # server: stricter than the NATS subject rules (no dots, whitespace, `*`, `>`) on purpose.
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")
 # The prefix also becomes part of stream names (upper-cased) and bucket names: lower-case only,
 # so that two prefixes can never map to the same stream name.
-_PREFIX_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
-_EVENT_PART_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_PREFIX_RE = re.compile(r"[a-z][a-z0-9_-]*")
+_EVENT_PART_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 MIN_DUPLICATE_WINDOW_S = 120.0
 
@@ -40,7 +40,7 @@ class SubjectError(TopologyError):
 
 def check_token(value: str, what: str = "token") -> str:
     """Return `value` if it is a safe single subject token, else raise `SubjectError`."""
-    if not isinstance(value, str) or not _TOKEN_RE.match(value):
+    if not isinstance(value, str) or not _TOKEN_RE.fullmatch(value):
         raise SubjectError(
             f"invalid {what} {value!r}: use letters, digits, '_' or '-' "
             "(no dots, spaces, '*' or '>'; it becomes one NATS subject token)"
@@ -55,7 +55,7 @@ def check_pool(pool: str) -> str:
 
 def _check_event_name(name: str) -> str:
     parts = name.split(".") if isinstance(name, str) else []
-    if not parts or not all(_EVENT_PART_RE.match(p) for p in parts):
+    if not parts or not all(_EVENT_PART_RE.fullmatch(p) for p in parts):
         raise SubjectError(f"invalid event name {name!r}: expected dotted lower-case words like 'step.done'")
     return name
 
@@ -72,7 +72,7 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
     command_max_deliver: int = 5
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prefix, str) or not _PREFIX_RE.match(self.prefix):
+        if not isinstance(self.prefix, str) or not _PREFIX_RE.fullmatch(self.prefix):
             raise SubjectError(
                 f"invalid prefix {self.prefix!r}: use lower-case letters, digits, '_' or '-', "
                 "starting with a letter (it becomes a subject token, stream and bucket names)"

@@ -127,11 +127,13 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 continue
             known = base
             if root == ("workflow",) and isinstance(path[1], int):
-                known = base | labels_by_index.get(path[1], set())
+                if path[1] not in labels_by_index:
+                    continue  # the step did not compile; its errors say more than name checks could
+                known = base | labels_by_index[path[1]]
             for name in sorted(undeclared_names(text) - known):
-                hint = ""
+                hint = V.suggest(name, known - V.JINJA_GLOBALS)
                 if any(s.loop is not None and s.loop.iterator == name for s in playbook.workflow):
-                    hint = f" (did you mean 'iter.{name}'?)"
+                    hint = f"; did you mean 'iter.{name}'?"
                 c.warn(
                     path,
                     f"{who}: template reads '{name}', which is not defined in any scope{hint}",

@@ -26,7 +26,7 @@ def _split_rule(c: Compiler, raw: Any, path: Path, who: str) -> tuple[Any, Any, 
             c.error((*path, k), f"{who}: '{k}' belongs under the rule's 'then'", at_key=True)
         else:
             c.error(
-                (*path, k), f"{who}: unknown rule key '{k}' (allowed: 'when', 'then', 'else')", at_key=True
+                (*path, k), f"{who}: unknown rule key '{k}'{V.key_hint(str(k), V.RULE_KEYS)}", at_key=True
             )
     if extra:
         return None
@@ -58,10 +58,24 @@ def _split_rule(c: Compiler, raw: Any, path: Path, who: str) -> tuple[Any, Any, 
         c.error(path, f"{who}: the rule has 'when' but no 'then'")
         return None
     when = raw["when"]
-    if not isinstance(when, (str, bool)):
-        c.error((*path, "when"), f"{who}: 'when' must be a template string or a boolean")
+    if not check_when(c, when, (*path, "when"), who):
         return None
     return (when, raw["then"], False)
+
+
+def check_when(c: Compiler, when: Any, path: Path, who: str, what: str = "'when'") -> bool:
+    """A condition is a template (``"{{ ... }}"``) or a boolean; plain text would always be true."""
+    if isinstance(when, bool) or c.is_template(when):
+        return True
+    if isinstance(when, str):
+        c.error(
+            path,
+            f"{who}: {what} is plain text, which would always be true; write it as a template: "
+            f'"{{{{ {when.strip()} }}}}"',
+        )
+    else:
+        c.error(path, f"{who}: {what} must be a template string or a boolean, got {when!r}")
+    return False
 
 
 def _rule_list(c: Compiler, raw: Any, path: Path, who: str) -> list[tuple[Path, Any, Any, bool]]:
@@ -92,11 +106,11 @@ def parse_task_policy(c: Compiler, raw: Any, path: Path, who: str, task_names: s
         if k not in V.TASK_POLICY_KEYS:
             c.error(
                 (*path, k),
-                f"{who}: unknown task policy key '{k}'{V.suggest(k, V.TASK_POLICY_KEYS)}",
+                f"{who}: unknown task policy key '{k}'{V.key_hint(str(k), V.TASK_POLICY_KEYS)}",
                 at_key=True,
             )
     if "rules" not in raw:
-        c.error(path, f"{who}: spec.policy needs a 'rules:' list (003 §5.4)")
+        c.error(path, f"{who}: spec.policy needs a 'rules:' list (003 §5.4)", at_key=True)
         return None
     rules: list[Rule] = []
     for rp, when, then_raw, is_else in _rule_list(c, raw["rules"], (*path, "rules"), who):
@@ -136,7 +150,11 @@ def _task_then(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]
             c.error((*path, k), f"{who}: 'allow' is an admission action; task rules use 'do'", at_key=True)
             ok = False
         elif k not in V.THEN_KEYS:
-            c.error((*path, k), f"{who}: unknown key '{k}' in 'then'{V.suggest(k, V.THEN_KEYS)}", at_key=True)
+            c.error(
+                (*path, k),
+                f"{who}: unknown key '{k}' in 'then'{V.key_hint(str(k), V.THEN_KEYS)}",
+                at_key=True,
+            )
             ok = False
     do = raw.get("do")
     if do is None:
@@ -208,7 +226,11 @@ def parse_admit(c: Compiler, raw: Any, path: Path, who: str) -> Admit | None:
         return None
     for k in raw:
         if k not in V.ADMIT_KEYS:
-            c.error((*path, k), f"{who}: unknown admission key '{k}' (allowed: 'mode', 'rules')", at_key=True)
+            c.error(
+                (*path, k),
+                f"{who}: unknown admission key '{k}'{V.key_hint(str(k), V.ADMIT_KEYS)}",
+                at_key=True,
+            )
     mode = raw.get("mode", "exclusive")
     if mode not in V.ROUTE_MODES:
         c.error(
@@ -216,7 +238,7 @@ def parse_admit(c: Compiler, raw: Any, path: Path, who: str) -> Admit | None:
         )
         mode = "exclusive"
     if "rules" not in raw:
-        c.error(path, f"{who}: spec.policy.admit needs a 'rules:' list")
+        c.error(path, f"{who}: spec.policy.admit needs a 'rules:' list", at_key=True)
         return None
     rules: list[AdmitRule] = []
     for rp, when, then, is_else in _rule_list(c, raw["rules"], (*path, "rules"), who):
@@ -233,14 +255,19 @@ def parse_admit(c: Compiler, raw: Any, path: Path, who: str) -> Admit | None:
             if k in V.CONTROL_KEYS or k in V.THEN_KEYS:
                 c.error(
                     (*tp, k),
-                    f"{who}: control action '{k}' is not allowed at step scope; admission rules only set 'allow' (task control belongs in a task's spec.policy.rules)",
+                    f"{who}: '{k}' is a task policy action and is not allowed at step scope; admission "
+                    "rules only set 'allow' (task control belongs in a task's spec.policy.rules)",
                     at_key=True,
+                    code="control-at-step",
                 )
             else:
                 c.error((*tp, k), f"{who}: unknown key '{k}' in admission 'then' (only 'allow')", at_key=True)
         allow = then.get("allow")
+        if "allow" not in then:
+            c.error(tp, f"{who}: admission 'then' needs 'allow: true' or 'allow: false'")
+            continue
         if not isinstance(allow, bool):
-            c.error(tp, f"{who}: admission 'then.allow' must be true or false, got {allow!r}")
+            c.error((*tp, "allow"), f"{who}: admission 'allow' must be true or false, got {allow!r}")
             continue
         if not bad:
             rules.append(AdmitRule(allow=allow, when=when, is_else=is_else))

@@ -9,10 +9,11 @@ positions keyed by the node's path.
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedKeyMap, CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError, format_path
@@ -80,19 +81,22 @@ class _Converter:
     def __init__(self, smap: SourceMap) -> None:
         self.smap = smap
         self.nodes = 0
+        self.problems: list[Diagnostic] = []
 
     def convert(self, node: Any, path: Path, depth: int = 0) -> Any:
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise _TooLarge(
-                path, f"document is too large (more than {MAX_NODES} nodes after alias expansion)"
+                (), f"document is too large (more than {MAX_NODES} nodes after alias expansion)"
             )
         if depth > MAX_DEPTH:
             raise _TooLarge(path, f"document is nested too deeply (more than {MAX_DEPTH} levels)")
         if isinstance(node, CommentedMap):
+            if not path:
+                self.smap.set_value(path, node.lc.line, node.lc.col)
             out: dict[Any, Any] = {}
             for key, value in node.items():
-                k = self._key(key)
+                k = self._key(key, path)
                 child = (*path, k)
                 try:
                     kl, kc = node.lc.key(key)
@@ -116,10 +120,23 @@ class _Converter:
             return items
         return _scalar(node)
 
-    def _key(self, key: Any) -> Any:
+    def _key(self, key: Any, path: Path) -> Any:
+        if isinstance(key, CommentedKeyMap):
+            # `when: {{ x }}` without quotes is a YAML mapping whose key is the mapping `{x: null}`.
+            inner = ", ".join(str(k) for k in key)
+            line, col = self.smap.value(path)
+            source = self.smap.lines[line - 1][col - 1 :] if 0 < line <= len(self.smap.lines) else ""
+            if source.startswith("{{"):
+                message = f'unquoted template: YAML reads {{{{ {inner} }}}} as a mapping; quote it: "{{{{ {inner} }}}}"'
+            else:
+                message = "a mapping key must be a plain value, not a mapping"
+            self.problems.append(self.smap.diagnostic(path, message, code="yaml-syntax"))
+            return f"{{{{ {inner} }}}}"
         value = _scalar(key)
         if isinstance(value, (dict, list)) or value is None:
             return str(value)
+        if isinstance(value, tuple):
+            return "[" + ", ".join(str(v) for v in value) + "]"
         return value
 
 
@@ -150,17 +167,65 @@ def _scalar(node: Any) -> Any:
     return str(value if value is not None else node)
 
 
-def _yaml_error(file: str, exc: YAMLError) -> Diagnostic:
+_TOKENS = (
+    ("'<stream end>'", "the end of the file"),
+    ("<stream end>", "the end of the file"),
+    ("'<block end>'", "the end of the block"),
+    ("<block end>", "the end of the block"),
+    ("'?'", "a mapping key"),
+    ("'<block mapping start>'", "a mapping"),
+    ("<block mapping start>", "a mapping"),
+)
+_DUPLICATE = re.compile(r'found duplicate key "(?P<key>.*)" with value')
+
+
+def _yaml_error(file: str, text: str, exc: YAMLError) -> Diagnostic:
     line, col = 1, 1
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    code = "yaml-syntax"
     if isinstance(exc, MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
+        pmark, cmark = exc.problem_mark, exc.context_mark
+        mark = pmark or cmark
         if mark is not None:
             line, col = mark.line + 1, mark.column + 1
-        parts = [p for p in (exc.context, exc.problem) if p]
-        if parts:
-            message = ", ".join(str(p).strip() for p in parts)
-    return Diagnostic("error", f"YAML syntax error: {message}", file, line, col, "<root>", "yaml-syntax")
+        problem = str(exc.problem or exc.context or message).strip()
+        for token, words in _TOKENS:
+            problem = problem.replace(token, words)
+        dup = _DUPLICATE.search(problem)
+        if dup is not None and pmark is not None:
+            code = "duplicate-key"
+            key = dup.group("key")
+            first = _first_key(text, key, cmark, pmark)
+            message = f"duplicate key '{key}'" + (f" (first at line {first})" if first else "")
+        else:
+            message = problem
+            context = str(exc.context or "").strip()
+            if exc.problem and context and cmark is not None and cmark is not pmark:
+                what = context.removeprefix("while parsing ").removeprefix("while scanning ")
+                message += f" (in {what} that starts at {cmark.line + 1}:{cmark.column + 1})"
+            if "the end of the block" in message:
+                message += "; check the indentation"
+            elif "mapping values are not allowed" in message:
+                message += "; quote a value that contains ': ', or check the indentation"
+            elif "'\\t'" in message:
+                message += "; indent with spaces, not tabs"
+    return Diagnostic("error", f"YAML syntax error: {message}", file, line, col, "<root>", code)
+
+
+def _first_key(text: str, key: str, start: Any, end: Any) -> int | None:
+    """Line (1-based) of the first occurrence of ``key`` in the mapping that holds a duplicate."""
+    lines = text.splitlines()
+    pattern = re.compile(r"(?:^|[\s{,])[\"']?" + re.escape(key) + r"[\"']?\s*:")
+    first = start.line if start is not None else 0
+    for n in range(first, end.line + 1):
+        chunk = lines[n] if n < len(lines) else ""
+        if n == end.line:
+            chunk = chunk[: end.column]
+        if n == first and start is not None:
+            chunk = " " * start.column + chunk[start.column :]
+        if pattern.search(chunk):
+            return n + 1
+    return None
 
 
 def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
@@ -171,7 +236,7 @@ def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
     try:
         docs = list(yaml.load_all(text))
     except YAMLError as exc:
-        raise PlaybookError([_yaml_error(file, exc)]) from None
+        raise PlaybookError([_yaml_error(file, text, exc)]) from None
     except (ValueError, TypeError, RecursionError, OverflowError) as exc:
         raise PlaybookError(
             [Diagnostic("error", f"YAML could not be read: {exc}", file, 1, 1, "<root>", "yaml-syntax")]
@@ -186,12 +251,15 @@ def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
                 )
             ]
         )
+    converter = _Converter(smap)
     try:
-        data = _Converter(smap).convert(docs[0], ())
+        data = converter.convert(docs[0], ())
     except _TooLarge as exc:
         raise PlaybookError([smap.diagnostic(exc.path, exc.message, code="too-large")]) from None
     except RecursionError:
         raise PlaybookError(
             [Diagnostic("error", "document is nested too deeply", file, 1, 1, "<root>", "too-large")]
         ) from None
+    if converter.problems:
+        raise PlaybookError(converter.problems)
     return data, smap

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 API_VERSION: Final = "noetl.io/v2"
@@ -29,7 +29,15 @@ KEYCHAIN_REQUIRED: Final = ("name", "kind")
 STEP_KEYS: Final = ("step", "desc", "spec", "loop", "tool", "next")
 LOOP_KEYS: Final = ("in", "iterator", "spec")
 LOOP_SPEC_TYPED: Final = ("mode", "max_in_flight", "policy")
-LOOP_POLICY_KEYS: Final = ("exec", "ordering", "reducers", "backpressure", "partitioning")
+LOOP_POLICY_KEYS: Final = (
+    "exec",
+    "mode",
+    "max_in_flight",
+    "ordering",
+    "reducers",
+    "backpressure",
+    "partitioning",
+)
 NEXT_KEYS: Final = ("spec", "arcs")
 NEXT_SPEC_KEYS: Final = ("mode", "policy")
 ARC_KEYS: Final = ("step", "when", "args", "spec")
@@ -130,6 +138,19 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` or the empty string."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
     return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def key_hint(word: str, allowed: Iterable[str], deprecated: Mapping[str, str] | None = None) -> str:
+    """What to say after "unknown key 'x'": a close allowed key, a close deprecated one, or the list."""
+    allowed = tuple(allowed)
+    close = suggest(word, allowed)
+    if close:
+        return close
+    if deprecated:
+        match = difflib.get_close_matches(word, list(deprecated), n=1, cutoff=0.6)
+        if match:
+            return f"; '{match[0]}' {NOT_V10} either: {deprecated[match[0]]}"
+    return f" (allowed: {', '.join(sorted(allowed))})"
 
 
 def one_of(values: Iterable[str]) -> str:

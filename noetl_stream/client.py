@@ -1,0 +1,121 @@
+"""Client side: submit an execution and follow its events to the end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js import api
+
+from noetl_stream import events as E
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id
+
+
+class StepSummary(msgspec.Struct):
+    status: str = "pending"
+    runs: int = 0
+
+
+class RunSummary(msgspec.Struct):
+    execution_id: str
+    status: str = "running"
+    ctx: dict[str, Any] = {}
+    steps: dict[str, StepSummary] = {}
+    result: Any = None
+    error: dict[str, Any] | None = None
+    events: int = 0
+    duration_s: float = 0.0
+
+
+class Tracker:
+    """Folds an execution's events into what a user wants to see."""
+
+    _STEP_STATUS = {
+        E.STEP_SCHEDULED: "running",
+        E.STEP_STARTED: "running",
+        E.STEP_DONE: "done",
+        E.LOOP_DONE: "done",
+        E.STEP_FAILED: "failed",
+        E.STEP_SKIPPED: "skipped",
+    }
+
+    def __init__(self, execution_id: str) -> None:
+        self.summary = RunSummary(execution_id=execution_id)
+        self.finished = False
+        self._started = time.monotonic()
+        self._runs: dict[str, set[str]] = {}
+
+    def apply(self, ev: Event) -> None:
+        s = self.summary
+        s.events += 1
+        if ev.step and ev.name in self._STEP_STATUS:
+            step = s.steps.setdefault(ev.step, StepSummary())
+            if ev.step_run_id:
+                runs = self._runs.setdefault(ev.step, set())
+                runs.add(ev.step_run_id)
+                step.runs = len(runs)
+            step.status = self._STEP_STATUS[ev.name]
+        if ev.name == E.CTX_PATCHED:
+            for patch in ev.payload.get("patches") or []:
+                if isinstance(patch, dict):
+                    s.ctx.update(patch)
+        elif ev.name == E.PLAYBOOK_PROCESSED:
+            s.status = str(ev.payload.get("status") or ("success" if ev.status == "success" else "failed"))
+            s.result = ev.payload.get("result")
+            s.error = ev.payload.get("error")
+            s.duration_s = round(time.monotonic() - self._started, 6)
+            self.finished = True
+
+
+def request_for(text: str, file: str, payload: dict[str, Any] | None = None,
+                execution_id: str | None = None) -> ExecutionRequest:
+    return ExecutionRequest(playbook=text, file=file, payload=payload or {},
+                            execution_id=execution_id or new_execution_id())
+
+
+async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str:
+    """Publish onto the durable request subject; returns the execution id (set here if missing)."""
+    if request.execution_id is None:
+        request = msgspec.structs.replace(request, execution_id=new_execution_id())
+    assert request.execution_id is not None
+    await nc.jetstream().publish(topology.request_subject, encode(request),
+                                 headers={"Nats-Msg-Id": f"request:{request.execution_id}"})
+    return request.execution_id
+
+
+async def follow(
+    nc: NATS,
+    topology: Topology,
+    execution_id: str,
+    on_event: Callable[[Event], None] | None = None,
+    timeout: float | None = None,
+) -> RunSummary:
+    """Read the execution's events from the start until ``playbook.processed``."""
+    tracker = Tracker(execution_id)
+    done = asyncio.Event()
+
+    async def cb(msg: Any) -> None:
+        try:
+            ev = decode_event(msg.data)
+        except msgspec.DecodeError:
+            return
+        tracker.apply(ev)
+        if on_event is not None:
+            on_event(ev)
+        if tracker.finished:
+            done.set()
+
+    js = nc.jetstream()
+    sub = await js.subscribe(topology.events_filter(execution_id), stream=topology.events_stream, cb=cb,
+                             ordered_consumer=True, deliver_policy=api.DeliverPolicy.ALL)
+    try:
+        async with asyncio.timeout(timeout):
+            await done.wait()
+    finally:
+        await sub.unsubscribe()
+    return tracker.summary

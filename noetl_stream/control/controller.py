@@ -1,0 +1,209 @@
+"""The controller: a thin NATS loop around the pure reducer.
+
+For each input event (stream order, one execution at a time): load the execution's
+state (memory, else snapshot + replay of the events after it), reduce, publish the
+effects with deterministic ids, wait for their acks, snapshot, then ack the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from noetl_stream import events as E
+from noetl_stream.control.intake import Intake
+from noetl_stream.control.reducer import Effects, PlanCache, Reducer
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.history import read_events
+from noetl_stream.kv.snapshots import SnapshotStore
+from noetl_stream.natsconn import ContinuousPuller
+from noetl_stream.outbox import Outbox
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event, decode_event, event_id, now_iso
+
+log = structlog.get_logger(__name__)
+
+
+class Controller:
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology,
+        *,
+        default_pool: str = "default",
+        concurrency: int = 256,
+        snapshot_interval_s: float = 1.0,
+        cache_size: int = 10_000,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.topology = topology
+        self.reducer = Reducer(PlanCache(default_pool))
+        self.concurrency = concurrency
+        self.snapshot_interval_s = snapshot_interval_s
+        self.cache_size = cache_size
+        self.states: OrderedDict[str, ExecutionState] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._snapshot_at: dict[str, float] = {}
+        self._snapshots: SnapshotStore[ExecutionState] | None = None
+        self._puller: ContinuousPuller | None = None
+        self.intake = Intake(nc, topology)
+        self._stopped = asyncio.Event()
+
+    async def __aenter__(self) -> Controller:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def start(self) -> None:
+        if self._puller is not None:
+            return
+        self._snapshots = await SnapshotStore.open(self.js, self.topology, ExecutionState)
+        self._puller = ContinuousPuller(
+            self.nc,
+            self.topology.events_stream,
+            self.topology.controller_events_consumer,
+            self._handle,
+            max_concurrency=self.concurrency,
+        )
+        await self._puller.start()
+        await self.intake.start()
+        log.info("controller.started", prefix=self.topology.prefix)
+
+    async def run(self) -> None:
+        await self.start()
+        await self._stopped.wait()
+
+    async def shutdown(self, grace_s: float = 30.0) -> None:
+        await self.intake.stop()
+        if self._puller is not None:
+            await self._puller.stop(timeout=grace_s)
+            self._puller = None
+        await self._flush_snapshots()
+        self._stopped.set()
+
+    # -- one input event --------------------------------------------------------------------------
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            event = decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("controller.bad_event", subject=msg.subject, error=str(exc))
+            await msg.term()
+            return
+        seq = msg.metadata.sequence.stream
+        eid = event.execution_id
+        lock = self._locks.get(eid)
+        if lock is None:
+            lock = self._locks[eid] = asyncio.Lock()
+        async with lock:
+            state = await self._load(eid, seq, event.name == E.EXECUTION_REQUESTED)
+            if state is not None and seq and seq <= state.last_seq:
+                await msg.ack()  # already applied (redelivery after a crash)
+                return
+            outbox = Outbox(self.js, self.topology)
+            try:
+                state, fx = self.reducer.apply(state, event, seq)
+            except Exception as exc:  # a reducer bug must not wedge the execution or the controller
+                log.exception("controller.reducer_error", execution_id=eid, event=event.name)
+                state, fx = self._internal_failure(state, event, seq, exc)
+            for ev in fx.events:
+                await outbox.event(ev)
+            for cmd in fx.commands:
+                await outbox.command(cmd)
+            await outbox.flush()
+            if state is not None:
+                self._remember(state)
+                await self._maybe_snapshot(state)
+        await msg.ack()
+        if state is not None and state.terminal and not lock.locked():
+            self._locks.pop(eid, None)
+
+    def _internal_failure(
+        self, state: ExecutionState | None, event: Event, seq: int, exc: Exception
+    ) -> tuple[ExecutionState | None, Effects]:
+        fx = Effects()
+        if state is None:
+            return None, fx
+        state.status = "failed"
+        state.error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+        state.last_seq = max(state.last_seq, seq)
+        summary = {"status": "failed", "error": state.error, "steps": dict(state.step_status)}
+        for name, etype in ((E.WORKFLOW_FINISHED, "workflow"), (E.PLAYBOOK_PROCESSED, "playbook")):
+            fx.events.append(Event(event_id=event_id(state.execution_id, "execution", name),
+                                   execution_id=state.execution_id, name=name, source="server",
+                                   entity_type=etype, entity_id=state.path or state.file,  # type: ignore[arg-type]
+                                   status="error", timestamp=now_iso(), payload=summary))
+        return state, fx
+
+    # -- state ------------------------------------------------------------------------------------
+    async def _load(self, execution_id: str, seq: int, new: bool = False) -> ExecutionState | None:
+        state = self.states.get(execution_id)
+        if state is not None:
+            self.states.move_to_end(execution_id)
+            return state
+        if new:
+            return None  # a request starts a new execution (a redelivered one re-derives the same effects)
+        assert self._snapshots is not None
+        state = await self._snapshots.get(execution_id)
+        after = state.last_seq if state is not None else 0
+        if seq and seq - 1 > after:
+            state = await self._replay(execution_id, state, after, seq)
+        if state is not None:
+            self._remember(state)
+        return state
+
+    async def _replay(self, execution_id: str, state: ExecutionState | None, after: int,
+                      before: int) -> ExecutionState | None:
+        """Fold the input events stored after the snapshot (their effects were already published)."""
+        count = 0
+        async for seq, event in read_events(self.js, self.topology, execution_id,
+                                            names=E.CONTROLLER_INPUT_EVENTS, after_seq=after, before_seq=before):
+            state, _ = self.reducer.apply(state, event, seq)
+            count += 1
+        if count:
+            log.info("controller.resumed", execution_id=execution_id, replayed=count)
+        return state
+
+    def _remember(self, state: ExecutionState) -> None:
+        self.states[state.execution_id] = state
+        self.states.move_to_end(state.execution_id)
+        while len(self.states) > self.cache_size:
+            old_id, old = next(iter(self.states.items()))
+            if not old.terminal:
+                break
+            del self.states[old_id]
+
+    async def _maybe_snapshot(self, state: ExecutionState) -> None:
+        now = time.monotonic()
+        last = self._snapshot_at.get(state.execution_id)
+        if state.terminal or last is None or now - last >= self.snapshot_interval_s:
+            await self._write_snapshot(state)
+            self._snapshot_at[state.execution_id] = now
+            if state.terminal:
+                self._snapshot_at.pop(state.execution_id, None)
+
+    async def _write_snapshot(self, state: ExecutionState) -> None:
+        assert self._snapshots is not None
+        try:
+            await self._snapshots.put(state.execution_id, state)
+        except Exception as exc:  # the stream is the truth; a missed snapshot costs only replay time
+            log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
+
+    async def _flush_snapshots(self) -> None:
+        for eid in list(self._snapshot_at):
+            state = self.states.get(eid)
+            if state is not None:
+                await self._write_snapshot(state)
+
+    def status(self, execution_id: str) -> dict[str, Any] | None:
+        state = self.states.get(execution_id)
+        return None if state is None else msgspec.to_builtins(state)

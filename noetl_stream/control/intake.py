@@ -1,0 +1,162 @@
+"""Execution requests in: the durable request subject and the ``execute`` micro endpoint.
+
+Intake validates the request's shape, fixes the execution id (deterministic for a
+message redelivered after a crash) and records ``playbook.execution.requested``;
+the reducer does the rest when that event comes back through the controller's
+consumer. A malformed request is answered with ``playbook.request.rejected`` and a
+``playbook.processed`` for its id: nothing is left half-started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import EndpointConfig, Service, ServiceConfig
+
+from noetl_stream import __version__
+from noetl_stream import events as E
+from noetl_stream.natsconn import ContinuousPuller
+from noetl_stream.outbox import Outbox
+from noetl_stream.subjects import SubjectError, Topology, check_token
+from noetl_stream.wire import (
+    Event,
+    ExecutionRequest,
+    decode_request,
+    derived_execution_id,
+    event_id,
+    new_execution_id,
+    now_iso,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class RequestError(ValueError):
+    """A request that cannot become an execution."""
+
+
+def parse_request(raw: bytes) -> ExecutionRequest:
+    """Decode and check a request; raise ``RequestError`` with a specific message."""
+    try:
+        request = decode_request(raw)
+    except msgspec.ValidationError as exc:
+        raise RequestError(f"bad request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(f"request is not valid JSON: {exc}") from None
+    if request.playbook is None and request.path is None:
+        raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (a catalog path)")
+    if request.playbook is None:
+        raise RequestError(f"unknown playbook path '{request.path}': the catalog is not available in this "
+                           "version; send the playbook text in 'playbook'")
+    if request.execution_id is not None:
+        try:
+            check_token(request.execution_id, "execution id")
+        except SubjectError as exc:
+            raise RequestError(f"bad request: {exc}") from None
+    if request.pool is not None:
+        try:
+            check_token(request.pool, "pool")
+        except SubjectError as exc:
+            raise RequestError(f"bad request: {exc}") from None
+    return request
+
+
+class Intake:
+    def __init__(self, nc: NATS, topology: Topology) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.topology = topology
+        self._puller: ContinuousPuller | None = None
+        self._service: Service | None = None
+
+    async def start(self) -> None:
+        self._puller = ContinuousPuller(
+            self.nc,
+            self.topology.requests_stream,
+            self.topology.controller_requests_consumer,
+            self._on_stream_request,
+            max_concurrency=64,
+        )
+        await self._puller.start()
+        self._service = await add_service(
+            self.nc,
+            ServiceConfig(name=self.topology.service_name, version=__version__,
+                          description="noetl-stream control plane", queue_group="noetl-controller"),
+        )
+        await self._service.add_endpoint(
+            EndpointConfig(name="execute", handler=self._on_execute, subject=self.topology.api_subject("execute"))
+        )
+
+    async def stop(self) -> None:
+        if self._service is not None:
+            await self._service.stop()
+            self._service = None
+        if self._puller is not None:
+            await self._puller.stop()
+            self._puller = None
+
+    async def _on_stream_request(self, msg: Msg) -> None:
+        meta = msg.metadata
+        default_id = derived_execution_id(self.topology.requests_stream, meta.sequence.stream, meta.timestamp)
+        await self.submit(msg.data, default_id)
+        await msg.ack()
+
+    async def _on_execute(self, req: Request) -> None:
+        execution_id, error = await self.submit(req.data, new_execution_id())
+        body: dict[str, Any] = {"execution_id": execution_id}
+        if error is not None:
+            body["error"] = error
+            await req.respond_error("400", error, msgspec.json.encode(body))
+        else:
+            await req.respond(msgspec.json.encode(body))
+
+    async def submit(self, raw: bytes, default_id: str) -> tuple[str, str | None]:
+        """Record the request (or its rejection). Returns ``(execution_id, error or None)``."""
+        outbox = Outbox(self.js, self.topology)
+        try:
+            request = parse_request(raw)
+        except RequestError as exc:
+            await self._reject(outbox, default_id, str(exc))
+            await outbox.flush()
+            return default_id, str(exc)
+        execution_id = request.execution_id or default_id
+        await outbox.event(
+            Event(
+                event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
+                execution_id=execution_id,
+                name=E.EXECUTION_REQUESTED,
+                source="server",
+                entity_type="playbook",
+                entity_id=request.path or request.file or "<playbook>",
+                status="in_progress",
+                timestamp=now_iso(),
+                payload={"request": msgspec.to_builtins(request)},
+                trace_id=request.trace_id,
+            )
+        )
+        await outbox.flush()
+        return execution_id, None
+
+    async def _reject(self, outbox: Outbox, execution_id: str, message: str) -> None:
+        error = {"kind": "bad_request", "message": message}
+        for name, status in ((E.REQUEST_REJECTED, "error"), (E.PLAYBOOK_PROCESSED, "error")):
+            await outbox.event(
+                Event(
+                    event_id=event_id(execution_id, "execution", name),
+                    execution_id=execution_id,
+                    name=name,
+                    source="server",
+                    entity_type="playbook",
+                    entity_id="<request>",
+                    status=status,
+                    timestamp=now_iso(),
+                    payload={"status": "rejected", "error": error},
+                )
+            )
+        log.warning("intake.rejected", execution_id=execution_id, error=message)

@@ -1,0 +1,110 @@
+"""Local loops: every iteration of a loop step runs in this worker.
+
+``sequential`` runs items in order; ``parallel`` runs up to ``max_in_flight`` at a
+time (stable iteration ids = the item's index). ``fail_fast`` stops starting new
+iterations after the first failure (in-flight ones finish); ``best_effort`` runs
+them all and reports ``{total, done, failed}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from noetl_stream.dataplane.pipeline import PipelineInput, PipelineResult, TaskEvent, run_pipeline
+
+IterationEvent = Callable[[str, int, dict[str, Any]], None]
+
+
+@dataclass
+class LoopResult:
+    total: int
+    done: int = 0
+    failed: int = 0
+    results: list[Any] = field(default_factory=list)
+    errors: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ctx_patches: list[dict[str, Any]] = field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def first_error(self) -> dict[str, Any] | None:
+        return self.errors[min(self.errors)] if self.errors else None
+
+
+def iteration_scope(iterator: str, item: Any, index: int, parent: dict[str, Any] | None = None) -> dict[str, Any]:
+    scope: dict[str, Any] = {iterator: item, "index": index}
+    if parent is not None:
+        scope["parent"] = parent
+    return scope
+
+
+async def run_local_loop(
+    base: PipelineInput,
+    items: list[Any],
+    *,
+    parallel: bool,
+    max_in_flight: int,
+    fail_fast: bool,
+    on_iteration: IterationEvent | None = None,
+    on_task: Callable[[int], TaskEvent | None] | None = None,
+) -> LoopResult:
+    loop = base.step.loop
+    assert loop is not None
+    total = len(items)
+    out = LoopResult(total=total, results=[None] * total)
+    limit = max(1, max_in_flight) if parallel else 1
+    sem = asyncio.Semaphore(limit)
+    ctx = dict(base.scope.get("ctx") or {})
+
+    async def one(index: int) -> None:
+        try:
+            if fail_fast and out.errors:
+                out.stopped = True
+                return
+            if on_iteration is not None:
+                on_iteration("loop.iteration.started", index, {})
+            scope = dict(base.scope)
+            scope["ctx"] = ctx if not parallel else scope.get("ctx") or {}
+            inp = replace(base, scope=scope, iter=iteration_scope(loop.iterator, items[index], index),
+                          allow_set_ctx=not parallel)
+            res: PipelineResult = await run_pipeline(inp, on_task(index) if on_task else None)
+            if res.ctx_patches:
+                for patch in res.ctx_patches:
+                    ctx.update(patch)
+                out.ctx_patches.extend(res.ctx_patches)
+            if res.status == "ok":
+                out.done += 1
+                out.results[index] = res.result
+                if on_iteration is not None:
+                    on_iteration("loop.iteration.done", index, {"result": res.result})
+            else:
+                out.failed += 1
+                out.errors[index] = res.error or {"kind": "error"}
+                if on_iteration is not None:
+                    on_iteration("loop.iteration.failed", index, {"error": res.error})
+        finally:
+            sem.release()
+
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        for index in range(total):
+            await sem.acquire()
+            if fail_fast and out.errors:
+                sem.release()
+                out.stopped = True
+                break
+            if limit == 1:
+                await one(index)
+            else:
+                task = asyncio.ensure_future(one(index))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*list(tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+    return out

@@ -1,0 +1,58 @@
+"""The tool outcome envelope (001 §11): exactly one per tool invocation."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import uuid
+from typing import Any, Literal
+
+import msgspec
+
+
+class Outcome(msgspec.Struct, omit_defaults=True):
+    status: Literal["ok", "error"]
+    result: Any = None
+    error: dict[str, Any] | None = None
+    meta: dict[str, Any] = {}
+    helpers: dict[str, Any] = {}
+    """Kind helpers, exposed as ``outcome.<kind>`` (``outcome.http.status``, ``outcome.py.exception_type``)."""
+
+    @classmethod
+    def ok(cls, result: Any = None, **helpers: Any) -> Outcome:
+        return cls(status="ok", result=result, helpers=helpers)
+
+    @classmethod
+    def fail(cls, kind: str, message: str, *, retryable: bool = False, **helpers: Any) -> Outcome:
+        return cls(status="error", error={"kind": kind, "message": message, "retryable": retryable}, helpers=helpers)
+
+    def as_scope(self) -> dict[str, Any]:
+        """What templates see as ``outcome``."""
+        scope: dict[str, Any] = dict(self.helpers)
+        scope.update(status=self.status, result=self.result, error=self.error or {}, meta=self.meta)
+        return scope
+
+
+def json_safe(value: Any, _depth: int = 0) -> Any:
+    """Make values from databases and user code encodable (Decimal, UUID, timestamps, bytes, sets)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if _depth > 100:
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, _depth + 1) for v in value]
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() and abs(value) < 2**53 else float(value)
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, msgspec.Struct):
+        return json_safe(msgspec.to_builtins(value), _depth + 1)
+    return repr(value)

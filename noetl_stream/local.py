@@ -1,0 +1,78 @@
+"""Everything in one process: an embedded ``nats-server`` (or a given URL), a controller, workers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from noetl_stream.client import RunSummary, follow, request_for, submit
+from noetl_stream.control.controller import Controller
+from noetl_stream.dataplane.worker import Worker
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.provision import provision
+from noetl_stream.natsconn import connect
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event
+
+
+@dataclass
+class Runtime:
+    nc: NATS
+    topology: Topology
+    controller: Controller
+    workers: list[Worker] = field(default_factory=list)
+    server: EmbeddedNats | None = None
+
+    async def run_playbook(
+        self,
+        text: str,
+        file: str = "<playbook>",
+        payload: dict[str, Any] | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        timeout: float | None = None,
+    ) -> RunSummary:
+        request = request_for(text, file, payload)
+        execution_id = await submit(self.nc, self.topology, request)
+        return await follow(self.nc, self.topology, execution_id, on_event, timeout)
+
+
+@contextlib.asynccontextmanager
+async def local_runtime(
+    nats_url: str | None = None,
+    *,
+    topology: Topology | None = None,
+    workers: int = 1,
+    concurrency: int = 16,
+    pools: tuple[str, ...] = ("default",),
+) -> AsyncIterator[Runtime]:
+    """Start (and afterwards stop) a NATS server if no URL is given, a controller and workers."""
+    topology = topology or Topology()
+    server: EmbeddedNats | None = None
+    if nats_url is None:
+        server = EmbeddedNats()
+        server.start()
+        nats_url = server.url
+    nc = await connect(nats_url, name="noetl-local", connect_wait_s=10.0)
+    try:
+        await provision(nc.jetstream(), topology, pools)
+        controller = Controller(nc, topology, default_pool=pools[0])
+        await controller.start()
+        runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
+        try:
+            for i in range(workers):
+                w = Worker(nc, topology, pool=pools[0], concurrency=concurrency, name=f"local-{i}")
+                await w.start()
+                runtime.workers.append(w)
+            yield runtime
+        finally:
+            for w in runtime.workers:
+                await w.shutdown(grace_s=5)
+            await controller.shutdown(grace_s=5)
+    finally:
+        await nc.drain() if nc.is_connected else await nc.close()
+        if server is not None:
+            server.stop()

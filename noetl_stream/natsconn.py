@@ -1,0 +1,353 @@
+"""NATS connections with production options, and a continuous pull consumer.
+
+`ContinuousPuller` is what ``Consume()`` is in the Go client (nats-py 2.16 only has ``fetch()``):
+one inbox subscription, pull requests kept topped up at 50 % of a window, messages handed to an
+async handler with bounded concurrency. perf/README.md: 3-4x faster than one ``fetch()`` per message.
+
+Messages given to the handler are plain ``nats.aio.msg.Msg`` objects whose ``reply`` is the
+``$JS.ACK...`` subject of the delivery, so ``ack()``, ``nak(delay=)``, ``in_progress()``,
+``term()`` and ``metadata`` work exactly as for ``fetch()``. The handler settles the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+__all__ = ["ContinuousPuller", "Handler", "connect"]
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+_ACK_PREFIX = "$JS.ACK."
+_PENDING_MSGS = "Nats-Pending-Messages"
+
+
+class _Queued:
+    """A delivered message waiting for a free handler, and when it last reset its AckWait."""
+
+    __slots__ = ("msg", "since")
+
+    def __init__(self, msg: Msg, since: float) -> None:
+        self.msg, self.since = msg, since
+
+
+def _backoff(attempt: int, base: float = 0.1, cap: float = 5.0) -> float:
+    """Exponential backoff with full jitter in [d/2, d]."""
+    d = min(cap, base * 2.0 ** min(attempt, 16))
+    return d / 2 + random.random() * d / 2
+
+
+def _pick_server(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]:
+    s = min(servers, key=lambda srv: srv.reconnects)
+    return s, _backoff(s.reconnects)
+
+
+async def connect(
+    url: str | Sequence[str],
+    *,
+    name: str = "noetl-stream",
+    max_reconnect_attempts: int = -1,
+    connect_wait_s: float | None = 30.0,
+    pending_size: int = 64 * 1024 * 1024,
+    **options: Any,
+) -> NATS:
+    """Connect with reconnect-forever (jittered exponential backoff) and logging callbacks.
+
+    `connect_wait_s` bounds the first connection (None waits forever, for components started
+    before their server). Extra `options` go to ``nats.connect``.
+    """
+    nc = NATS()
+    bound = log.bind(nats_client=name)
+
+    async def on_error(e: Exception) -> None:
+        bound.warning("nats.error", error=str(e) or type(e).__name__, kind=type(e).__name__)
+
+    async def on_disconnected() -> None:
+        if nc.is_closed:  # our own close()
+            bound.debug("nats.disconnected")
+        else:
+            bound.warning("nats.disconnected")
+
+    async def on_reconnected() -> None:
+        bound.info("nats.reconnected", server=nc.connected_url.netloc if nc.connected_url else None)
+
+    async def on_closed() -> None:
+        bound.info("nats.closed")
+
+    opts: dict[str, Any] = {
+        "name": name,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
+        "closed_cb": on_closed,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": max_reconnect_attempts,
+        "reconnect_time_wait": 1,
+        "ping_interval": 20,
+        "max_outstanding_pings": 3,
+        "pending_size": pending_size,
+    }
+    if "reconnect_to_server_handler" in inspect.signature(NATS.connect).parameters:
+        opts["reconnect_to_server_handler"] = _pick_server
+    opts.update(options)
+    servers = [url] if isinstance(url, str) else list(url)
+    try:
+        async with asyncio.timeout(connect_wait_s):
+            await nc.connect(servers, **opts)
+    except TimeoutError:
+        await nc.close()
+        raise ConnectionError(
+            f"cannot connect to NATS at {', '.join(servers)} within {connect_wait_s}s"
+        ) from None
+    return nc
+
+
+class ContinuousPuller:
+    """Continuous pull from a durable consumer into an async handler, at most `max_concurrency` at once.
+
+    `batch` is the window of messages requested or in hand (queued or being handled); a new pull
+    request tops it up when half is used (default ``2 * max_concurrency``). Messages waiting for a
+    free handler get ``in_progress()`` so their AckWait does not expire while queued. Handler
+    exceptions are logged and the message is nak'ed (after `error_nak_delay_s`) if still unsettled.
+    Pulls are re-issued after a reconnect, an expired request or missed idle heartbeats.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        consumer: str,
+        handler: Handler,
+        *,
+        max_concurrency: int = 100,
+        batch: int | None = None,
+        expires_s: float = 30.0,
+        heartbeat_s: float = 5.0,
+        error_nak_delay_s: float | None = 1.0,
+        api_prefix: str = "$JS.API",
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if not 0 < heartbeat_s * 2 <= expires_s:
+            raise ValueError("need 0 < 2 * heartbeat_s <= expires_s")
+        self._nc, self.stream, self.consumer, self._handler = nc, stream, consumer, handler
+        self.max_concurrency = max_concurrency
+        self.batch = batch or 2 * max_concurrency
+        self._expires_ns = int(expires_s * 1e9)
+        self._hb_s = heartbeat_s
+        self._nak_delay = error_nak_delay_s
+        self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._log = log.bind(stream=stream, consumer=consumer)
+
+        self._sub: Subscription | None = None
+        self._inbox = ""
+        self._outstanding = 0  # requested, not yet delivered
+        self._held = 0  # delivered, not yet handled (queued or running)
+        self._running = 0
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._needs_reset = False
+        self._last_activity = 0.0
+        self._reconnects = 0
+        self._progress_every = 10.0
+        self._pulls = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Handlers running now."""
+        return self._running
+
+    @property
+    def pull_requests(self) -> int:
+        """Pull requests issued so far."""
+        return self._pulls
+
+    @property
+    def queued(self) -> int:
+        """Messages delivered and waiting for a free handler."""
+        return len(self._queue)
+
+    async def start(self) -> None:
+        """Check the consumer exists, subscribe and issue the first pull."""
+        if self._sub is not None:
+            return
+        info = await self._nc.jetstream().consumer_info(self.stream, self.consumer)
+        ack_wait = info.config.ack_wait or 30.0
+        self._progress_every = max(0.5, ack_wait / 3)
+        loop = asyncio.get_running_loop()
+        self._last_activity = loop.time()
+        self._reconnects = self._nc.stats["reconnects"]
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
+        await self._top_up()
+        self._watchdog = asyncio.create_task(self._watch(), name=f"puller-watchdog:{self.consumer}")
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop pulling, hand back queued messages (nak), wait up to `timeout` for running handlers.
+
+        Handlers still running after `timeout` are cancelled; their messages stay unsettled and
+        are redelivered after AckWait.
+        """
+        if self._sub is None or self._stopping:
+            return
+        self._stopping = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.wait([self._watchdog])
+        while self._queue:
+            self._held -= 1
+            await self._hand_back(self._queue.popleft().msg)
+        try:  # unsubscribe, but let messages already received reach _on_msg (which naks them)
+            async with asyncio.timeout(timeout):
+                await self._sub.drain()  # type: ignore[no-untyped-call]
+        except Exception as e:  # closed or reconnecting connection: nothing more will arrive
+            self._log.debug("puller.drain_failed", error=repr(e))
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            if pending:
+                self._log.warning("puller.stop_timeout", cancelled=len(pending))
+                for t in pending:
+                    t.cancel()
+                await asyncio.wait(pending)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # --- intake -----------------------------------------------------------------------------------
+    async def _on_msg(self, msg: Msg) -> None:
+        self._last_activity = asyncio.get_running_loop().time()
+        if not msg.reply.startswith(_ACK_PREFIX):
+            await self._on_status(msg)
+            return
+        if self._outstanding > 0:
+            self._outstanding -= 1
+        if self._stopping:
+            await self._hand_back(msg)
+            return
+        self._held += 1
+        if self._running < self.max_concurrency:
+            self._spawn(msg)
+        else:
+            self._queue.append(_Queued(msg, self._last_activity))
+        await self._top_up()
+
+    async def _on_status(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status", "")
+        if status == "100":  # idle heartbeat (flow control carries a reply: answer it)
+            if msg.reply:
+                await self._nc.publish(msg.reply)
+            return
+        pending = headers.get(_PENDING_MSGS)
+        if pending is not None and pending.isdigit():
+            self._outstanding = max(0, self._outstanding - int(pending))
+            await self._top_up()
+        elif status not in ("404", "408"):
+            # A request the server dropped without saying how much: re-pull from the watchdog,
+            # which also rate-limits retries of errors such as "Exceeded MaxWaiting".
+            self._needs_reset = True
+        if status not in ("404", "408"):
+            self._log.warning("puller.status", status=status, description=headers.get("Description", ""))
+
+    async def _top_up(self) -> None:
+        in_hand = self._outstanding + self._held
+        if self._stopping or in_hand > self.batch // 2 or not self._nc.is_connected:
+            return
+        n = self.batch - in_hand
+        req = {"batch": n, "expires": self._expires_ns, "idle_heartbeat": int(self._hb_s * 1e9)}
+        self._outstanding += n
+        try:
+            await self._nc.publish(self._next_subject, msgspec.json.encode(req), reply=self._inbox)
+            self._pulls += 1
+        except Exception as e:
+            self._outstanding -= n
+            self._needs_reset = True
+            self._log.warning("puller.pull_failed", error=repr(e))
+
+    async def _hand_back(self, msg: Msg) -> None:
+        try:
+            await msg.nak()
+        except Exception as e:
+            self._log.debug("puller.nak_failed", error=repr(e))
+
+    # --- handlers ---------------------------------------------------------------------------------
+    def _spawn(self, msg: Msg) -> None:
+        self._running += 1
+        task = asyncio.create_task(self._work(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _work(self, msg: Msg) -> None:
+        """Handle `msg`, then keep taking queued messages while there are any."""
+        try:
+            while True:
+                try:
+                    await self._handle(msg)
+                finally:
+                    self._held -= 1
+                if self._stopping or not self._queue:
+                    break
+                msg = self._queue.popleft().msg
+                await self._top_up()
+        finally:
+            self._running -= 1
+        await self._top_up()
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            await self._handler(msg)
+        except Exception:
+            self._log.exception("puller.handler_failed", subject=msg.subject)
+            if self._nak_delay is not None and not msg.is_acked:
+                try:
+                    await msg.nak(delay=self._nak_delay)
+                except Exception as e:
+                    self._log.warning("puller.nak_failed", error=repr(e))
+
+    # --- watchdog ---------------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick = min(1.0, self._hb_s / 2)
+        while True:
+            await asyncio.sleep(tick)
+            if not self._nc.is_connected:
+                continue
+            now = loop.time()
+            reconnects = self._nc.stats["reconnects"]
+            stale = self._outstanding > 0 and now - self._last_activity > 2 * self._hb_s
+            if reconnects != self._reconnects or stale or self._needs_reset:
+                self._log.info("puller.repull", reconnected=reconnects != self._reconnects, stale=stale)
+                self._reconnects, self._needs_reset, self._outstanding = reconnects, False, 0
+                self._last_activity = now
+            await self._top_up()
+            await self._keep_queued_alive(now)
+
+    async def _keep_queued_alive(self, now: float) -> None:
+        for q in [q for q in self._queue if now - q.since >= self._progress_every]:
+            q.since = now
+            if not q.msg.is_acked:
+                try:
+                    await q.msg.in_progress()
+                except Exception as e:
+                    self._log.debug("puller.progress_failed", error=repr(e))

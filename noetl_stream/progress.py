@@ -1,0 +1,59 @@
+"""Human-readable live progress for ``noetl-stream run``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+import msgspec
+
+from noetl_stream import events as E
+from noetl_stream.wire import Event
+
+
+class Progress:
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty()
+        self._loops: dict[str, list[int]] = {}
+
+    def _line(self, text: str) -> None:
+        if self.tty:
+            self.out.write("\r\033[K")
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def on_event(self, ev: Event) -> None:
+        name, step = ev.name, ev.step or ""
+        if name == E.STEP_STARTED:
+            self._line(f"  ▸ {step} started")
+        elif name in (E.STEP_DONE, E.LOOP_DONE) and not ev.payload.get("router"):
+            extra = ""
+            if name == E.LOOP_DONE:
+                p = ev.payload
+                extra = f" ({p.get('done', 0)}/{p.get('total', 0)} iterations, {p.get('failed', 0)} failed)"
+            self._line(f"  ✔ {step} done{extra}")
+        elif name == E.STEP_FAILED:
+            err = ev.payload.get("error") or {}
+            self._line(f"  ✘ {step} failed: {err.get('kind', 'error')}: {err.get('message', '')}")
+        elif name == E.STEP_SKIPPED:
+            self._line(f"  ⤼ {step} skipped ({ev.payload.get('reason', '')})")
+        elif name == E.LOOP_STARTED:
+            self._loops[ev.step_run_id or step] = [0, int(ev.payload.get("total", 0))]
+        elif name in (E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED) and self.tty:
+            key = ev.step_run_id or step
+            counts = self._loops.setdefault(key, [0, 0])
+            counts[0] += 1
+            total = counts[1] or counts[0]
+            width = 30
+            filled = int(width * counts[0] / total) if total else width
+            self.out.write(f"\r\033[K  {step} [{'#' * filled}{'.' * (width - filled)}] {counts[0]}/{total or '?'}")
+            self.out.flush()
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        status = summary.get("status")
+        mark = "✔" if status == "success" else "✘"
+        self._line(f"{mark} execution {summary.get('execution_id')} {status} in {summary.get('duration_s')}s")
+        if summary.get("error"):
+            self._line(f"  error: {msgspec.json.encode(summary['error']).decode()}")
+        print(msgspec.json.encode({"result": summary.get("result"), "ctx": summary.get("ctx")}).decode())

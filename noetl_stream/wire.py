@@ -1,0 +1,140 @@
+"""Wire types: what travels on JetStream subjects. msgspec Structs, JSON-encoded.
+
+Published JSON Schemas in ``schemas/`` are generated from these types.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import uuid
+from typing import Any, Literal
+
+import msgspec
+
+from noetl_stream.dsl.model import Step
+
+Source = Literal["server", "worker"]
+EntityType = Literal["playbook", "workflow", "step", "task", "loop", "next", "execution"]
+Status = Literal["in_progress", "success", "error", "skipped"]
+
+WIRE_VERSION = 1
+
+
+class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """A request to run a playbook. Give the playbook text (``playbook``) or a catalog ``path``."""
+
+    playbook: str | None = None
+    path: str | None = None
+    version: str | None = None
+    payload: dict[str, Any] = {}
+    execution_id: str | None = None
+    file: str | None = None
+    parent_execution_id: str | None = None
+    parent_step_run_id: str | None = None
+    pool: str | None = None
+    trace_id: str | None = None
+
+
+class Event(msgspec.Struct, omit_defaults=True):
+    """The event envelope (001 §15.1 plus run ids of 002 §9.3)."""
+
+    event_id: str
+    execution_id: str
+    name: str
+    source: Source
+    entity_type: EntityType
+    entity_id: str
+    status: Status
+    timestamp: str
+    payload: dict[str, Any] = {}
+    step: str | None = None
+    step_run_id: str | None = None
+    task_run_id: str | None = None
+    trace_id: str | None = None
+    parent_id: str | None = None
+    worker: str | None = None
+    v: int = WIRE_VERSION
+
+
+class Iteration(msgspec.Struct, omit_defaults=True):
+    """One item of a distributed loop, carried by its command."""
+
+    index: int
+    item: Any = None
+    total: int = 0
+
+
+class Command(msgspec.Struct, omit_defaults=True):
+    """A token for a worker: run one step (or one iteration of a distributed loop).
+
+    The full step definition and the scope it needs travel in the message, so a
+    worker never has to look anything up to run it.
+    """
+
+    command_id: str
+    execution_id: str
+    step: str
+    step_run_id: str
+    pool: str
+    step_def: Step
+    workload: dict[str, Any] = {}
+    ctx: dict[str, Any] = {}
+    args: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    executor_spec: dict[str, Any] = {}
+    iteration: Iteration | None = None
+    trace_id: str | None = None
+    issued_at: str = ""
+    v: int = WIRE_VERSION
+
+
+# -- codecs ---------------------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+_event_decoder = msgspec.json.Decoder(Event)
+_command_decoder = msgspec.json.Decoder(Command)
+_request_decoder = msgspec.json.Decoder(ExecutionRequest)
+
+
+def encode(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def decode_event(data: bytes) -> Event:
+    return _event_decoder.decode(data)
+
+
+def decode_command(data: bytes) -> Command:
+    return _command_decoder.decode(data)
+
+
+def decode_request(data: bytes) -> ExecutionRequest:
+    return _request_decoder.decode(data)
+
+
+# -- ids and time ---------------------------------------------------------------------------------
+
+_NS = uuid.UUID("6f1c2b8e-51a8-4b8a-9c55-8f3f3f6c9d10")
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def new_execution_id() -> str:
+    return uuid.uuid4().hex
+
+
+def derived_execution_id(*parts: object) -> str:
+    """A stable id from stable inputs (e.g. the request's stream and sequence), for idempotent intake."""
+    return uuid.uuid5(_NS, ":".join(str(p) for p in parts)).hex
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def event_id(execution_id: str, scope: str, name: str) -> str:
+    """Deterministic id: ``<execution_id>:<scope>:<name>``; also the ``Nats-Msg-Id``."""
+    return f"{execution_id}:{scope}:{name}"

@@ -1,0 +1,128 @@
+"""Provisioning creates the DESIGN.md §3 topology on a real server, idempotently."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from nats.js import JetStreamContext, api
+
+from noetl_stream import events
+from noetl_stream.kv.provision import ProvisionError, provision, stream_names
+from noetl_stream.subjects import SubjectError, Topology
+
+
+async def test_provision_twice_changes_nothing(js: JetStreamContext, topology: Topology) -> None:
+    first = await provision(js, topology, pools=("default", "gpu"))
+    assert first.changed and not first.updated and not first.unchanged
+    assert len(first.created) == 3 + 4 + 5 + 1  # streams, consumers, KV buckets, object store
+
+    second = await provision(js, topology, pools=("default", "gpu"))
+    assert not second.changed
+    assert sorted(second.unchanged) == sorted(first.created)
+
+
+async def test_streams_have_the_designed_config(js: JetStreamContext, topology: Topology) -> None:
+    await provision(js, topology)
+    ev = (await js.stream_info(topology.events_stream)).config
+    assert ev.subjects == [f"{topology.prefix}.events.>"]
+    assert ev.retention == api.RetentionPolicy.LIMITS
+    assert ev.storage == api.StorageType.FILE
+    assert ev.duplicate_window == topology.duplicate_window_s
+    assert ev.max_age == topology.events_max_age_s
+    assert ev.allow_direct
+    for name in (topology.commands_stream, topology.requests_stream):
+        assert (await js.stream_info(name)).config.retention == api.RetentionPolicy.WORK_QUEUE
+
+
+async def test_consumers_have_the_designed_config(js: JetStreamContext, topology: Topology) -> None:
+    await provision(js, topology, pools=("default", "gpu"), pool_max_ack_pending=7)
+    ctl = (await js.consumer_info(topology.events_stream, "controller")).config
+    assert ctl.ack_policy == api.AckPolicy.EXPLICIT
+    assert set(ctl.filter_subjects or ()) == set(topology.controller_event_filters)
+    assert f"{topology.prefix}.events.*.step.done" in (ctl.filter_subjects or ())
+    assert ctl.ack_wait == topology.command_ack_wait_s
+    assert (ctl.max_ack_pending or 0) >= 1000
+    req = (await js.consumer_info(topology.requests_stream, "controller-requests")).config
+    assert req.filter_subject == topology.request_subject
+    for pool in ("default", "gpu"):
+        cfg = (await js.consumer_info(topology.commands_stream, topology.pool_consumer(pool))).config
+        assert cfg.filter_subject == topology.pool_filter(pool)
+        assert cfg.ack_policy == api.AckPolicy.EXPLICIT
+        assert cfg.max_deliver == topology.command_max_deliver
+        assert cfg.max_ack_pending == 7
+        assert cfg.ack_wait == topology.command_ack_wait_s
+
+
+async def test_messages_route_to_the_right_consumers(js: JetStreamContext, topology: Topology) -> None:
+    await provision(js, topology, pools=("default", "gpu"))
+    await js.publish(topology.event_subject("e1", events.STEP_DONE), b"{}")
+    await js.publish(topology.event_subject("e1", events.STEP_STARTED), b"{}")  # not a controller input
+    await js.publish(topology.command_subject("gpu", "e1"), b"{}")
+    await js.publish(topology.request_subject, b'{"path": "x"}')
+
+    async def pending(stream: str, consumer: str) -> int:
+        return (await js.consumer_info(stream, consumer)).num_pending or 0
+
+    assert await pending(topology.events_stream, "controller") == 1
+    assert await pending(topology.commands_stream, topology.pool_consumer("gpu")) == 1
+    assert await pending(topology.commands_stream, topology.pool_consumer("default")) == 0
+    assert await pending(topology.requests_stream, "controller-requests") == 1
+
+
+async def test_commands_are_deduplicated_by_msg_id(js: JetStreamContext, topology: Topology) -> None:
+    await provision(js, topology)
+    subject = topology.command_subject("default", "e1")
+    first = await js.publish(subject, b"{}", headers={"Nats-Msg-Id": "e1:s1"})
+    again = await js.publish(subject, b"{}", headers={"Nats-Msg-Id": "e1:s1"})
+    assert not first.duplicate and again.duplicate
+
+
+async def test_buckets_and_object_store_work(js: JetStreamContext, topology: Topology) -> None:
+    await provision(js, topology)
+    for bucket in topology.kv_buckets:
+        kv = await js.key_value(bucket)
+        rev = await kv.put("e1", b"v1")
+        rev = await kv.update("e1", b"v2", last=rev)
+        assert (await kv.get("e1")).value == b"v2"
+        info = (await js.stream_info("KV_" + bucket)).config
+        assert info.max_msgs_per_subject == 1
+    assert (await js.stream_info("KV_" + topology.executions_bucket)).config.allow_direct
+    assert not (await js.stream_info("KV_" + topology.keychain_bucket)).config.allow_direct
+    store = await js.object_store(topology.results_store)
+    await store.put("e1/s1/result.json", msgspec.json.encode({"rows": 3}))
+    assert (await store.get("e1/s1/result.json")).data == b'{"rows":3}'
+
+
+async def test_drift_is_updated(js: JetStreamContext, topology: Topology) -> None:
+    await provision(js, topology, pool_max_ack_pending=10)
+    changed = msgspec.structs.replace(topology, events_max_age_s=3600.0, command_ack_wait_s=60.0)
+    report = await provision(js, changed, pool_max_ack_pending=20)
+    assert f"stream:{topology.events_stream}" in report.updated
+    assert f"consumer:{topology.commands_stream}/pool-default" in report.updated
+    assert (await js.stream_info(topology.events_stream)).config.max_age == 3600.0
+    pool = (await js.consumer_info(topology.commands_stream, "pool-default")).config
+    assert (pool.max_ack_pending, pool.ack_wait) == (20, 60.0)
+    assert not (await provision(js, changed, pool_max_ack_pending=20)).changed
+
+
+async def test_change_the_server_cannot_apply_is_a_clear_error(
+    js: JetStreamContext, topology: Topology
+) -> None:
+    await provision(js, topology)
+    in_memory = msgspec.structs.replace(topology, storage="memory")
+    with pytest.raises(ProvisionError, match=f"stream:{topology.events_stream}"):
+        await provision(js, in_memory)
+
+
+async def test_bad_pool_is_rejected_before_anything_is_created(
+    js: JetStreamContext, topology: Topology
+) -> None:
+    with pytest.raises(SubjectError, match="invalid pool name"):
+        await provision(js, topology, pools=("default", "gpu.large"))
+    names = {s.config.name for s in await js.streams_info()}
+    assert not names & set(stream_names(topology))
+
+
+def test_bad_prefix_is_rejected() -> None:
+    with pytest.raises(SubjectError, match="invalid prefix"):
+        Topology(prefix="noetl.prod")

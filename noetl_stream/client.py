@@ -119,3 +119,38 @@ async def follow(
     finally:
         await sub.unsubscribe()
     return tracker.summary
+
+
+class Completions:
+    """Waits for ``playbook.processed`` of many executions with one subscription (cheap; for load)."""
+
+    def __init__(self, nc: NATS, topology: Topology) -> None:
+        self.nc = nc
+        self.topology = topology
+        self._waiters: dict[str, asyncio.Future[Event]] = {}
+        self._early: dict[str, Event] = {}
+        self._sub: Any = None
+
+    async def __aenter__(self) -> Completions:
+        subject = self.topology.event_subject("x", E.PLAYBOOK_PROCESSED).replace(".x.", ".*.", 1)
+        self._sub = await self.nc.subscribe(subject, cb=self._on_msg)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    async def _on_msg(self, msg: Any) -> None:
+        ev = decode_event(msg.data)
+        fut = self._waiters.pop(ev.execution_id, None)
+        if fut is None:
+            self._early[ev.execution_id] = ev
+        elif not fut.done():
+            fut.set_result(ev)
+
+    async def wait(self, execution_id: str, timeout: float | None = None) -> Event:
+        if execution_id in self._early:
+            return self._early.pop(execution_id)
+        fut = self._waiters.setdefault(execution_id, asyncio.get_running_loop().create_future())
+        async with asyncio.timeout(timeout):
+            return await fut

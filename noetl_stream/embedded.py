@@ -23,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from noetl_stream.errors import NoetlError
+
 __all__ = ["EmbeddedNats", "EmbeddedNatsError", "find_nats_server"]
 
 _LISTEN_RE = re.compile(r"Listening for client connections on [^\s]+:(\d+)")
@@ -30,7 +32,7 @@ _MONITOR_RE = re.compile(r"Starting http monitor on [^\s]+:(\d+)")
 _READY = "Server is ready"
 
 
-class EmbeddedNatsError(RuntimeError):
+class EmbeddedNatsError(NoetlError, RuntimeError):
     """The embedded nats-server could not be found, started or stopped."""
 
 

@@ -123,6 +123,7 @@ class ContinuousPuller:
     free handler get ``in_progress()`` so their AckWait does not expire while queued. Handler
     exceptions are logged and the message is nak'ed (after `error_nak_delay_s`) if still unsettled.
     Pulls are re-issued after a reconnect, an expired request or missed idle heartbeats.
+    A puller is started once and stopped once.
     """
 
     def __init__(
@@ -246,10 +247,8 @@ class ContinuousPuller:
             await self._hand_back(msg)
             return
         self._held += 1
-        if self._running < self.max_concurrency:
-            self._spawn(msg)
-        else:
-            self._queue.append(_Queued(msg, self._last_activity))
+        self._queue.append(_Queued(msg, self._last_activity))
+        self._dispatch()
         await self._top_up()
 
     async def _on_status(self, msg: Msg) -> None:
@@ -292,11 +291,13 @@ class ContinuousPuller:
             self._log.debug("puller.nak_failed", error=repr(e))
 
     # --- handlers ---------------------------------------------------------------------------------
-    def _spawn(self, msg: Msg) -> None:
-        self._running += 1
-        task = asyncio.create_task(self._work(msg))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _dispatch(self) -> None:
+        """Start handlers for queued messages while there is a free slot."""
+        while self._queue and self._running < self.max_concurrency and not self._stopping:
+            self._running += 1
+            task = asyncio.create_task(self._work(self._queue.popleft().msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _work(self, msg: Msg) -> None:
         """Handle `msg`, then keep taking queued messages while there are any."""
@@ -331,17 +332,23 @@ class ContinuousPuller:
         tick = min(1.0, self._hb_s / 2)
         while True:
             await asyncio.sleep(tick)
-            if not self._nc.is_connected:
-                continue
-            now = loop.time()
-            reconnects = self._nc.stats["reconnects"]
-            stale = self._outstanding > 0 and now - self._last_activity > 2 * self._hb_s
-            if reconnects != self._reconnects or stale or self._needs_reset:
-                self._log.info("puller.repull", reconnected=reconnects != self._reconnects, stale=stale)
-                self._reconnects, self._needs_reset, self._outstanding = reconnects, False, 0
-                self._last_activity = now
-            await self._top_up()
-            await self._keep_queued_alive(now)
+            try:
+                await self._check(loop.time())
+            except Exception:
+                self._log.exception("puller.watchdog_failed")
+
+    async def _check(self, now: float) -> None:
+        self._dispatch()  # in case a handler task was cancelled from outside
+        if not self._nc.is_connected:
+            return
+        reconnects = self._nc.stats["reconnects"]
+        stale = self._outstanding > 0 and now - self._last_activity > 2 * self._hb_s
+        if reconnects != self._reconnects or stale or self._needs_reset:
+            self._log.info("puller.repull", reconnected=reconnects != self._reconnects, stale=stale)
+            self._reconnects, self._needs_reset, self._outstanding = reconnects, False, 0
+            self._last_activity = now
+        await self._top_up()
+        await self._keep_queued_alive(now)
 
     async def _keep_queued_alive(self, now: float) -> None:
         for q in [q for q in self._queue if now - q.since >= self._progress_every]:

@@ -1,9 +1,16 @@
 """Pipelined JetStream publishing with deterministic ``Nats-Msg-Id``s.
 
-A handler publishes all its effects without waiting for each ack, then ``flush()``
-awaits them together before it settles the message it is handling: the effects
-are stored before the input is acked, at the cost of one round trip, not one per
-publish (perf/README.md: ``publish_async`` is 5-7x the awaited publish).
+A handler collects its effects, then ``flush()`` publishes them in order and waits
+for the acks that prove they are stored, before the handler settles its input.
+
+Only the LAST event of a flush is published with a JetStream ack request; the
+events before it go out as plain publishes on the same connection. JetStream
+ingests one connection's messages to one stream in order, so the ack of the last
+event confirms the ones before it were processed too: one ack round trip (and one
+ack message to parse) per flush instead of one per event, which is what bounds
+throughput in Python (perf/README.md). Commands are acked individually: each one
+is a unit of work that must not be lost. Duplicates are dropped by the server
+through ``Nats-Msg-Id`` either way.
 """
 
 from __future__ import annotations
@@ -20,28 +27,39 @@ MSG_ID = "Nats-Msg-Id"
 
 
 class Outbox:
-    __slots__ = ("_futures", "js", "topology")
+    __slots__ = ("_commands", "_events", "js", "nc", "topology")
 
     def __init__(self, js: JetStreamContext, topology: Topology) -> None:
         self.js = js
+        self.nc = js._nc
         self.topology = topology
-        self._futures: list[asyncio.Future[Any]] = []
+        self._events: list[tuple[str, bytes, str]] = []
+        self._commands: list[tuple[str, bytes, str]] = []
 
-    async def event(self, event: Event, data: bytes | None = None) -> None:
-        """Publish an event (``data`` if the caller already encoded it)."""
+    def event(self, event: Event, data: bytes | None = None) -> None:
+        """Queue an event (``data`` if the caller already encoded it)."""
         subject = self.topology.event_subject(event.execution_id, event.name)
-        payload = data if data is not None else encode(event)
-        fut = await self.js.publish_async(subject, payload, headers={MSG_ID: event.event_id})
-        self._futures.append(fut)
+        self._events.append((subject, data if data is not None else encode(event), event.event_id))
 
-    async def command(self, command: Command) -> None:
+    def command(self, command: Command) -> None:
         subject = self.topology.command_subject(command.pool, command.execution_id)
-        fut = await self.js.publish_async(subject, encode(command), headers={MSG_ID: command.command_id})
-        self._futures.append(fut)
+        self._commands.append((subject, encode(command), command.command_id))
+
+    def __len__(self) -> int:
+        return len(self._events) + len(self._commands)
 
     async def flush(self) -> None:
-        """Wait for every pending publish ack; raise the first failure (the caller must not ack)."""
-        futures, self._futures = self._futures, []
+        """Publish everything queued and wait until it is stored; raise on any failure (do not ack then)."""
+        events, self._events = self._events, []
+        commands, self._commands = self._commands, []
+        futures: list[asyncio.Future[Any]] = []
+        if events:
+            for subject, data, msg_id in events[:-1]:
+                await self.nc.publish(subject, data, headers={MSG_ID: msg_id})
+            subject, data, msg_id = events[-1]
+            futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
+        for subject, data, msg_id in commands:
+            futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
         if not futures:
             return
         results = await asyncio.gather(*futures, return_exceptions=True)

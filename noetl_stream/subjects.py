@@ -16,6 +16,7 @@ from typing import Literal
 import msgspec
 
 from noetl_stream import events
+from noetl_stream.errors import ConfigurationError
 
 __all__ = ["SubjectError", "Topology", "TopologyError", "check_pool", "check_token"]
 
@@ -30,7 +31,7 @@ _EVENT_PART_RE = re.compile(r"[a-z][a-z0-9_]*")
 MIN_DUPLICATE_WINDOW_S = 120.0
 
 
-class TopologyError(ValueError):
+class TopologyError(ConfigurationError, ValueError):
     """An invalid topology setting."""
 
 

@@ -116,9 +116,9 @@ class Controller:
                 log.exception("controller.reducer_error", execution_id=eid, event=event.name)
                 state, fx = self._internal_failure(state, event, seq, exc)
             for ev in fx.events:
-                await outbox.event(ev)
+                outbox.event(ev)
             for cmd in fx.commands:
-                await outbox.command(cmd)
+                outbox.command(cmd)
             await outbox.flush()
             if state is not None:
                 self._remember(state)

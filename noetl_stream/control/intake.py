@@ -122,11 +122,11 @@ class Intake:
         try:
             request = parse_request(raw)
         except RequestError as exc:
-            await self._reject(outbox, default_id, str(exc))
+            self._reject(outbox, default_id, str(exc))
             await outbox.flush()
             return default_id, str(exc)
         execution_id = request.execution_id or default_id
-        await outbox.event(
+        outbox.event(
             Event(
                 event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
                 execution_id=execution_id,
@@ -143,10 +143,10 @@ class Intake:
         await outbox.flush()
         return execution_id, None
 
-    async def _reject(self, outbox: Outbox, execution_id: str, message: str) -> None:
+    def _reject(self, outbox: Outbox, execution_id: str, message: str) -> None:
         error = {"kind": "bad_request", "message": message}
         for name, status in ((E.REQUEST_REJECTED, "error"), (E.PLAYBOOK_PROCESSED, "error")):
-            await outbox.event(
+            outbox.event(
                 Event(
                     event_id=event_id(execution_id, "execution", name),
                     execution_id=execution_id,

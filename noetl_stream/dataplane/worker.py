@@ -33,6 +33,7 @@ from noetl_stream.wire import Command, Event, decode_command, encode, event_id, 
 log = structlog.get_logger(__name__)
 
 MAX_EVENT_BYTES = 900 * 1024
+PROGRESS_EVERY_S = 0.1
 
 
 class Worker:
@@ -101,23 +102,30 @@ class Worker:
             return
         outbox = Outbox(self.js, self.topology)
         run = _CommandRun(self, cmd, outbox)
-        heartbeat = asyncio.create_task(self._keep_alive(msg))
-        try:
-            await run.execute()
-            await outbox.flush()
-        finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+        await self._supervise(msg, run)
+        await run.publish_pending()
         await msg.ack()
 
-    async def _keep_alive(self, msg: Msg) -> None:
-        """Reset AckWait while a long task runs."""
-        every = max(0.5, self.topology.command_ack_wait_s / 3)
-        while True:
-            await asyncio.sleep(every)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
+    async def _supervise(self, msg: Msg, run: _CommandRun) -> None:
+        """Run the command; while it runs, publish its progress events and keep the message alive."""
+        task = asyncio.ensure_future(run.execute())
+        loop = asyncio.get_running_loop()
+        keep_alive_every = max(0.5, self.topology.command_ack_wait_s / 3)
+        next_keep_alive = loop.time() + keep_alive_every
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
+                if done:
+                    task.result()
+                    return
+                await run.publish_pending()
+                if loop.time() >= next_keep_alive:
+                    next_keep_alive = loop.time() + keep_alive_every
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+        except BaseException:
+            task.cancel()
+            raise
 
 
 class _CommandRun:
@@ -153,7 +161,8 @@ class _CommandRun:
         pending, self.pending = self.pending, []
         for ev in pending:
             fitted, data = _fit(ev)
-            await self.outbox.event(fitted, data)
+            self.outbox.event(fitted, data)
+        await self.outbox.flush()
 
     def task_hook(self, scope_id: str) -> Any:
         if not self.worker.task_events:
@@ -182,24 +191,13 @@ class _CommandRun:
         if step.loop is not None:
             await self.local_loop(base)
             return
-        flusher = asyncio.ensure_future(self._drain())
-        try:
-            res = await run_pipeline(base, self.task_hook(run_id))
-        finally:
-            flusher.cancel()
+        res = await run_pipeline(base, self.task_hook(run_id))
         if res.status == "ok":
             self.event(E.STEP_DONE, "step", run_id, "success", run_id,
                        {"result": res.result, "ctx_patches": res.ctx_patches})
         else:
             self.event(E.STEP_FAILED, "step", run_id, "error", run_id,
                        {"error": res.error, "ctx_patches": res.ctx_patches})
-        await self.publish_pending()
-
-    async def _drain(self) -> None:
-        """Publish events as the pipeline produces them (progress is visible while it runs)."""
-        while True:
-            await asyncio.sleep(0.05)
-            await self.publish_pending()
 
     async def distributed_iteration(self, base: PipelineInput) -> None:
         cmd = self.cmd
@@ -218,7 +216,6 @@ class _CommandRun:
         else:
             self.event(E.LOOP_ITERATION_FAILED, "loop", scope_id, "error", scope_id,
                        {"index": it.index, "error": res.error, "ctx_patches": res.ctx_patches})
-        await self.publish_pending()
 
     async def local_loop(self, base: PipelineInput) -> None:
         cmd = self.cmd
@@ -238,7 +235,6 @@ class _CommandRun:
         except (RenderError, TypeError, ValueError) as exc:
             kind = "template_error" if isinstance(exc, RenderError) and "must" not in exc.message else "loop_error"
             self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": {"kind": kind, "message": str(exc)}})
-            await self.publish_pending()
             return
 
         def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
@@ -246,9 +242,7 @@ class _CommandRun:
             status = {"loop.iteration.started": "in_progress", "loop.iteration.done": "success"}.get(name, "error")
             self.event(name, "loop", sid, status, sid, {"index": index, **payload})
 
-        flusher = asyncio.ensure_future(self._drain())
-        try:
-            res: LoopResult = await run_local_loop(
+        res: LoopResult = await run_local_loop(
                 base,
                 items,
                 parallel=loop.spec.mode == "parallel",
@@ -257,15 +251,12 @@ class _CommandRun:
                 on_iteration=on_iteration,
                 on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
             )
-        finally:
-            flusher.cancel()
         summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
         if res.failed and step.failure_mode == "fail_fast":
             self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": res.first_error, **summary})
         else:
             self.event(E.LOOP_DONE, "loop", run_id, "success" if not res.failed else "error", run_id,
                        {"result": res.results, **summary})
-        await self.publish_pending()
 
 
 def _fit(ev: Event) -> tuple[Event, bytes]:

@@ -86,9 +86,7 @@ class _Converter:
     def convert(self, node: Any, path: Path, depth: int = 0) -> Any:
         self.nodes += 1
         if self.nodes > MAX_NODES:
-            raise _TooLarge(
-                (), f"document is too large (more than {MAX_NODES} nodes after alias expansion)"
-            )
+            raise _TooLarge((), f"document is too large (more than {MAX_NODES} nodes after alias expansion)")
         if depth > MAX_DEPTH:
             raise _TooLarge(path, f"document is nested too deeply (more than {MAX_DEPTH} levels)")
         if isinstance(node, CommentedMap):
@@ -138,6 +136,28 @@ class _Converter:
         if isinstance(value, tuple):
             return "[" + ", ".join(str(v) for v in value) + "]"
         return value
+
+
+def _check_size(node: Any, memo: dict[int, int], active: set[int], depth: int = 0) -> int:
+    """Nodes ``node`` expands to, counting each alias use (memoized: linear in distinct nodes)."""
+    if not isinstance(node, (CommentedMap, CommentedSeq)):
+        return 1
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        raise _TooLarge((), "document contains a recursive alias (a node that contains itself)")
+    if depth > MAX_DEPTH:
+        raise _TooLarge((), f"document is nested too deeply (more than {MAX_DEPTH} levels)")
+    active.add(key)
+    total = 1
+    for child in node.values() if isinstance(node, CommentedMap) else node:
+        total += _check_size(child, memo, active, depth + 1)
+        if total > MAX_NODES:
+            raise _TooLarge((), f"document is too large (more than {MAX_NODES} nodes after alias expansion)")
+    active.discard(key)
+    memo[key] = total
+    return total
 
 
 class _TooLarge(Exception):
@@ -237,7 +257,12 @@ def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
         docs = list(yaml.load_all(text))
     except YAMLError as exc:
         raise PlaybookError([_yaml_error(file, text, exc)]) from None
-    except (ValueError, TypeError, RecursionError, OverflowError) as exc:
+    except RecursionError:
+        raise PlaybookError(
+            [Diagnostic("error", "document is nested too deeply", file, 1, 1, "<root>", "too-large")]
+        ) from None
+    except (ValueError, TypeError, OverflowError, AttributeError, KeyError, IndexError) as exc:
+        # ruamel raises these for a few malformed inputs (bad tags, odd anchors) instead of YAMLError.
         raise PlaybookError(
             [Diagnostic("error", f"YAML could not be read: {exc}", file, 1, 1, "<root>", "yaml-syntax")]
         ) from None
@@ -253,6 +278,7 @@ def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
         )
     converter = _Converter(smap)
     try:
+        _check_size(docs[0], {}, set())
         data = converter.convert(docs[0], ())
     except _TooLarge as exc:
         raise PlaybookError([smap.diagnostic(exc.path, exc.message, code="too-large")]) from None

@@ -224,6 +224,6 @@ def parse_task(
         ok = False
     if not ok:
         return None
-    line, col = c.smap.value(path)
+    line, col = c.smap.key(path) if label_at_key else c.smap.value(path)
     config = {k: v for k, v in raw.items() if k not in ("name", "kind", "spec")}
     return Task(name=label, kind=kind, config=config, spec=spec, policy=policy, line=line, col=col)

@@ -41,8 +41,9 @@ async def read_events(
         filter_subjects=filters if len(filters) > 1 else None,
         filter_subject=filters[0] if len(filters) == 1 else None,
     )
-    sub = await js.pull_subscribe(filters[0] if len(filters) == 1 else "", stream=topology.events_stream,
-                                  config=config)
+    sub = await js.pull_subscribe(
+        filters[0] if len(filters) == 1 else "", stream=topology.events_stream, config=config
+    )
     name = None
     try:
         info = await sub.consumer_info()

@@ -15,11 +15,34 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INVALID = 2
 
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+nats_option = click.option(
+    "--nats", "nats_url", envvar="NOETL_NATS_URL", default=DEFAULT_NATS_URL, show_default=True,
+    help="NATS server URL (env NOETL_NATS_URL).",
+)
+prefix_option = click.option(
+    "--prefix", envvar="NOETL_PREFIX", default="noetl", show_default=True,
+    help="Subject/stream prefix of the installation (env NOETL_PREFIX).",
+)
+
+
+def _topology(prefix: str) -> object:
+    from noetl_stream.subjects import Topology, TopologyError
+
+    try:
+        return Topology(prefix=prefix)
+    except TopologyError as exc:
+        raise click.BadParameter(str(exc), param_hint="--prefix") from None
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="noetl-stream")
 def main() -> None:
     """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""
+    from noetl_stream.logs import configure
+
+    configure("warning")
 
 
 @main.command()
@@ -143,3 +166,193 @@ def run(file: Path, payload: str | None, sets: tuple[str, ...], nats_url: str | 
         progress.finish(out)
     status = out.get("status") if isinstance(out, dict) else None
     sys.exit(EXIT_OK if status == "success" else EXIT_INVALID if status == "rejected" else EXIT_FAILED)
+
+
+def _run_async(coro: object) -> object:
+    import asyncio
+
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except ConnectionError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+@main.command()
+@nats_option
+@prefix_option
+@click.option("--pool", "pools", multiple=True, default=("default",), show_default=True,
+              help="Worker pools to provision consumers for (repeat).")
+@click.option("--grace", default=30.0, show_default=True, help="Seconds to finish in-flight work on SIGTERM.")
+@click.option("--log-level", default="info", show_default=True)
+def controller(nats_url: str, prefix: str, pools: tuple[str, ...], grace: float, log_level: str) -> None:
+    """Run the control plane (consumes boundary events and requests, schedules steps)."""
+    from noetl_stream.logs import configure
+    from noetl_stream.services import run_controller
+
+    configure(log_level)
+    _run_async(run_controller(nats_url, _topology(prefix), pools, grace))  # type: ignore[arg-type]
+
+
+@main.command()
+@nats_option
+@prefix_option
+@click.option("--pool", default="default", show_default=True, help="The pool whose commands to run.")
+@click.option("--concurrency", default=16, show_default=True, help="Commands run at once by this process.")
+@click.option("--name", default=None, help="Worker name in events (default host-pid).")
+@click.option("--grace", default=30.0, show_default=True, help="Seconds to finish in-flight commands on SIGTERM.")
+@click.option("--log-level", default="info", show_default=True)
+def worker(nats_url: str, prefix: str, pool: str, concurrency: int, name: str | None, grace: float,
+           log_level: str) -> None:
+    """Run a worker of one pool (any number may share a pool)."""
+    from noetl_stream.logs import configure
+    from noetl_stream.services import run_worker
+
+    configure(log_level)
+    _run_async(run_worker(nats_url, _topology(prefix), pool, concurrency, grace, name))  # type: ignore[arg-type]
+
+
+@main.command()
+@nats_option
+@prefix_option
+@click.option("--pool", "pools", multiple=True, default=("default",), show_default=True)
+def provision(nats_url: str, prefix: str, pools: tuple[str, ...]) -> None:
+    """Create or update the streams, consumers, KV buckets and object store (idempotent)."""
+    from noetl_stream.kv.provision import provision as do_provision
+    from noetl_stream.natsconn import connect
+
+    async def go() -> object:
+        nc = await connect(nats_url, name="noetl-provision", connect_wait_s=10.0, max_reconnect_attempts=0)
+        try:
+            return await do_provision(nc.jetstream(), _topology(prefix), pools)  # type: ignore[arg-type]
+        finally:
+            await nc.close()
+
+    report = _run_async(go())
+    click.echo(msgspec.json.encode(report).decode())
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--payload", help="Workload overrides: a JSON object, or @file.json.")
+@click.option("--set", "sets", multiple=True, help="Workload override KEY=VALUE.")
+@click.option("--wait", is_flag=True, help="Follow the execution and exit like `run`.")
+@click.option("--json", "as_json", is_flag=True)
+@nats_option
+@prefix_option
+def submit(file: Path, payload: str | None, sets: tuple[str, ...], wait: bool, as_json: bool, nats_url: str,
+           prefix: str) -> None:
+    """Publish an execution request onto the request subject; print the execution id."""
+    from noetl_stream.client import follow, request_for
+    from noetl_stream.client import submit as do_submit
+    from noetl_stream.natsconn import connect
+    from noetl_stream.progress import Progress
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        click.echo(f"{file}: cannot read: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    data = _load_payload(payload, sets)
+    topology = _topology(prefix)
+    progress = None if as_json else Progress()
+
+    async def go() -> object:
+        nc = await connect(nats_url, name="noetl-submit", connect_wait_s=10.0, max_reconnect_attempts=0)
+        try:
+            eid = await do_submit(nc, topology, request_for(text, str(file), data))  # type: ignore[arg-type]
+            if not wait:
+                return eid
+            return await follow(nc, topology, eid, progress.on_event if progress else None)  # type: ignore[arg-type]
+        finally:
+            await nc.close()
+
+    out = _run_async(go())
+    if isinstance(out, str):
+        click.echo(msgspec.json.encode({"execution_id": out}).decode() if as_json else out)
+        return
+    summary = msgspec.to_builtins(out)
+    if as_json:
+        click.echo(msgspec.json.encode(summary).decode())
+    elif progress is not None:
+        progress.finish(summary)
+    status = summary.get("status")
+    sys.exit(EXIT_OK if status == "success" else EXIT_INVALID if status == "rejected" else EXIT_FAILED)
+
+
+@main.command()
+@click.argument("execution_id")
+@nats_option
+@prefix_option
+def status(execution_id: str, nats_url: str, prefix: str) -> None:
+    """Show an execution's status, step by step (folded from its events)."""
+    from noetl_stream.client import Tracker
+    from noetl_stream.kv.history import read_events
+    from noetl_stream.natsconn import connect
+    from noetl_stream.subjects import SubjectError
+
+    topology = _topology(prefix)
+
+    async def go() -> object:
+        nc = await connect(nats_url, name="noetl-status", connect_wait_s=10.0, max_reconnect_attempts=0)
+        try:
+            tracker = Tracker(execution_id)
+            async for _, ev in read_events(nc.jetstream(), topology, execution_id):  # type: ignore[arg-type]
+                tracker.apply(ev)
+            return tracker
+        finally:
+            await nc.close()
+
+    try:
+        tracker = _run_async(go())
+    except SubjectError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    summary = msgspec.to_builtins(tracker.summary)  # type: ignore[attr-defined]
+    if not summary["events"]:
+        click.echo(f"error: no execution {execution_id}", err=True)
+        sys.exit(EXIT_INVALID)
+    summary.pop("duration_s", None)
+    click.echo(msgspec.json.encode(summary).decode())
+
+
+@main.command()
+@click.argument("execution_id")
+@click.option("--follow", "follow_", is_flag=True, help="Keep printing until the execution finishes.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+@nats_option
+@prefix_option
+def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefix: str) -> None:
+    """Print an execution's events as a timeline."""
+    from noetl_stream.client import follow
+    from noetl_stream.kv.history import read_events
+    from noetl_stream.natsconn import connect
+    from noetl_stream.wire import Event
+
+    topology = _topology(prefix)
+
+    def show(ev: Event) -> None:
+        if as_json:
+            click.echo(msgspec.json.encode(ev).decode())
+            return
+        where = ev.step_run_id or ev.step or ""
+        extra = ""
+        err = ev.payload.get("error") if isinstance(ev.payload, dict) else None
+        if isinstance(err, dict):
+            extra = f"  {err.get('kind')}: {err.get('message')}"
+        click.echo(f"{ev.timestamp}  {ev.source:<6} {ev.name:<28} {where:<24} {ev.status}{extra}")
+
+    async def go() -> None:
+        nc = await connect(nats_url, name="noetl-events", connect_wait_s=10.0, max_reconnect_attempts=0)
+        try:
+            if follow_:
+                await follow(nc, topology, execution_id, show)  # type: ignore[arg-type]
+            else:
+                async for _, ev in read_events(nc.jetstream(), topology, execution_id):  # type: ignore[arg-type]
+                    show(ev)
+        finally:
+            await nc.close()
+
+    _run_async(go())

@@ -51,10 +51,25 @@ def find_nats_server() -> Path:
     )
 
 
-def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+class _Resources:
+    """What must not outlive an `EmbeddedNats`: its process, and its directory if it made one."""
+
+    __slots__ = ("dir", "owns_dir", "proc")
+
+    def __init__(self, directory: Path, owns_dir: bool) -> None:
+        self.dir, self.owns_dir = directory, owns_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def release(self) -> None:
+        self.kill()
+        if self.owns_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class EmbeddedNats:
@@ -78,15 +93,15 @@ class EmbeddedNats:
         e.g. ``"always"``. `config_file`: an extra nats-server config file to include.
         """
         self.binary = Path(binary) if binary is not None else find_nats_server()
-        self._owns_dir = store_dir is None
         self.dir = Path(tempfile.mkdtemp(prefix="noetl-nats-") if store_dir is None else store_dir)
+        self._res = _Resources(self.dir, owns_dir=store_dir is None)
+        # Kill the server and remove the temp dir even if the owner forgets close() (GC or exit).
+        self._finalizer = weakref.finalize(self, self._res.release)
         self._port = port or 0
         self._monitor = monitor_port
         self._sync_interval = sync_interval
         self._extra_config = Path(config_file).resolve() if config_file is not None else None
         self._ready_timeout = ready_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._finalizer: weakref.finalize[..., EmbeddedNats] | None = None
 
     # --- paths and addresses --------------------------------------------------------------------
     @property
@@ -117,35 +132,45 @@ class EmbeddedNats:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._res.proc.pid if self._res.proc is not None else None
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._res.proc is not None and self._res.proc.poll() is None
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         if self.running:
             return
+        if not self._finalizer.alive:
+            raise EmbeddedNatsError("this EmbeddedNats was closed")
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._write_config()
-        args = [str(self.binary), "-c", str(self.config_path), "-a", "127.0.0.1"]
-        args += ["-p", str(self._port or -1), "-js", "-sd", str(self.store_dir)]
+        args = [
+            str(self.binary),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self._port or -1),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+        ]
+        if self._write_config():
+            args += ["-c", str(self.config_path)]
         if self._monitor is not None:
             args += ["-m", str(self._monitor or -1)]
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
+            # Own session: a Ctrl-C in the terminal reaches us, and we stop the server in order.
+            self._res.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        # Never leave an orphan server behind if the owner forgets to stop it.
-        self._finalizer = weakref.finalize(self, _kill_quietly, self._proc)
         self._wait_ready(offset)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop (SIGTERM), SIGKILL after `timeout`. The store is kept."""
-        proc = self._proc
+        proc = self._res.proc
         if proc is None:
             return
         if proc.poll() is None:
@@ -153,15 +178,12 @@ class EmbeddedNats:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._forget()
+                pass
+        self._res.kill()
 
     def kill(self) -> None:
         """Crash the server (SIGKILL). The store is kept."""
-        if self._proc is not None:
-            _kill_quietly(self._proc)
-            self._forget()
+        self._res.kill()
 
     def restart(self, timeout: float = 10.0) -> None:
         """Stop and start again on the same port with the same store."""
@@ -169,10 +191,9 @@ class EmbeddedNats:
         self.start()
 
     def close(self) -> None:
-        """Stop the server and remove its directory if this object created it."""
+        """Stop the server and remove its directory if this object created it. Final."""
         self.stop()
-        if self._owns_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        self._finalizer()
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -181,29 +202,27 @@ class EmbeddedNats:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def _forget(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        self._finalizer = None
-        self._proc = None
-
-    def _write_config(self) -> None:
-        lines = ["# generated by noetl_stream.embedded"]
+    def _write_config(self) -> bool:
+        """Write the config file for settings that have no command-line flag; False if none."""
+        lines = []
         if self._sync_interval is not None:
             lines.append(f'jetstream {{ sync_interval: "{self._sync_interval}" }}')
         if self._extra_config is not None:
             # nats-server resolves includes relative to the including file.
             rel = os.path.relpath(self._extra_config, self.config_path.parent)
             lines.append(f'include "{rel}"')
-        self.config_path.write_text("\n".join(lines) + "\n")
+        if lines:
+            self.config_path.write_text("# generated by noetl_stream.embedded\n" + "\n".join(lines) + "\n")
+        return bool(lines)
 
     def _wait_ready(self, offset: int) -> None:
-        assert self._proc is not None
+        proc = self._res.proc
+        assert proc is not None
         deadline = time.monotonic() + self._ready_timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._forget()
+            if proc.poll() is not None:
+                code = proc.returncode
+                self._res.proc = None
                 raise EmbeddedNatsError(f"nats-server exited with code {code}:\n{self.log_tail()}")
             text = self._read_log(offset)
             if _READY in text:

@@ -1,0 +1,53 @@
+"""Long-running processes for the CLI: controller and worker, with graceful SIGTERM/SIGINT shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import structlog
+
+from noetl_stream.control.controller import Controller
+from noetl_stream.dataplane.worker import Worker
+from noetl_stream.kv.provision import provision
+from noetl_stream.natsconn import connect
+from noetl_stream.subjects import Topology
+
+log = structlog.get_logger(__name__)
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+async def run_controller(url: str, topology: Topology, pools: tuple[str, ...], grace_s: float) -> None:
+    nc = await connect(url, name="noetl-controller", connect_wait_s=None)
+    try:
+        await provision(nc.jetstream(), topology, pools)
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        async with Controller(nc, topology, default_pool=pools[0]):
+            await stop.wait()
+            log.info("controller.stopping", grace_s=grace_s)
+    finally:
+        await nc.drain()
+
+
+async def run_worker(url: str, topology: Topology, pool: str, concurrency: int, grace_s: float,
+                     name: str | None = None) -> None:
+    nc = await connect(url, name=f"noetl-worker-{pool}", connect_wait_s=None)
+    try:
+        await provision(nc.jetstream(), topology, (pool,))
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        worker = Worker(nc, topology, pool=pool, concurrency=concurrency, name=name)
+        await worker.start()
+        await stop.wait()
+        log.info("worker.stopping", grace_s=grace_s)
+        await worker.shutdown(grace_s=grace_s)
+    finally:
+        await nc.drain()

@@ -146,16 +146,8 @@ class EmbeddedNats:
         if not self._finalizer.alive:
             raise EmbeddedNatsError("this EmbeddedNats was closed")
         self.dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            str(self.binary),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self._port or -1),
-            "-js",
-            "-sd",
-            str(self.store_dir),
-        ]
+        args = [str(self.binary), "-a", "127.0.0.1", "-p", str(self._port or -1)]
+        args += ["-js", "-sd", str(self.store_dir)]
         if self._write_config():
             args += ["-c", str(self.config_path)]
         if self._monitor is not None:

@@ -8,6 +8,7 @@ effects with deterministic ids, wait for their acks, snapshot, then ack the inpu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict
 from typing import Any
@@ -50,7 +51,7 @@ class Controller:
         self.snapshot_interval_s = snapshot_interval_s
         self.cache_size = cache_size
         self.states: OrderedDict[str, ExecutionState] = OrderedDict()
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._queues: dict[str, list[tuple[Msg, Event, int]]] = {}
         self._snapshot_at: dict[str, float] = {}
         self._snapshots: SnapshotStore[ExecutionState] | None = None
         self._puller: ContinuousPuller | None = None
@@ -93,23 +94,51 @@ class Controller:
 
     # -- one input event --------------------------------------------------------------------------
     async def _handle(self, msg: Msg) -> None:
+        """Fold the event, and any that queue up for the same execution meanwhile, in stream order."""
         try:
             event = decode_event(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.error("controller.bad_event", subject=msg.subject, error=str(exc))
             await msg.term()
             return
-        seq = msg.metadata.sequence.stream
         eid = event.execution_id
-        lock = self._locks.get(eid)
-        if lock is None:
-            lock = self._locks[eid] = asyncio.Lock()
-        async with lock:
-            state = await self._load(eid, seq, event.name == E.EXECUTION_REQUESTED)
+        item = (msg, event, msg.metadata.sequence.stream)
+        queue = self._queues.get(eid)
+        if queue is not None:
+            queue.append(item)  # the handler draining this execution will fold it
+            return
+        queue = self._queues[eid] = [item]
+        await self._drain(eid, queue)
+
+    async def _drain(self, eid: str, queue: list[tuple[Msg, Event, int]]) -> None:
+        """Fold whatever has queued up for one execution, publish all effects with one flush, then ack.
+
+        Under load this is a group commit: N events of one execution cost one round trip.
+        """
+        try:
+            while queue:
+                batch = list(queue)
+                queue.clear()
+                try:
+                    await self._fold(eid, batch)
+                except Exception as exc:
+                    # Effects may not be stored: forget the in-memory state (it is rebuilt from the
+                    # snapshot and the stream) and let JetStream redeliver the batch.
+                    self.states.pop(eid, None)
+                    log.warning("controller.batch_failed", execution_id=eid, error=str(exc) or type(exc).__name__)
+                    for msg, _, _ in batch:
+                        with contextlib.suppress(Exception):
+                            await msg.nak(delay=1.0)
+        finally:
+            self._queues.pop(eid, None)
+
+    async def _fold(self, eid: str, batch: list[tuple[Msg, Event, int]]) -> None:
+        first = batch[0][1]
+        state = await self._load(eid, batch[0][2], first.name == E.EXECUTION_REQUESTED)
+        outbox = Outbox(self.js, self.topology)
+        for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
-                await msg.ack()  # already applied (redelivery after a crash)
-                return
-            outbox = Outbox(self.js, self.topology)
+                continue  # already applied (a redelivery after a crash)
             try:
                 state, fx = self.reducer.apply(state, event, seq)
             except Exception as exc:  # a reducer bug must not wedge the execution or the controller
@@ -119,13 +148,12 @@ class Controller:
                 outbox.event(ev)
             for cmd in fx.commands:
                 outbox.command(cmd)
-            await outbox.flush()
-            if state is not None:
-                self._remember(state)
-                await self._maybe_snapshot(state)
-        await msg.ack()
-        if state is not None and state.terminal and not lock.locked():
-            self._locks.pop(eid, None)
+        await outbox.flush()
+        if state is not None:
+            self._remember(state)
+            await self._maybe_snapshot(state)
+        for msg, _, _ in batch:
+            await msg.ack()
 
     def _internal_failure(
         self, state: ExecutionState | None, event: Event, seq: int, exc: Exception

@@ -91,5 +91,5 @@ async def latency_ms(rt: Runtime, runs: int = 200) -> tuple[float, float]:
     text = chain_playbook(2, "lat")
     samples = [await run_one(rt, text, "lat.yaml") * 1000 for _ in range(runs)]
     samples.sort()
-    p99 = samples[min(len(samples) - 1, int(round(0.99 * (len(samples) - 1))))]
+    p99 = samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
     return statistics.median(samples), p99

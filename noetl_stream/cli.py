@@ -18,11 +18,18 @@ EXIT_INVALID = 2
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 nats_option = click.option(
-    "--nats", "nats_url", envvar="NOETL_NATS_URL", default=DEFAULT_NATS_URL, show_default=True,
+    "--nats",
+    "nats_url",
+    envvar="NOETL_NATS_URL",
+    default=DEFAULT_NATS_URL,
+    show_default=True,
     help="NATS server URL (env NOETL_NATS_URL).",
 )
 prefix_option = click.option(
-    "--prefix", envvar="NOETL_PREFIX", default="noetl", show_default=True,
+    "--prefix",
+    envvar="NOETL_PREFIX",
+    default="noetl",
+    show_default=True,
     help="Subject/stream prefix of the installation (env NOETL_PREFIX).",
 )
 
@@ -117,13 +124,21 @@ def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, objec
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--payload", help="Workload overrides: a JSON object, or @file.json.")
-@click.option("--set", "sets", multiple=True, help="Workload override KEY=VALUE (VALUE parsed as JSON if it can be).")
-@click.option("--nats", "nats_url", envvar="NOETL_NATS_URL", default=None,
-              help="NATS URL (default: start an embedded nats-server).")
+@click.option(
+    "--set", "sets", multiple=True, help="Workload override KEY=VALUE (VALUE parsed as JSON if it can be)."
+)
+@click.option(
+    "--nats",
+    "nats_url",
+    envvar="NOETL_NATS_URL",
+    default=None,
+    help="NATS URL (default: start an embedded nats-server).",
+)
 @click.option("--workers", default=1, show_default=True, help="In-process workers.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
-def run(file: Path, payload: str | None, sets: tuple[str, ...], nats_url: str | None, workers: int,
-        as_json: bool) -> None:
+def run(
+    file: Path, payload: str | None, sets: tuple[str, ...], nats_url: str | None, workers: int, as_json: bool
+) -> None:
     """Run a playbook end to end and print its outcome (exit 0 success, 1 failed, 2 invalid)."""
     import asyncio
 
@@ -183,8 +198,14 @@ def _run_async(coro: object) -> object:
 @main.command()
 @nats_option
 @prefix_option
-@click.option("--pool", "pools", multiple=True, default=("default",), show_default=True,
-              help="Worker pools to provision consumers for (repeat).")
+@click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    help="Worker pools to provision consumers for (repeat).",
+)
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish in-flight work on SIGTERM.")
 @click.option("--log-level", default="info", show_default=True)
 def controller(nats_url: str, prefix: str, pools: tuple[str, ...], grace: float, log_level: str) -> None:
@@ -202,10 +223,13 @@ def controller(nats_url: str, prefix: str, pools: tuple[str, ...], grace: float,
 @click.option("--pool", default="default", show_default=True, help="The pool whose commands to run.")
 @click.option("--concurrency", default=16, show_default=True, help="Commands run at once by this process.")
 @click.option("--name", default=None, help="Worker name in events (default host-pid).")
-@click.option("--grace", default=30.0, show_default=True, help="Seconds to finish in-flight commands on SIGTERM.")
+@click.option(
+    "--grace", default=30.0, show_default=True, help="Seconds to finish in-flight commands on SIGTERM."
+)
 @click.option("--log-level", default="info", show_default=True)
-def worker(nats_url: str, prefix: str, pool: str, concurrency: int, name: str | None, grace: float,
-           log_level: str) -> None:
+def worker(
+    nats_url: str, prefix: str, pool: str, concurrency: int, name: str | None, grace: float, log_level: str
+) -> None:
     """Run a worker of one pool (any number may share a pool)."""
     from noetl_stream.logs import configure
     from noetl_stream.services import run_worker
@@ -242,8 +266,15 @@ def provision(nats_url: str, prefix: str, pools: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @nats_option
 @prefix_option
-def submit(file: Path, payload: str | None, sets: tuple[str, ...], wait: bool, as_json: bool, nats_url: str,
-           prefix: str) -> None:
+def submit(
+    file: Path,
+    payload: str | None,
+    sets: tuple[str, ...],
+    wait: bool,
+    as_json: bool,
+    nats_url: str,
+    prefix: str,
+) -> None:
     """Publish an execution request onto the request subject; print the execution id."""
     from noetl_stream.client import follow, request_for
     from noetl_stream.client import submit as do_submit

@@ -72,10 +72,12 @@ class Tracker:
             self.finished = True
 
 
-def request_for(text: str, file: str, payload: dict[str, Any] | None = None,
-                execution_id: str | None = None) -> ExecutionRequest:
-    return ExecutionRequest(playbook=text, file=file, payload=payload or {},
-                            execution_id=execution_id or new_execution_id())
+def request_for(
+    text: str, file: str, payload: dict[str, Any] | None = None, execution_id: str | None = None
+) -> ExecutionRequest:
+    return ExecutionRequest(
+        playbook=text, file=file, payload=payload or {}, execution_id=execution_id or new_execution_id()
+    )
 
 
 async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str:
@@ -83,8 +85,9 @@ async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str
     if request.execution_id is None:
         request = msgspec.structs.replace(request, execution_id=new_execution_id())
     assert request.execution_id is not None
-    await nc.jetstream().publish(topology.request_subject, encode(request),
-                                 headers={"Nats-Msg-Id": f"request:{request.execution_id}"})
+    await nc.jetstream().publish(
+        topology.request_subject, encode(request), headers={"Nats-Msg-Id": f"request:{request.execution_id}"}
+    )
     return request.execution_id
 
 
@@ -111,8 +114,13 @@ async def follow(
             done.set()
 
     js = nc.jetstream()
-    sub = await js.subscribe(topology.events_filter(execution_id), stream=topology.events_stream, cb=cb,
-                             ordered_consumer=True, deliver_policy=api.DeliverPolicy.ALL)
+    sub = await js.subscribe(
+        topology.events_filter(execution_id),
+        stream=topology.events_stream,
+        cb=cb,
+        ordered_consumer=True,
+        deliver_policy=api.DeliverPolicy.ALL,
+    )
     try:
         async with asyncio.timeout(timeout):
             await done.wait()

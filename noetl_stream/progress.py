@@ -47,7 +47,9 @@ class Progress:
             total = counts[1] or counts[0]
             width = 30
             filled = int(width * counts[0] / total) if total else width
-            self.out.write(f"\r\033[K  {step} [{'#' * filled}{'.' * (width - filled)}] {counts[0]}/{total or '?'}")
+            self.out.write(
+                f"\r\033[K  {step} [{'#' * filled}{'.' * (width - filled)}] {counts[0]}/{total or '?'}"
+            )
             self.out.flush()
 
     def finish(self, summary: dict[str, Any]) -> None:

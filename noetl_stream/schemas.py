@@ -1,6 +1,6 @@
 """JSON Schemas of the wire types, published in ``schemas/`` (a test keeps them in sync).
 
-    python -m noetl_stream.schemas schemas/
+python -m noetl_stream.schemas schemas/
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ async def run_controller(url: str, topology: Topology, pools: tuple[str, ...], g
         await nc.drain()
 
 
-async def run_worker(url: str, topology: Topology, pool: str, concurrency: int, grace_s: float,
-                     name: str | None = None) -> None:
+async def run_worker(
+    url: str, topology: Topology, pool: str, concurrency: int, grace_s: float, name: str | None = None
+) -> None:
     nc = await connect(url, name=f"noetl-worker-{pool}", connect_wait_s=None)
     try:
         await provision(nc.jetstream(), topology, (pool,))

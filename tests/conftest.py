@@ -69,3 +69,15 @@ async def _eventually(check: Predicate, timeout: float = 10.0) -> None:
 def eventually() -> Callable[..., Awaitable[None]]:
     """``await eventually(predicate)``: poll a sync or async predicate until true, else time out."""
     return _eventually
+
+
+# --- end-to-end runtime fixtures (tests/test_runtime_*.py) ------------------------------------------
+
+from noetl_stream.local import Runtime, local_runtime  # noqa: E402
+
+
+@pytest.fixture
+async def runtime(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
+    """A controller and one worker (16 concurrent commands) on the test's own topology."""
+    async with local_runtime(nats_server.url, topology=topology, workers=1, concurrency=16) as rt:
+        yield rt

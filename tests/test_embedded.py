@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import urllib.request
@@ -66,9 +67,29 @@ def test_stop_ends_the_process_and_close_removes_the_temp_dir() -> None:
     assert not directory.exists()
 
 
+def test_a_forgotten_server_is_killed_and_its_temp_dir_removed() -> None:
+    server = EmbeddedNats()
+    server.start()
+    pid, directory = server.pid, server.dir
+    assert pid is not None
+    del server
+    gc.collect()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not directory.exists()
+
+
+def test_closed_server_cannot_start_again() -> None:
+    server = EmbeddedNats()
+    server.close()
+    with pytest.raises(EmbeddedNatsError, match="closed"):
+        server.start()
+
+
 def test_given_directory_is_kept(tmp_path: Path) -> None:
     with EmbeddedNats(tmp_path / "nats") as server:
-        assert server.log_path.read_text().count("Server is ready") == 1
+        log = server.log_path.read_text()
+        assert log.count("Server is ready") == 1 and "[WRN]" not in log and "[ERR]" not in log
     assert (tmp_path / "nats" / "store").is_dir()
 
 

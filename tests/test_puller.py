@@ -37,7 +37,8 @@ def _puller(nc: NATS, topology: Topology, handler: Handler, **kw: int | float | 
 
 
 async def _info(js: JetStreamContext, topology: Topology) -> api.ConsumerInfo:
-    return await js.consumer_info(topology.commands_stream, topology.pool_consumer(POOL))
+    info: api.ConsumerInfo = await js.consumer_info(topology.commands_stream, topology.pool_consumer(POOL))
+    return info
 
 
 async def test_receives_every_message_and_acks_settle_them(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from noetl_stream import events
+from noetl_stream.errors import ConfigurationError
 from noetl_stream.subjects import SubjectError, Topology, TopologyError, check_token
 
 
@@ -88,8 +89,8 @@ def test_bad_event_name_is_rejected() -> None:
         Topology().event_subject("e1", "step..done")
 
 
-def test_subject_errors_are_value_errors() -> None:
-    assert issubclass(SubjectError, ValueError)
+def test_subject_errors_are_configuration_and_value_errors() -> None:
+    assert issubclass(SubjectError, ConfigurationError) and issubclass(SubjectError, ValueError)
 
 
 @pytest.mark.parametrize(

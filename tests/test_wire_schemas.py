@@ -36,14 +36,28 @@ def test_messages_validate_against_their_schemas() -> None:
     _validate("request", ExecutionRequest(playbook="...", payload={"a": 1}, execution_id="abc"))
     _validate(
         "command",
-        Command(command_id="e:start-1", execution_id="e", step="start", step_run_id="start-1", pool="default",
-                step_def=playbook.workflow[0]),
+        Command(
+            command_id="e:start-1",
+            execution_id="e",
+            step="start",
+            step_run_id="start-1",
+            pool="default",
+            step_def=playbook.workflow[0],
+        ),
     )
     _validate(
         "event",
-        Event(event_id="e:start-1:step.done", execution_id="e", name="step.done", source="worker",
-              entity_type="step", entity_id="start-1", status="success", timestamp="2026-01-01T00:00:00Z",
-              payload={"result": 1}),
+        Event(
+            event_id="e:start-1:step.done",
+            execution_id="e",
+            name="step.done",
+            source="worker",
+            entity_type="step",
+            entity_id="start-1",
+            status="success",
+            timestamp="2026-01-01T00:00:00Z",
+            payload={"result": 1},
+        ),
     )
 
 

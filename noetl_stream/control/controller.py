@@ -125,7 +125,9 @@ class Controller:
                     # Effects may not be stored: forget the in-memory state (it is rebuilt from the
                     # snapshot and the stream) and let JetStream redeliver the batch.
                     self.states.pop(eid, None)
-                    log.warning("controller.batch_failed", execution_id=eid, error=str(exc) or type(exc).__name__)
+                    log.warning(
+                        "controller.batch_failed", execution_id=eid, error=str(exc) or type(exc).__name__
+                    )
                     for msg, _, _ in batch:
                         with contextlib.suppress(Exception):
                             await msg.nak(delay=1.0)
@@ -166,10 +168,19 @@ class Controller:
         state.last_seq = max(state.last_seq, seq)
         summary = {"status": "failed", "error": state.error, "steps": dict(state.step_status)}
         for name, etype in ((E.WORKFLOW_FINISHED, "workflow"), (E.PLAYBOOK_PROCESSED, "playbook")):
-            fx.events.append(Event(event_id=event_id(state.execution_id, "execution", name),
-                                   execution_id=state.execution_id, name=name, source="server",
-                                   entity_type=etype, entity_id=state.path or state.file,  # type: ignore[arg-type]
-                                   status="error", timestamp=now_iso(), payload=summary))
+            fx.events.append(
+                Event(
+                    event_id=event_id(state.execution_id, "execution", name),
+                    execution_id=state.execution_id,
+                    name=name,
+                    source="server",
+                    entity_type=etype,  # type: ignore[arg-type]
+                    entity_id=state.path or state.file,
+                    status="error",
+                    timestamp=now_iso(),
+                    payload=summary,
+                )
+            )
         return state, fx
 
     # -- state ------------------------------------------------------------------------------------
@@ -189,12 +200,19 @@ class Controller:
             self._remember(state)
         return state
 
-    async def _replay(self, execution_id: str, state: ExecutionState | None, after: int,
-                      before: int) -> ExecutionState | None:
+    async def _replay(
+        self, execution_id: str, state: ExecutionState | None, after: int, before: int
+    ) -> ExecutionState | None:
         """Fold the input events stored after the snapshot (their effects were already published)."""
         count = 0
-        async for seq, event in read_events(self.js, self.topology, execution_id,
-                                            names=E.CONTROLLER_INPUT_EVENTS, after_seq=after, before_seq=before):
+        async for seq, event in read_events(
+            self.js,
+            self.topology,
+            execution_id,
+            names=E.CONTROLLER_INPUT_EVENTS,
+            after_seq=after,
+            before_seq=before,
+        ):
             state, _ = self.reducer.apply(state, event, seq)
             count += 1
         if count:

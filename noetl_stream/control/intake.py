@@ -52,8 +52,10 @@ def parse_request(raw: bytes) -> ExecutionRequest:
     if request.playbook is None and request.path is None:
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (a catalog path)")
     if request.playbook is None:
-        raise RequestError(f"unknown playbook path '{request.path}': the catalog is not available in this "
-                           "version; send the playbook text in 'playbook'")
+        raise RequestError(
+            f"unknown playbook path '{request.path}': the catalog is not available in this "
+            "version; send the playbook text in 'playbook'"
+        )
     if request.execution_id is not None:
         try:
             check_token(request.execution_id, "execution id")
@@ -86,11 +88,17 @@ class Intake:
         await self._puller.start()
         self._service = await add_service(
             self.nc,
-            ServiceConfig(name=self.topology.service_name, version=__version__,
-                          description="noetl-stream control plane", queue_group="noetl-controller"),
+            ServiceConfig(
+                name=self.topology.service_name,
+                version=__version__,
+                description="noetl-stream control plane",
+                queue_group="noetl-controller",
+            ),
         )
         await self._service.add_endpoint(
-            EndpointConfig(name="execute", handler=self._on_execute, subject=self.topology.api_subject("execute"))
+            EndpointConfig(
+                name="execute", handler=self._on_execute, subject=self.topology.api_subject("execute")
+            )
         )
 
     async def stop(self) -> None:
@@ -145,7 +153,7 @@ class Intake:
 
     def _reject(self, outbox: Outbox, execution_id: str, message: str) -> None:
         error = {"kind": "bad_request", "message": message}
-        for name, status in ((E.REQUEST_REJECTED, "error"), (E.PLAYBOOK_PROCESSED, "error")):
+        for name in (E.REQUEST_REJECTED, E.PLAYBOOK_PROCESSED):
             outbox.event(
                 Event(
                     event_id=event_id(execution_id, "execution", name),
@@ -154,7 +162,7 @@ class Intake:
                     source="server",
                     entity_type="playbook",
                     entity_id="<request>",
-                    status=status,
+                    status="error",
                     timestamp=now_iso(),
                     payload={"status": "rejected", "error": error},
                 )

@@ -67,7 +67,9 @@ class Reducer:
         self.plans = plans
 
     # -- entry point ------------------------------------------------------------------------------
-    def apply(self, state: ExecutionState | None, event: Event, seq: int = 0) -> tuple[ExecutionState | None, Effects]:
+    def apply(
+        self, state: ExecutionState | None, event: Event, seq: int = 0
+    ) -> tuple[ExecutionState | None, Effects]:
         fx = Effects()
         if event.name == E.EXECUTION_REQUESTED:
             if state is not None:
@@ -90,7 +92,9 @@ class Reducer:
     def _start(self, event: Event, fx: Effects) -> ExecutionState:
         eid = event.execution_id
         raw = event.payload.get("request") or {}
-        request = ExecutionRequest(**{k: v for k, v in raw.items() if k in ExecutionRequest.__struct_fields__})
+        request = ExecutionRequest(
+            **{k: v for k, v in raw.items() if k in ExecutionRequest.__struct_fields__}
+        )
         state = ExecutionState(
             execution_id=eid,
             file=request.file or request.path or "<playbook>",
@@ -100,7 +104,9 @@ class Reducer:
         )
         text = request.playbook
         if text is None:
-            self._reject(state, fx, "no playbook text in the request (catalog lookup by path happens at intake)", [])
+            self._reject(
+                state, fx, "no playbook text in the request (catalog lookup by path happens at intake)", []
+            )
             return state
         plan, diags = self.plans.load(text, state.file)
         if plan is None:
@@ -130,8 +136,17 @@ class Reducer:
                 },
             )
         )
-        fx.events.append(_server_event(state, E.WORKFLOW_STARTED, "workflow", state.path, "in_progress", "execution",
-                                       {"workload": state.workload}))
+        fx.events.append(
+            _server_event(
+                state,
+                E.WORKFLOW_STARTED,
+                "workflow",
+                state.path,
+                "in_progress",
+                "execution",
+                {"workload": state.workload},
+            )
+        )
         run = _Run(self, state, plan, fx)
         if "start" not in plan.steps:
             run.fail_execution({"kind": "invalid_playbook", "message": "no 'start' step"})
@@ -143,10 +158,28 @@ class Reducer:
     def _reject(self, state: ExecutionState, fx: Effects, message: str, diagnostics: list[str]) -> None:
         state.status = "rejected"
         state.error = {"kind": "rejected", "message": message, "diagnostics": diagnostics}
-        fx.events.append(_server_event(state, E.REQUEST_REJECTED, "playbook", state.file, "error", "execution",
-                                       {"error": state.error}))
-        fx.events.append(_server_event(state, E.PLAYBOOK_PROCESSED, "playbook", state.file, "error", "execution",
-                                       {"status": "rejected", "error": state.error}))
+        fx.events.append(
+            _server_event(
+                state,
+                E.REQUEST_REJECTED,
+                "playbook",
+                state.file,
+                "error",
+                "execution",
+                {"error": state.error},
+            )
+        )
+        fx.events.append(
+            _server_event(
+                state,
+                E.PLAYBOOK_PROCESSED,
+                "playbook",
+                state.file,
+                "error",
+                "execution",
+                {"status": "rejected", "error": state.error},
+            )
+        )
 
 
 def _server_event(
@@ -195,17 +228,34 @@ class _Run:
             self.cancel(event)
         self.check_complete()
 
-    def emit(self, name: str, entity_type: str, entity_id: str, status: str, scope: str,
-             payload: dict[str, Any], step: str | None = None, run_id: str | None = None) -> None:
+    def emit(
+        self,
+        name: str,
+        entity_type: str,
+        entity_id: str,
+        status: str,
+        scope: str,
+        payload: dict[str, Any],
+        step: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
         self.fx.events.append(
             _server_event(self.state, name, entity_type, entity_id, status, scope, payload, step, run_id)
         )
 
-    def scope(self, args: dict[str, Any] | None = None, event: dict[str, Any] | None = None) -> dict[str, Any]:
+    def scope(
+        self, args: dict[str, Any] | None = None, event: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         s = self.state
         extra = {"event": event} if event is not None else None
-        return build_scope(workload=s.workload, ctx=s.ctx, execution_id=s.execution_id, args=args,
-                           results=s.results, extra=extra)
+        return build_scope(
+            workload=s.workload,
+            ctx=s.ctx,
+            execution_id=s.execution_id,
+            args=args,
+            results=s.results,
+            extra=extra,
+        )
 
     def new_run_id(self, step: str) -> str:
         n = self.state.step_runs.get(step, 0) + 1
@@ -213,8 +263,15 @@ class _Run:
         return f"{step}-{n}"
 
     # -- tokens -----------------------------------------------------------------------------------
-    def deliver(self, target: str, *, pred: str | None, taken: bool, args: dict[str, Any],
-                cause: dict[str, Any] | None) -> None:
+    def deliver(
+        self,
+        target: str,
+        *,
+        pred: str | None,
+        taken: bool,
+        args: dict[str, Any],
+        cause: dict[str, Any] | None,
+    ) -> None:
         """A predecessor resolved: ``taken`` carries a token to ``target``; otherwise it says "not coming"."""
         graph = self.plan.graph
         if pred is not None and graph.is_join(target) and graph.is_forward(pred, target):
@@ -247,14 +304,31 @@ class _Run:
             allowed = admit(step.admit, scope, f"step '{name}' spec.policy")
         except RenderError as exc:
             error = {"kind": "template_error", "message": str(exc)}
-            self.emit(E.STEP_SKIPPED, "step", run_id, "error", run_id, {"reason": "admission_error", "error": error},
-                      name, run_id)
+            self.emit(
+                E.STEP_SKIPPED,
+                "step",
+                run_id,
+                "error",
+                run_id,
+                {"reason": "admission_error", "error": error},
+                name,
+                run_id,
+            )
             self.state.step_status[name] = "failed"
             self.state.unhandled.append({"step": name, "step_run_id": run_id, "error": error})
             self.dead(name)
             return
         if not allowed:
-            self.emit(E.STEP_SKIPPED, "step", run_id, "skipped", run_id, {"reason": "admission_denied"}, name, run_id)
+            self.emit(
+                E.STEP_SKIPPED,
+                "step",
+                run_id,
+                "skipped",
+                run_id,
+                {"reason": "admission_denied"},
+                name,
+                run_id,
+            )
             self.state.step_status[name] = "skipped"
             self.dead(name)
             return
@@ -262,14 +336,23 @@ class _Run:
         self.state.runs[run_id] = run
         if step.is_router:
             run.status = "routing"
-            self.emit(E.STEP_DONE, "step", run_id, "success", run_id, {"result": None, "router": True},
-                      name, run_id)
+            self.emit(
+                E.STEP_DONE, "step", run_id, "success", run_id, {"result": None, "router": True}, name, run_id
+            )
             return
         if step.loop is not None and step.loop.spec.exec == "distributed":
             self.start_distributed_loop(step, run, scope)
             return
-        self.emit(E.STEP_SCHEDULED, "step", run_id, "in_progress", run_id,
-                  {"pool": self.pool(step), "args": args}, name, run_id)
+        self.emit(
+            E.STEP_SCHEDULED,
+            "step",
+            run_id,
+            "in_progress",
+            run_id,
+            {"pool": self.pool(step), "args": args},
+            name,
+            run_id,
+        )
         self.fx.commands.append(self.command(step, run, None))
 
     def pool(self, step: Step) -> str:
@@ -307,8 +390,13 @@ class _Run:
             self.fail_run(run, {"kind": "template_error", "message": str(exc)})
             return
         if not isinstance(items, list):
-            self.fail_run(run, {"kind": "loop_error", "message": f"{where}: 'in' must render to a list, got "
-                                                            f"{type(items).__name__}"})
+            self.fail_run(
+                run,
+                {
+                    "kind": "loop_error",
+                    "message": f"{where}: 'in' must render to a list, got {type(items).__name__}",
+                },
+            )
             return
         if step.loop.spec.mode == "sequential":
             mif = 1
@@ -316,17 +404,29 @@ class _Run:
             try:
                 mif = int(mif_raw) if mif_raw is not None else len(items) or 1
             except (TypeError, ValueError):
-                self.fail_run(run, {"kind": "loop_error", "message": f"{where}: max_in_flight must be a positive "
-                                                                f"integer, got {mif_raw!r}"})
+                self.fail_run(
+                    run,
+                    {
+                        "kind": "loop_error",
+                        "message": f"{where}: max_in_flight must be a positive integer, got {mif_raw!r}",
+                    },
+                )
                 return
             if mif < 1:
                 self.fail_run(run, {"kind": "loop_error", "message": f"{where}: max_in_flight must be >= 1"})
                 return
         run.status = "looping"
         run.loop = LoopRun(total=len(items), items=items, max_in_flight=mif)
-        self.emit(E.LOOP_STARTED, "loop", run.run_id, "in_progress", run.run_id,
-                  {"total": len(items), "max_in_flight": mif, "exec": "distributed", "pool": self.pool(step)},
-                  step.name, run.run_id)
+        self.emit(
+            E.LOOP_STARTED,
+            "loop",
+            run.run_id,
+            "in_progress",
+            run.run_id,
+            {"total": len(items), "max_in_flight": mif, "exec": "distributed", "pool": self.pool(step)},
+            step.name,
+            run.run_id,
+        )
         self.pump_loop(step, run)
 
     def pump_loop(self, step: Step, run: StepRun) -> None:
@@ -336,20 +436,36 @@ class _Run:
             i = lr.next_index
             lr.next_index += 1
             lr.in_flight += 1
-            self.fx.commands.append(self.command(step, run, Iteration(index=i, item=lr.items[i], total=lr.total)))
+            self.fx.commands.append(
+                self.command(step, run, Iteration(index=i, item=lr.items[i], total=lr.total))
+            )
         if lr.in_flight == 0 and not lr.finished and (lr.stopping or lr.next_index >= lr.total):
             lr.finished = True
             results = [lr.results.get(i) for i in range(lr.total)]
             if lr.stopping:
                 first = min(lr.errors) if lr.errors else None
                 error = lr.errors.get(first) if first is not None else {"kind": "loop_error"}
-                self.emit(E.STEP_FAILED, "step", run.run_id, "error", run.run_id,
-                          {"error": error, "total": lr.total, "done": lr.done, "failed": lr.failed},
-                          step.name, run.run_id)
+                self.emit(
+                    E.STEP_FAILED,
+                    "step",
+                    run.run_id,
+                    "error",
+                    run.run_id,
+                    {"error": error, "total": lr.total, "done": lr.done, "failed": lr.failed},
+                    step.name,
+                    run.run_id,
+                )
             else:
-                self.emit(E.LOOP_DONE, "loop", run.run_id, "success" if lr.failed == 0 else "error", run.run_id,
-                          {"result": results, "total": lr.total, "done": lr.done, "failed": lr.failed},
-                          step.name, run.run_id)
+                self.emit(
+                    E.LOOP_DONE,
+                    "loop",
+                    run.run_id,
+                    "success" if lr.failed == 0 else "error",
+                    run.run_id,
+                    {"result": results, "total": lr.total, "done": lr.done, "failed": lr.failed},
+                    step.name,
+                    run.run_id,
+                )
 
     def on_iteration(self, event: Event) -> None:
         run = self.state.runs.get(event.step_run_id or "")
@@ -357,7 +473,12 @@ class _Run:
             return
         lr = run.loop
         index = event.payload.get("index")
-        if not isinstance(index, int) or index in lr.results or index in lr.errors or not 0 <= index < lr.total:
+        if (
+            not isinstance(index, int)
+            or index in lr.results
+            or index in lr.errors
+            or not 0 <= index < lr.total
+        ):
             return
         lr.in_flight = max(0, lr.in_flight - 1)
         self.apply_ctx_patches(event, run.run_id)
@@ -376,7 +497,9 @@ class _Run:
     # -- boundaries -------------------------------------------------------------------------------
     def fail_run(self, run: StepRun, error: dict[str, Any]) -> None:
         """The controller itself failed a run (e.g. a loop that cannot start): a step.failed boundary."""
-        self.emit(E.STEP_FAILED, "step", run.run_id, "error", run.run_id, {"error": error}, run.step, run.run_id)
+        self.emit(
+            E.STEP_FAILED, "step", run.run_id, "error", run.run_id, {"error": error}, run.step, run.run_id
+        )
 
     def on_boundary(self, event: Event) -> None:
         run = self.state.runs.get(event.step_run_id or "")
@@ -400,24 +523,45 @@ class _Run:
         scope = self.scope(run.args, ev)
         try:
             fired = route(step.next, scope, f"step '{name}'")
-            arcs = [(a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
-                    for a in fired]
+            arcs = [
+                (a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
+                for a in fired
+            ]
         except RenderError as exc:
             error = {"kind": "template_error", "message": str(exc)}
-            self.emit(E.NEXT_EVALUATED, "next", run.run_id, "error", run.run_id, {"error": error}, name, run.run_id)
+            self.emit(
+                E.NEXT_EVALUATED, "next", run.run_id, "error", run.run_id, {"error": error}, name, run.run_id
+            )
             self.state.unhandled.append({"step": name, "step_run_id": run.run_id, "error": error})
             self.dead(name)
             return
-        self.emit(E.NEXT_EVALUATED, "next", run.run_id, "success", run.run_id,
-                  {"on": event.name, "mode": step.next.mode if step.next else "exclusive",
-                   "matched": [a.step for a, _ in arcs]}, name, run.run_id)
+        self.emit(
+            E.NEXT_EVALUATED,
+            "next",
+            run.run_id,
+            "success",
+            run.run_id,
+            {
+                "on": event.name,
+                "mode": step.next.mode if step.next else "exclusive",
+                "matched": [a.step for a, _ in arcs],
+            },
+            name,
+            run.run_id,
+        )
         if failed and not arcs:
-            self.state.unhandled.append({"step": name, "step_run_id": run.run_id,
-                                         "error": payload.get("error") or {"kind": "error"}})
+            self.state.unhandled.append(
+                {"step": name, "step_run_id": run.run_id, "error": payload.get("error") or {"kind": "error"}}
+            )
         taken = {a.step for a, _ in arcs}
         for arc, args in arcs:
-            self.deliver(arc.step, pred=name, taken=True, args=args if isinstance(args, dict) else {"value": args},
-                         cause=ev)
+            self.deliver(
+                arc.step,
+                pred=name,
+                taken=True,
+                args=args if isinstance(args, dict) else {"value": args},
+                cause=ev,
+            )
         for succ in self.plan.graph.successors.get(name, ()):
             if succ not in taken:
                 self.deliver(succ, pred=name, taken=False, args={}, cause=None)
@@ -431,8 +575,16 @@ class _Run:
                 self.state.ctx.update(patch)
                 self.state.ctx_revision += 1
         suffix = f".{event.payload['index']}" if "index" in event.payload else ""
-        self.emit(E.CTX_PATCHED, "execution", self.state.execution_id, "success", f"{scope}{suffix}",
-                  {"patches": patches, "revision": self.state.ctx_revision}, event.step, event.step_run_id)
+        self.emit(
+            E.CTX_PATCHED,
+            "execution",
+            self.state.execution_id,
+            "success",
+            f"{scope}{suffix}",
+            {"patches": patches, "revision": self.state.ctx_revision},
+            event.step,
+            event.step_run_id,
+        )
 
     # -- completion -------------------------------------------------------------------------------
     def cancel(self, event: Event) -> None:

@@ -33,7 +33,9 @@ class LoopResult:
         return self.errors[min(self.errors)] if self.errors else None
 
 
-def iteration_scope(iterator: str, item: Any, index: int, parent: dict[str, Any] | None = None) -> dict[str, Any]:
+def iteration_scope(
+    iterator: str, item: Any, index: int, parent: dict[str, Any] | None = None
+) -> dict[str, Any]:
     scope: dict[str, Any] = {iterator: item, "index": index}
     if parent is not None:
         scope["parent"] = parent
@@ -67,8 +69,12 @@ async def run_local_loop(
                 on_iteration("loop.iteration.started", index, {})
             scope = dict(base.scope)
             scope["ctx"] = ctx if not parallel else scope.get("ctx") or {}
-            inp = replace(base, scope=scope, iter=iteration_scope(loop.iterator, items[index], index),
-                          allow_set_ctx=not parallel)
+            inp = replace(
+                base,
+                scope=scope,
+                iter=iteration_scope(loop.iterator, items[index], index),
+                allow_set_ctx=not parallel,
+            )
             res: PipelineResult = await run_pipeline(inp, on_task(index) if on_task else None)
             if res.ctx_patches:
                 for patch in res.ctx_patches:

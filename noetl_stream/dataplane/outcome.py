@@ -24,7 +24,9 @@ class Outcome(msgspec.Struct, omit_defaults=True):
 
     @classmethod
     def fail(cls, kind: str, message: str, *, retryable: bool = False, **helpers: Any) -> Outcome:
-        return cls(status="error", error={"kind": kind, "message": message, "retryable": retryable}, helpers=helpers)
+        return cls(
+            status="error", error={"kind": kind, "message": message, "retryable": retryable}, helpers=helpers
+        )
 
     def as_scope(self) -> dict[str, Any]:
         """What templates see as ``outcome``."""

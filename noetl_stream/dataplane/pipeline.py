@@ -16,8 +16,8 @@ from typing import Any
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools import TOOLS, ToolContext, close_resources
-from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.kinds import kind_info
+from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.model import Step, Task, Then
 from noetl_stream.dsl.policy import backoff_delay, decide
 from noetl_stream.dsl.templates import RenderError, render_value
@@ -86,9 +86,12 @@ async def run_pipeline(
             out.task_runs += 1
             if out.task_runs > max_runs:
                 out.status = "error"
-                out.error = {"kind": "pipeline_limit", "retryable": False,
-                             "message": f"step '{step.name}': more than {max_runs} task runs (a jump loop "
-                                        "that never breaks?)"}
+                out.error = {
+                    "kind": "pipeline_limit",
+                    "retryable": False,
+                    "message": f"step '{step.name}': more than {max_runs} task runs (a jump loop "
+                    "that never breaks?)",
+                }
                 break
             scope["_prev"] = prev
             scope["_task"] = task.name
@@ -107,18 +110,31 @@ async def run_pipeline(
                 outcome = Outcome.fail("template_error", str(exc))
             scope.pop("outcome", None)
             if on_task is not None:
-                on_task("task.done", task, out.task_runs, attempt,
-                        {"status": outcome.status, "result": outcome.result, "error": outcome.error,
-                         "do": then.do, "rule": rule})
+                on_task(
+                    "task.done",
+                    task,
+                    out.task_runs,
+                    attempt,
+                    {
+                        "status": outcome.status,
+                        "result": outcome.result,
+                        "error": outcome.error,
+                        "do": then.do,
+                        "rule": rule,
+                    },
+                )
             set_iter, set_ctx = patches
             if set_iter:
                 iter_scope.update(set_iter)
             if set_ctx:
                 if not inp.allow_set_ctx:
                     out.status = "error"
-                    out.error = {"kind": "set_ctx_not_allowed", "retryable": False,
-                                 "message": f"step '{step.name}' task '{task.name}': set_ctx is not allowed in "
-                                            "parallel loop iterations (use set_iter and read the loop result)"}
+                    out.error = {
+                        "kind": "set_ctx_not_allowed",
+                        "retryable": False,
+                        "message": f"step '{step.name}' task '{task.name}': set_ctx is not allowed in "
+                        "parallel loop iterations (use set_iter and read the loop result)",
+                    }
                     break
                 ctx.update(set_ctx)
                 out.ctx_patches.append(set_ctx)
@@ -149,9 +165,16 @@ async def run_pipeline(
                 break
             else:  # fail
                 out.status = "error"
-                out.error = _error(outcome, task) if outcome.status == "error" else {
-                    "kind": "policy_fail", "retryable": False, "task": task.name,
-                    "message": f"step '{step.name}' task '{task.name}': policy rule {rule} chose 'fail'"}
+                out.error = (
+                    _error(outcome, task)
+                    if outcome.status == "error"
+                    else {
+                        "kind": "policy_fail",
+                        "retryable": False,
+                        "task": task.name,
+                        "message": f"step '{step.name}' task '{task.name}': policy rule {rule} chose 'fail'",
+                    }
+                )
                 break
         out.result = prev
         return out
@@ -175,7 +198,9 @@ def _delay(then: Then, attempt: int, scope: dict[str, Any], where: str) -> float
     return backoff_delay(then, attempt, base)
 
 
-def _render_patches(then: Then, scope: dict[str, Any], where: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _render_patches(
+    then: Then, scope: dict[str, Any], where: str
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     set_iter = render_value(then.set_iter, scope, f"{where}.set_iter") if then.set_iter else None
     set_ctx = render_value(then.set_ctx, scope, f"{where}.set_ctx") if then.set_ctx else None
     return set_iter, set_ctx
@@ -200,8 +225,15 @@ async def _run_task(
         except RenderError as exc:
             outcome = Outcome.fail("template_error", str(exc))
         else:
-            ctx = ToolContext(execution_id=inp.execution_id, step=inp.step.name, task=task.name, spec=spec,
-                              attempt=attempt, prev=prev, resources=resources)
+            ctx = ToolContext(
+                execution_id=inp.execution_id,
+                step=inp.step.name,
+                task=task.name,
+                spec=spec,
+                attempt=attempt,
+                prev=prev,
+                resources=resources,
+            )
             timeout = spec.get("timeout_s")
             try:
                 if isinstance(timeout, (int, float)) and timeout > 0:
@@ -210,10 +242,14 @@ async def _run_task(
                 else:
                     outcome = await tool(config, ctx)
             except TimeoutError:
-                outcome = Outcome.fail("timeout", f"task '{task.name}' ran longer than {timeout}s", retryable=True)
+                outcome = Outcome.fail(
+                    "timeout", f"task '{task.name}' ran longer than {timeout}s", retryable=True
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a tool bug must not kill the worker
-                outcome = Outcome.fail(type(exc).__name__, f"tool '{task.kind}' raised {type(exc).__name__}: {exc}")
+                outcome = Outcome.fail(
+                    type(exc).__name__, f"tool '{task.kind}' raised {type(exc).__name__}: {exc}"
+                )
     outcome.meta = {"attempt": attempt, "duration_s": round(time.monotonic() - started, 6)}
     return outcome

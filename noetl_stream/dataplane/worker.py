@@ -135,8 +135,16 @@ class _CommandRun:
         self.outbox = outbox
         self.pending: list[Event] = []
 
-    def event(self, name: str, entity_type: str, entity_id: str, status: str, scope: str,
-              payload: dict[str, Any], task_run_id: str | None = None) -> None:
+    def event(
+        self,
+        name: str,
+        entity_type: str,
+        entity_id: str,
+        status: str,
+        scope: str,
+        payload: dict[str, Any],
+        task_run_id: str | None = None,
+    ) -> None:
         cmd = self.cmd
         self.pending.append(
             Event(
@@ -170,19 +178,36 @@ class _CommandRun:
 
         def on_task(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
             task_run_id = f"{scope_id}.{task.name}.{run_no}"
-            status = "in_progress" if name == E.TASK_STARTED else (
-                "success" if payload.get("status") == "ok" else "error")
-            self.event(name, "task", task_run_id, status, task_run_id,
-                       {"task": task.name, "kind": task.kind, "attempt": attempt, **payload}, task_run_id)
+            status = (
+                "in_progress"
+                if name == E.TASK_STARTED
+                else ("success" if payload.get("status") == "ok" else "error")
+            )
+            self.event(
+                name,
+                "task",
+                task_run_id,
+                status,
+                task_run_id,
+                {"task": task.name, "kind": task.kind, "attempt": attempt, **payload},
+                task_run_id,
+            )
 
         return on_task
 
     async def execute(self) -> None:
         cmd = self.cmd
         step = cmd.step_def
-        scope = build_scope(workload=cmd.workload, ctx=cmd.ctx, execution_id=cmd.execution_id, args=cmd.args,
-                            results=cmd.results)
-        base = PipelineInput(execution_id=cmd.execution_id, step=step, scope=scope, executor_spec=cmd.executor_spec)
+        scope = build_scope(
+            workload=cmd.workload,
+            ctx=cmd.ctx,
+            execution_id=cmd.execution_id,
+            args=cmd.args,
+            results=cmd.results,
+        )
+        base = PipelineInput(
+            execution_id=cmd.execution_id, step=step, scope=scope, executor_spec=cmd.executor_spec
+        )
         run_id = cmd.step_run_id
         if cmd.iteration is not None:
             await self.distributed_iteration(base)
@@ -193,11 +218,23 @@ class _CommandRun:
             return
         res = await run_pipeline(base, self.task_hook(run_id))
         if res.status == "ok":
-            self.event(E.STEP_DONE, "step", run_id, "success", run_id,
-                       {"result": res.result, "ctx_patches": res.ctx_patches})
+            self.event(
+                E.STEP_DONE,
+                "step",
+                run_id,
+                "success",
+                run_id,
+                {"result": res.result, "ctx_patches": res.ctx_patches},
+            )
         else:
-            self.event(E.STEP_FAILED, "step", run_id, "error", run_id,
-                       {"error": res.error, "ctx_patches": res.ctx_patches})
+            self.event(
+                E.STEP_FAILED,
+                "step",
+                run_id,
+                "error",
+                run_id,
+                {"error": res.error, "ctx_patches": res.ctx_patches},
+            )
 
     async def distributed_iteration(self, base: PipelineInput) -> None:
         cmd = self.cmd
@@ -206,16 +243,33 @@ class _CommandRun:
         loop = cmd.step_def.loop
         scope_id = f"{cmd.step_run_id}.{it.index}"
         self.event(E.LOOP_ITERATION_STARTED, "loop", scope_id, "in_progress", scope_id, {"index": it.index})
-        inp = PipelineInput(execution_id=base.execution_id, step=base.step, scope=base.scope,
-                            executor_spec=base.executor_spec, iter={loop.iterator: it.item, "index": it.index},
-                            allow_set_ctx=loop.spec.mode == "sequential")
+        inp = PipelineInput(
+            execution_id=base.execution_id,
+            step=base.step,
+            scope=base.scope,
+            executor_spec=base.executor_spec,
+            iter={loop.iterator: it.item, "index": it.index},
+            allow_set_ctx=loop.spec.mode == "sequential",
+        )
         res = await run_pipeline(inp, self.task_hook(scope_id))
         if res.status == "ok":
-            self.event(E.LOOP_ITERATION_DONE, "loop", scope_id, "success", scope_id,
-                       {"index": it.index, "result": res.result, "ctx_patches": res.ctx_patches})
+            self.event(
+                E.LOOP_ITERATION_DONE,
+                "loop",
+                scope_id,
+                "success",
+                scope_id,
+                {"index": it.index, "result": res.result, "ctx_patches": res.ctx_patches},
+            )
         else:
-            self.event(E.LOOP_ITERATION_FAILED, "loop", scope_id, "error", scope_id,
-                       {"index": it.index, "error": res.error, "ctx_patches": res.ctx_patches})
+            self.event(
+                E.LOOP_ITERATION_FAILED,
+                "loop",
+                scope_id,
+                "error",
+                scope_id,
+                {"index": it.index, "error": res.error, "ctx_patches": res.ctx_patches},
+            )
 
     async def local_loop(self, base: PipelineInput) -> None:
         cmd = self.cmd
@@ -233,30 +287,44 @@ class _CommandRun:
             if max_in_flight < 1:
                 raise RenderError(f"max_in_flight must be >= 1, got {mif!r}", f"{where}.spec.max_in_flight")
         except (RenderError, TypeError, ValueError) as exc:
-            kind = "template_error" if isinstance(exc, RenderError) and "must" not in exc.message else "loop_error"
-            self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": {"kind": kind, "message": str(exc)}})
+            kind = (
+                "template_error"
+                if isinstance(exc, RenderError) and "must" not in exc.message
+                else "loop_error"
+            )
+            self.event(
+                E.STEP_FAILED, "step", run_id, "error", run_id, {"error": {"kind": kind, "message": str(exc)}}
+            )
             return
 
         def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
             sid = f"{run_id}.{index}"
-            status = {"loop.iteration.started": "in_progress", "loop.iteration.done": "success"}.get(name, "error")
+            status = {"loop.iteration.started": "in_progress", "loop.iteration.done": "success"}.get(
+                name, "error"
+            )
             self.event(name, "loop", sid, status, sid, {"index": index, **payload})
 
         res: LoopResult = await run_local_loop(
-                base,
-                items,
-                parallel=loop.spec.mode == "parallel",
-                max_in_flight=max_in_flight,
-                fail_fast=step.failure_mode == "fail_fast",
-                on_iteration=on_iteration,
-                on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
-            )
+            base,
+            items,
+            parallel=loop.spec.mode == "parallel",
+            max_in_flight=max_in_flight,
+            fail_fast=step.failure_mode == "fail_fast",
+            on_iteration=on_iteration,
+            on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
+        )
         summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
         if res.failed and step.failure_mode == "fail_fast":
             self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": res.first_error, **summary})
         else:
-            self.event(E.LOOP_DONE, "loop", run_id, "success" if not res.failed else "error", run_id,
-                       {"result": res.results, **summary})
+            self.event(
+                E.LOOP_DONE,
+                "loop",
+                run_id,
+                "success" if not res.failed else "error",
+                run_id,
+                {"result": res.results, **summary},
+            )
 
 
 def _fit(ev: Event) -> tuple[Event, bytes]:
@@ -273,10 +341,13 @@ def _fit(ev: Event) -> tuple[Event, bytes]:
         "data with a storage task and return a reference",
     }
     if ev.name in (E.STEP_DONE, E.LOOP_DONE):
-        out = msgspec.structs.replace(ev, name=E.STEP_FAILED, status="error", payload={**payload, "error": error})
+        out = msgspec.structs.replace(
+            ev, name=E.STEP_FAILED, status="error", payload={**payload, "error": error}
+        )
     elif ev.name == E.LOOP_ITERATION_DONE:
-        out = msgspec.structs.replace(ev, name=E.LOOP_ITERATION_FAILED, status="error",
-                                      payload={**payload, "error": error})
+        out = msgspec.structs.replace(
+            ev, name=E.LOOP_ITERATION_FAILED, status="error", payload={**payload, "error": error}
+        )
     else:
         out = msgspec.structs.replace(ev, payload={**payload, "truncated": True})
     return out, encode(out)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable
 
 import nats.errors
@@ -48,11 +47,11 @@ async def read_events(
     try:
         info = await sub.consumer_info()
         name = info.name
-        remaining = info.num_pending
+        remaining = info.num_pending or 0
         while remaining > 0:
             try:
                 msgs = await sub.fetch(min(batch, remaining), timeout=5)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 break
             for msg in msgs:
                 remaining -= 1

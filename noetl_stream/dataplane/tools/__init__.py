@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from noetl_stream.dataplane.tools.base import ToolContext, ToolFn
 from noetl_stream.dataplane.tools.duckdb import close_resources as _close_duckdb
 from noetl_stream.dataplane.tools.duckdb import run_duckdb
@@ -15,8 +17,8 @@ TOOLS: dict[str, ToolFn] = {
 }
 
 
-def close_resources(resources: dict[str, object]) -> None:
-    _close_duckdb(resources)  # type: ignore[arg-type]
+def close_resources(resources: dict[str, Any]) -> None:
+    _close_duckdb(resources)
 
 
 __all__ = ["TOOLS", "ToolContext", "ToolFn", "close_resources"]

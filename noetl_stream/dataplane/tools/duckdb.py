@@ -50,7 +50,9 @@ async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     try:
         rows = await asyncio.to_thread(_run, sql, params, config, ctx)
     except duckdb.Error as exc:
-        return Outcome.fail("duckdb_error", str(exc).splitlines()[0], duckdb={"error_type": type(exc).__name__})
+        return Outcome.fail(
+            "duckdb_error", str(exc).splitlines()[0], duckdb={"error_type": type(exc).__name__}
+        )
     return Outcome.ok(json_safe(rows))
 
 

@@ -48,13 +48,17 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         return Outcome.fail("config_error", "python task needs 'code' (a string)")
     args = config.get("args") or {}
     if not isinstance(args, dict):
-        return Outcome.fail("config_error", f"python task 'args' must render to a mapping, got {type(args).__name__}")
+        return Outcome.fail(
+            "config_error", f"python task 'args' must render to a mapping, got {type(args).__name__}"
+        )
     args = copy.deepcopy(args)
     filename = f"<{ctx.step}.{ctx.task}>"
     try:
         _compile(code, filename)
     except SyntaxError as exc:
-        return Outcome.fail("SyntaxError", f"line {exc.lineno}: {exc.msg}", py={"exception_type": "SyntaxError"})
+        return Outcome.fail(
+            "SyntaxError", f"line {exc.lineno}: {exc.msg}", py={"exception_type": "SyntaxError"}
+        )
     try:
         value = await asyncio.to_thread(_execute, code, filename, args, copy.deepcopy(ctx.prev))
     except Exception as exc:

@@ -1,0 +1,131 @@
+"""Helpers for end-to-end runtime tests: build playbooks, run them, read their events."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import textwrap
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from noetl_stream.client import RunSummary
+from noetl_stream.local import Runtime
+from noetl_stream.wire import Event
+
+RUN_TIMEOUT_S = 30.0
+
+
+def playbook(workflow: str, *, workload: dict[str, Any] | None = None, name: str = "t") -> str:
+    """A playbook whose ``workflow:`` is `workflow` (YAML list items, any common indentation)."""
+    lines = [
+        "apiVersion: noetl.io/v2",
+        "kind: Playbook",
+        f"metadata: {{name: {name}, path: tests/{name}}}",
+    ]
+    if workload is not None:
+        lines.append(f"workload: {json.dumps(workload)}")
+    lines.append("workflow:")
+    body = textwrap.indent(textwrap.dedent(workflow).strip("\n"), "  ")
+    return "\n".join(lines) + "\n" + body + "\n"
+
+
+@dataclass
+class Run:
+    """One finished execution: what the client saw and every event, in stream order."""
+
+    summary: RunSummary
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.summary.status
+
+    @property
+    def result(self) -> Any:
+        return self.summary.result
+
+    def named(self, *names: str, step: str | None = None) -> list[Event]:
+        return [e for e in self.events if e.name in names and (step is None or e.step == step)]
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.events]
+
+    def started(self, step: str) -> int:
+        """How many times a worker started `step` (runs of a step with tasks)."""
+        return len(self.named("step.started", step=step))
+
+    def ran(self) -> list[str]:
+        """Steps that reached a boundary event, in the order they did."""
+        return [e.step for e in self.events if e.name in ("step.done", "step.failed", "loop.done") and e.step]
+
+    def tasks(self, step: str, task: str | None = None, name: str = "task.done") -> list[Event]:
+        return [e for e in self.named(name, step=step) if task is None or e.payload.get("task") == task]
+
+    def step_result(self, step: str) -> Any:
+        (boundary,) = self.named("step.done", "loop.done", step=step)
+        return boundary.payload.get("result")
+
+    def step_error(self, step: str) -> dict[str, Any]:
+        (boundary,) = self.named("step.failed", step=step)
+        error = boundary.payload.get("error")
+        assert isinstance(error, dict), boundary
+        return error
+
+    def matched(self, step: str) -> list[list[str]]:
+        """The arcs each ``next.evaluated`` of `step` fired, per run."""
+        return [list(e.payload.get("matched") or []) for e in self.named("next.evaluated", step=step)]
+
+
+async def run(
+    rt: Runtime,
+    text: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    file: str = "t.yaml",
+    timeout: float = RUN_TIMEOUT_S,
+) -> Run:
+    events: list[Event] = []
+    summary = await rt.run_playbook(text, file, payload, events.append, timeout)
+    return Run(summary=summary, events=events)
+
+
+def ts(event: Event) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(event.timestamp.replace("Z", "+00:00"))
+
+
+# -- observing concurrency from inside python tasks -----------------------------------------------
+
+# A python task that appends "+i" when it starts and "-i" when it ends to a journal file (appends
+# with O_APPEND are atomic for lines this short), sleeping in between so overlaps are observable.
+JOURNAL_CODE = """\
+import os, time
+def main(path, i, hold):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"+{i}\\n".encode())
+        time.sleep(hold)
+        os.write(fd, f"-{i}\\n".encode())
+    finally:
+        os.close(fd)
+    return i * 10
+"""
+
+
+def journal(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def max_concurrency(entries: Iterable[str]) -> int:
+    """The largest number of tasks between their "+" and "-" entries at any point."""
+    running = peak = 0
+    for entry in entries:
+        running += 1 if entry.startswith("+") else -1
+        peak = max(peak, running)
+    return peak
+
+
+def indent(text: str, by: int) -> str:
+    """Indent a block (e.g. python code) for embedding under a YAML block scalar."""
+    return textwrap.indent(textwrap.dedent(text), " " * by)

@@ -16,6 +16,7 @@ from typing import Any
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools import TOOLS, ToolContext, close_resources
+from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dsl.kinds import kind_info
 from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.model import Step, Task, Then
@@ -47,6 +48,7 @@ class PipelineInput:
     executor_spec: dict[str, Any] = field(default_factory=dict)
     iter: dict[str, Any] | None = None
     allow_set_ctx: bool = True
+    services: WorkerServices | None = None
 
 
 def _task_spec(inp: PipelineInput, task: Task) -> dict[str, Any]:
@@ -233,6 +235,7 @@ async def _run_task(
                 attempt=attempt,
                 prev=prev,
                 resources=resources,
+                services=inp.services,
             )
             timeout = spec.get("timeout_s")
             try:

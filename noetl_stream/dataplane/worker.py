@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 import os
 import socket
 from typing import Any
@@ -22,6 +23,7 @@ from nats.aio.msg import Msg
 from noetl_stream import events as E
 from noetl_stream.dataplane.loops import LoopResult, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
+from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
@@ -48,6 +50,7 @@ class Worker:
         concurrency: int = 16,
         name: str | None = None,
         task_events: bool = True,
+        services: WorkerServices | None = None,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -56,6 +59,7 @@ class Worker:
         self.concurrency = concurrency
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
         self.task_events = task_events
+        self.services = services or WorkerServices()
         self._puller: ContinuousPuller | None = None
         self._stopped = asyncio.Event()
         self._log = log.bind(worker=self.name, pool=pool)
@@ -90,6 +94,7 @@ class Worker:
         if self._puller is not None:
             await self._puller.stop(timeout=grace_s)
             self._puller = None
+        await self.services.close()
         self._stopped.set()
 
     # -- one command ------------------------------------------------------------------------------
@@ -206,7 +211,11 @@ class _CommandRun:
             results=cmd.results,
         )
         base = PipelineInput(
-            execution_id=cmd.execution_id, step=step, scope=scope, executor_spec=cmd.executor_spec
+            execution_id=cmd.execution_id,
+            step=step,
+            scope=scope,
+            executor_spec=cmd.executor_spec,
+            services=self.worker.services,
         )
         run_id = cmd.step_run_id
         if cmd.iteration is not None:
@@ -243,11 +252,8 @@ class _CommandRun:
         loop = cmd.step_def.loop
         scope_id = f"{cmd.step_run_id}.{it.index}"
         self.event(E.LOOP_ITERATION_STARTED, "loop", scope_id, "in_progress", scope_id, {"index": it.index})
-        inp = PipelineInput(
-            execution_id=base.execution_id,
-            step=base.step,
-            scope=base.scope,
-            executor_spec=base.executor_spec,
+        inp = replace(
+            base,
             iter={loop.iterator: it.item, "index": it.index},
             allow_set_ctx=loop.spec.mode == "sequential",
         )

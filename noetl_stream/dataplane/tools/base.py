@@ -9,6 +9,47 @@ from typing import Any, Protocol
 
 from noetl_stream.dataplane.outcome import Outcome
 
+CredentialResolver = Callable[[str], Awaitable[dict[str, Any]]]
+"""Resolve a keychain entry by name to its (decrypted) fields; raises ``KeyError`` if unknown."""
+
+
+class WorkerServices:
+    """Worker-wide resources shared by every task of one worker process (HTTP session, DB pools).
+
+    Tools create what they need lazily with ``get_or_create`` and register a closer; the worker
+    calls ``close()`` at shutdown.
+    """
+
+    def __init__(self, credentials: CredentialResolver | None = None) -> None:
+        self.credentials = credentials
+        self._items: dict[str, Any] = {}
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._lock = asyncio.Lock()
+
+    async def get_or_create(
+        self, key: str, factory: Callable[[], Awaitable[Any]], closer: Callable[[Any], Awaitable[None]] | None = None
+    ) -> Any:
+        item = self._items.get(key)
+        if item is not None:
+            return item
+        async with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                item = await factory()
+                self._items[key] = item
+                if closer is not None:
+                    self._closers.append(lambda: closer(item))
+        return item
+
+    async def close(self) -> None:
+        closers, self._closers = self._closers, []
+        self._items.clear()
+        for close in reversed(closers):
+            try:
+                await close()
+            except Exception:
+                pass
+
 
 @dataclass
 class ToolContext:
@@ -22,7 +63,15 @@ class ToolContext:
     prev: Any = None
     resources: dict[str, Any] = field(default_factory=dict)
     """Per-pipeline resources (e.g. the pipeline's in-memory DuckDB), closed when the pipeline ends."""
+    services: WorkerServices | None = None
+    """Worker-wide resources and the credential resolver."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def credential(self, name: str) -> dict[str, Any]:
+        """The keychain entry ``name`` (raises ``KeyError`` when there is none)."""
+        if self.services is None or self.services.credentials is None:
+            raise KeyError(name)
+        return await self.services.credentials(name)
 
 
 class Tool(Protocol):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 
 from noetl_stream import events as E
+from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id
 
@@ -72,11 +74,43 @@ class Tracker:
             self.finished = True
 
 
+def child_paths(text: str, file: str) -> list[str]:
+    """Literal ``path``s of ``kind: playbook`` tasks (steps and workbook) of a playbook."""
+    result = compile_playbook(text, file)
+    if result.playbook is None:
+        return []
+    pb = result.playbook
+    tasks = [t for s in pb.workflow for t in s.tasks] + list(pb.workbook.values())
+    return [str(t.config["path"]) for t in tasks if t.kind == "playbook" and isinstance(t.config.get("path"), str)]
+
+
+def collect_attachments(text: str, file: str, limit: int = 64) -> dict[str, str]:
+    """Texts of the child playbooks a playbook runs by file path (relative to its file), recursively."""
+    found: dict[str, str] = {}
+    todo = [(text, Path(file).parent)]
+    while todo and len(found) < limit:
+        body, base = todo.pop()
+        for ref in child_paths(body, str(base / "_")):
+            if ref in found:
+                continue
+            for candidate in (base / ref, base / f"{ref}.yaml", base / f"{ref}.yml"):
+                if candidate.is_file():
+                    child = candidate.read_text(encoding="utf-8")
+                    found[ref] = child
+                    todo.append((child, candidate.parent))
+                    break
+    return found
+
+
 def request_for(
     text: str, file: str, payload: dict[str, Any] | None = None, execution_id: str | None = None
 ) -> ExecutionRequest:
     return ExecutionRequest(
-        playbook=text, file=file, payload=payload or {}, execution_id=execution_id or new_execution_id()
+        playbook=text,
+        file=file,
+        payload=payload or {},
+        execution_id=execution_id or new_execution_id(),
+        attachments=collect_attachments(text, file),
     )
 
 

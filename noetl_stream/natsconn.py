@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -177,6 +178,22 @@ class ContinuousPuller:
     def pull_requests(self) -> int:
         """Pull requests issued so far."""
         return self._pulls
+
+    @contextlib.asynccontextmanager
+    async def released_slot(self) -> AsyncIterator[None]:
+        """Give the calling handler's slot to others while it waits on work this puller must run.
+
+        A handler that waits for something only another message of the same consumer can bring
+        about (a parent task waiting for its child execution) would otherwise deadlock a pool with
+        one slot. On exit the slot is taken back even if that briefly exceeds ``max_concurrency``.
+        """
+        self._running -= 1
+        self._dispatch()
+        await self._top_up()
+        try:
+            yield
+        finally:
+            self._running += 1
 
     @property
     def queued(self) -> int:

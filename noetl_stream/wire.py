@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from noetl_stream.dsl.model import Step
+from noetl_stream.dsl.model import Step, Task
 
 Source = Literal["server", "worker"]
 EntityType = Literal["playbook", "workflow", "step", "task", "loop", "next", "execution"]
@@ -34,6 +34,10 @@ class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
     parent_step_run_id: str | None = None
     pool: str | None = None
     trace_id: str | None = None
+    return_step: str | None = None
+    """Make this step's result the execution's result (default: the last step that finished)."""
+    attachments: dict[str, str] = {}
+    """Texts of child playbooks referenced by file path (``kind: playbook`` tasks), by path."""
 
 
 class Event(msgspec.Struct, omit_defaults=True):
@@ -86,6 +90,10 @@ class Command(msgspec.Struct, omit_defaults=True):
     iteration: Iteration | None = None
     trace_id: str | None = None
     issued_at: str = ""
+    workbook: dict[str, Task] = {}
+    """The root workbook templates this step's tasks use (``kind: workbook``)."""
+    attachments: dict[str, str] = {}
+    """Child playbook texts this step's ``kind: playbook`` tasks run, by path."""
     v: int = WIRE_VERSION
 
 

@@ -18,13 +18,28 @@ class Plan:
     steps: dict[str, Step] = field(default_factory=dict)
     reads: dict[str, frozenset[str]] = field(default_factory=dict)
     pool: str = "default"
+    workbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Workbook templates each step uses."""
+    playbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Child playbook paths each step runs (literal paths only)."""
 
     @classmethod
     def build(cls, playbook: Playbook, text: str, content_hash: str, default_pool: str = "default") -> Plan:
         steps = {s.name: s for s in playbook.workflow}
         reads = {s.name: names_read_by_step(s) & steps.keys() for s in playbook.workflow}
         pool = str(playbook.executor.spec.get("pool") or default_pool)
+        workbook_refs: dict[str, tuple[str, ...]] = {}
+        playbook_refs: dict[str, tuple[str, ...]] = {}
+        for s in playbook.workflow:
+            wb = [str(t.config.get("task") or t.name) for t in s.tasks if t.kind == "workbook"]
+            workbook_refs[s.name] = tuple(n for n in wb if n in playbook.workbook)
+            tasks = list(s.tasks) + [playbook.workbook[n] for n in workbook_refs[s.name]]
+            playbook_refs[s.name] = tuple(
+                str(t.config["path"]) for t in tasks if t.kind == "playbook" and isinstance(t.config.get("path"), str)
+            )
         return cls(
+            workbook_refs=workbook_refs,
+            playbook_refs=playbook_refs,
             playbook=playbook,
             content_hash=content_hash,
             text=text,

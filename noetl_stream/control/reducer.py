@@ -101,6 +101,8 @@ class Reducer:
             parent_execution_id=request.parent_execution_id,
             parent_step_run_id=request.parent_step_run_id,
             trace_id=request.trace_id or event.trace_id,
+            return_step=request.return_step,
+            attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
         )
         text = request.playbook
         if text is None:
@@ -377,6 +379,8 @@ class _Run:
             iteration=iteration,
             trace_id=s.trace_id,
             issued_at=now_iso(),
+            workbook={n: self.plan.playbook.workbook[n] for n in self.plan.workbook_refs.get(step.name, ())},
+            attachments=s.attachments if self.plan.playbook_refs.get(step.name) else {},
         )
 
     # -- distributed loops ------------------------------------------------------------------------
@@ -611,7 +615,8 @@ class _Run:
     def finish(self) -> None:
         s = self.state
         status = "success" if s.status == "success" else "error"
-        result = s.results.get(s.last_step) if s.last_step else None
+        last = s.return_step if s.return_step is not None else s.last_step
+        result = s.results.get(last) if last else None
         summary = {"status": s.status, "result": result, "error": s.error, "steps": dict(s.step_status)}
         self.emit(E.WORKFLOW_FINISHED, "workflow", s.path or s.file, status, "execution", summary)
         self.emit(E.PLAYBOOK_PROCESSED, "playbook", s.path or s.file, status, "execution", summary)

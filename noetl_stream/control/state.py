@@ -62,6 +62,8 @@ class ExecutionState(msgspec.Struct):
     parent_execution_id: str | None = None
     parent_step_run_id: str | None = None
     trace_id: str | None = None
+    return_step: str | None = None
+    attachments: dict[str, str] = {}
 
     @property
     def terminal(self) -> bool:

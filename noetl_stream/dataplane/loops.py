@@ -72,6 +72,7 @@ async def run_local_loop(
             inp = replace(
                 base,
                 scope=scope,
+                scope_id=f"{base.scope_id}.{index}",
                 iter=iteration_scope(loop.iterator, items[index], index),
                 allow_set_ctx=not parallel,
             )

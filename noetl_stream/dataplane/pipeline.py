@@ -49,6 +49,10 @@ class PipelineInput:
     iter: dict[str, Any] | None = None
     allow_set_ctx: bool = True
     services: WorkerServices | None = None
+    scope_id: str = ""
+    """``<step_run_id>[.<iteration>]``: makes ids minted by tools (child executions) deterministic."""
+    workbook: dict[str, Task] = field(default_factory=dict)
+    attachments: dict[str, str] = field(default_factory=dict)
 
 
 def _task_spec(inp: PipelineInput, task: Task) -> dict[str, Any]:
@@ -208,6 +212,23 @@ def _render_patches(
     return set_iter, set_ctx
 
 
+def _resolve_workbook(
+    inp: PipelineInput, task: Task, spec: dict[str, Any], scope: dict[str, Any]
+) -> tuple[Task, dict[str, Any], dict[str, Any]] | Outcome:
+    """``kind: workbook`` runs a root workbook template with the caller's rendered ``args``."""
+    name = str(task.config.get("task") or task.name)
+    template = inp.workbook.get(name)
+    if template is None:
+        return Outcome.fail("config_error", f"task '{task.name}': no workbook template '{name}'")
+    try:
+        args = render_value(task.config.get("args") or {}, scope, f"step '{inp.step.name}' task '{task.name}'.args")
+    except RenderError as exc:
+        return Outcome.fail("template_error", str(exc))
+    inner = dict(scope)
+    inner["args"] = args if isinstance(args, dict) else {"value": args}
+    return template, merge_layers(template.spec, spec), inner
+
+
 async def _run_task(
     inp: PipelineInput,
     task: Task,
@@ -217,25 +238,34 @@ async def _run_task(
     prev: Any,
     resources: dict[str, Any],
 ) -> Outcome:
-    tool = TOOLS.get(task.kind)
     started = time.monotonic()
+    label = task.name
+    if task.kind == "workbook":
+        resolved = _resolve_workbook(inp, task, spec, scope)
+        if isinstance(resolved, Outcome):
+            resolved.meta = {"attempt": attempt, "duration_s": 0.0}
+            return resolved
+        task, spec, scope = resolved
+    tool = TOOLS.get(task.kind)
     if tool is None:
         outcome = Outcome.fail("unsupported_kind", f"this worker cannot run tool kind '{task.kind}'")
     else:
         try:
-            config = render_value(task.config, scope, f"step '{inp.step.name}' task '{task.name}'")
+            config = render_value(task.config, scope, f"step '{inp.step.name}' task '{label}'")
         except RenderError as exc:
             outcome = Outcome.fail("template_error", str(exc))
         else:
             ctx = ToolContext(
                 execution_id=inp.execution_id,
                 step=inp.step.name,
-                task=task.name,
+                task=label,
                 spec=spec,
                 attempt=attempt,
                 prev=prev,
                 resources=resources,
                 services=inp.services,
+                scope_id=inp.scope_id,
+                attachments=inp.attachments,
             )
             timeout = spec.get("timeout_s")
             try:
@@ -245,9 +275,7 @@ async def _run_task(
                 else:
                     outcome = await tool(config, ctx)
             except TimeoutError:
-                outcome = Outcome.fail(
-                    "timeout", f"task '{task.name}' ran longer than {timeout}s", retryable=True
-                )
+                outcome = Outcome.fail("timeout", f"task '{label}' ran longer than {timeout}s", retryable=True)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a tool bug must not kill the worker

@@ -13,6 +13,7 @@ import contextlib
 from dataclasses import replace
 import os
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -21,6 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from noetl_stream import events as E
+from noetl_stream.dataplane.children import ChildRunner
 from noetl_stream.dataplane.loops import LoopResult, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
 from noetl_stream.dataplane.tools.base import WorkerServices
@@ -83,7 +85,18 @@ class Worker:
             error_nak_delay_s=1.0,
         )
         await self._puller.start()
+        if self.services.children is None:
+            self.services.children = ChildRunner(self.nc, self.topology, release_slot=self._release_slot)
         self._log.info("worker.started", concurrency=self.concurrency)
+
+    @contextlib.asynccontextmanager
+    async def _release_slot(self) -> AsyncIterator[None]:
+        puller = self._puller
+        if puller is None:
+            yield
+            return
+        async with puller.released_slot():
+            yield
 
     async def run(self) -> None:
         await self.start()
@@ -216,6 +229,9 @@ class _CommandRun:
             scope=scope,
             executor_spec=cmd.executor_spec,
             services=self.worker.services,
+            scope_id=cmd.step_run_id,
+            workbook=cmd.workbook,
+            attachments=cmd.attachments,
         )
         run_id = cmd.step_run_id
         if cmd.iteration is not None:
@@ -254,6 +270,7 @@ class _CommandRun:
         self.event(E.LOOP_ITERATION_STARTED, "loop", scope_id, "in_progress", scope_id, {"index": it.index})
         inp = replace(
             base,
+            scope_id=scope_id,
             iter={loop.iterator: it.item, "index": it.index},
             allow_set_ctx=loop.spec.mode == "sequential",
         )

@@ -8,12 +8,14 @@ from noetl_stream.dataplane.tools.base import ToolContext, ToolFn
 from noetl_stream.dataplane.tools.duckdb import close_resources as _close_duckdb
 from noetl_stream.dataplane.tools.duckdb import run_duckdb
 from noetl_stream.dataplane.tools.noop import run_noop
+from noetl_stream.dataplane.tools.playbook import run_playbook
 from noetl_stream.dataplane.tools.python import run_python
 
 TOOLS: dict[str, ToolFn] = {
     "noop": run_noop,
     "python": run_python,
     "duckdb": run_duckdb,
+    "playbook": run_playbook,
 }
 
 

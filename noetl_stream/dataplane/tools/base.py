@@ -22,6 +22,8 @@ class WorkerServices:
 
     def __init__(self, credentials: CredentialResolver | None = None) -> None:
         self.credentials = credentials
+        self.children: Any = None
+        """A ``ChildRunner`` for ``kind: playbook`` tasks (set by the worker)."""
         self._items: dict[str, Any] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._lock = asyncio.Lock()
@@ -65,6 +67,10 @@ class ToolContext:
     """Per-pipeline resources (e.g. the pipeline's in-memory DuckDB), closed when the pipeline ends."""
     services: WorkerServices | None = None
     """Worker-wide resources and the credential resolver."""
+    scope_id: str = ""
+    """``<step_run_id>[.<iteration>]`` of the pipeline run."""
+    attachments: dict[str, str] = field(default_factory=dict)
+    """Child playbook texts by path, shipped with the command."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def credential(self, name: str) -> dict[str, Any]:

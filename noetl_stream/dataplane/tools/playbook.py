@@ -1,0 +1,52 @@
+"""``playbook``: run another playbook as a child execution; its result is this task's result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.wire import ExecutionRequest, derived_execution_id
+
+
+async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
+    path = config.get("path")
+    if not isinstance(path, str) or not path:
+        return Outcome.fail("config_error", "playbook task needs 'path'")
+    text = ctx.attachments.get(path)
+    if text is None:
+        return Outcome.fail(
+            "config_error",
+            f"child playbook '{path}' is not available: submit the parent with `noetl-stream run/submit`, which "
+            "attaches playbooks referenced by a path relative to the parent file",
+        )
+    runner = ctx.services.children if ctx.services is not None else None
+    if runner is None:
+        return Outcome.fail("config_error", "this worker cannot start child executions")
+    payload = config.get("args", config.get("payload")) or {}
+    if not isinstance(payload, dict):
+        return Outcome.fail("config_error", "playbook task 'args' must render to a mapping")
+    child_id = derived_execution_id(ctx.execution_id, ctx.scope_id, ctx.task, ctx.attempt)
+    request = ExecutionRequest(
+        playbook=text,
+        file=path,
+        payload=payload,
+        execution_id=child_id,
+        parent_execution_id=ctx.execution_id,
+        parent_step_run_id=ctx.scope_id,
+        return_step=config.get("return_step"),
+        attachments=ctx.attachments,
+    )
+    timeout = ctx.spec.get("child_timeout_s")
+    ev = await runner.run(request, timeout=float(timeout) if isinstance(timeout, (int, float)) else None)
+    status = ev.payload.get("status")
+    info = {"execution_id": child_id, "status": status, "path": path}
+    if status == "success":
+        return Outcome.ok(ev.payload.get("result"), playbook=info)
+    error = ev.payload.get("error") or {}
+    message = error.get("message") if isinstance(error, dict) else None
+    return Outcome.fail(
+        "child_failed",
+        f"child playbook '{path}' ({child_id}) ended {status}: {message or 'no error message'}",
+        playbook={**info, "error": error},
+    )

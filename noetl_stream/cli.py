@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import msgspec
 
 from noetl_stream import __version__
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.subjects import Topology
+
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -34,8 +39,8 @@ prefix_option = click.option(
 )
 
 
-def _topology(prefix: str) -> object:
-    from noetl_stream.subjects import Topology, TopologyError
+def _topology(prefix: str) -> Topology:
+    from noetl_stream.subjects import TopologyError
 
     try:
         return Topology(prefix=prefix)
@@ -183,11 +188,11 @@ def run(
     sys.exit(EXIT_OK if status == "success" else EXIT_INVALID if status == "rejected" else EXIT_FAILED)
 
 
-def _run_async(coro: object) -> object:
+def _run_async(coro: Coroutine[Any, Any, T]) -> T:
     import asyncio
 
     try:
-        return asyncio.run(coro)  # type: ignore[arg-type]
+        return asyncio.run(coro)
     except KeyboardInterrupt:
         sys.exit(130)
     except ConnectionError as exc:
@@ -214,7 +219,7 @@ def controller(nats_url: str, prefix: str, pools: tuple[str, ...], grace: float,
     from noetl_stream.services import run_controller
 
     configure(log_level)
-    _run_async(run_controller(nats_url, _topology(prefix), pools, grace))  # type: ignore[arg-type]
+    _run_async(run_controller(nats_url, _topology(prefix), pools, grace))
 
 
 @main.command()
@@ -235,7 +240,7 @@ def worker(
     from noetl_stream.services import run_worker
 
     configure(log_level)
-    _run_async(run_worker(nats_url, _topology(prefix), pool, concurrency, grace, name))  # type: ignore[arg-type]
+    _run_async(run_worker(nats_url, _topology(prefix), pool, concurrency, grace, name))
 
 
 @main.command()
@@ -250,7 +255,7 @@ def provision(nats_url: str, prefix: str, pools: tuple[str, ...]) -> None:
     async def go() -> object:
         nc = await connect(nats_url, name="noetl-provision", connect_wait_s=10.0, max_reconnect_attempts=0)
         try:
-            return await do_provision(nc.jetstream(), _topology(prefix), pools)  # type: ignore[arg-type]
+            return await do_provision(nc.jetstream(), _topology(prefix), pools)
         finally:
             await nc.close()
 
@@ -293,10 +298,10 @@ def submit(
     async def go() -> object:
         nc = await connect(nats_url, name="noetl-submit", connect_wait_s=10.0, max_reconnect_attempts=0)
         try:
-            eid = await do_submit(nc, topology, request_for(text, str(file), data))  # type: ignore[arg-type]
+            eid = await do_submit(nc, topology, request_for(text, str(file), data))
             if not wait:
                 return eid
-            return await follow(nc, topology, eid, progress.on_event if progress else None)  # type: ignore[arg-type]
+            return await follow(nc, topology, eid, progress.on_event if progress else None)
         finally:
             await nc.close()
 
@@ -326,11 +331,11 @@ def status(execution_id: str, nats_url: str, prefix: str) -> None:
 
     topology = _topology(prefix)
 
-    async def go() -> object:
+    async def go() -> Tracker:
         nc = await connect(nats_url, name="noetl-status", connect_wait_s=10.0, max_reconnect_attempts=0)
         try:
             tracker = Tracker(execution_id)
-            async for _, ev in read_events(nc.jetstream(), topology, execution_id):  # type: ignore[arg-type]
+            async for _, ev in read_events(nc.jetstream(), topology, execution_id):
                 tracker.apply(ev)
             return tracker
         finally:
@@ -341,7 +346,7 @@ def status(execution_id: str, nats_url: str, prefix: str) -> None:
     except SubjectError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
-    summary = msgspec.to_builtins(tracker.summary)  # type: ignore[attr-defined]
+    summary = msgspec.to_builtins(tracker.summary)
     if not summary["events"]:
         click.echo(f"error: no execution {execution_id}", err=True)
         sys.exit(EXIT_INVALID)
@@ -379,11 +384,70 @@ def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefi
         nc = await connect(nats_url, name="noetl-events", connect_wait_s=10.0, max_reconnect_attempts=0)
         try:
             if follow_:
-                await follow(nc, topology, execution_id, show)  # type: ignore[arg-type]
+                await follow(nc, topology, execution_id, show)
             else:
-                async for _, ev in read_events(nc.jetstream(), topology, execution_id):  # type: ignore[arg-type]
+                async for _, ev in read_events(nc.jetstream(), topology, execution_id):
                     show(ev)
         finally:
             await nc.close()
 
     _run_async(go())
+
+
+@main.command()
+@click.argument("execution_id")
+@click.option("--until", "until", default=None, help="Stop at a stream sequence (number) or an ISO time.")
+@click.option(
+    "--verify", is_flag=True, help="Compare with the controller's live projection; exit 1 on a difference."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the folded state as JSON.")
+@nats_option
+@prefix_option
+def replay(
+    execution_id: str, until: str | None, verify: bool, as_json: bool, nats_url: str, prefix: str
+) -> None:
+    """Rebuild an execution's state by folding its stored events with the controller's reducer."""
+    from noetl_stream.control import replay as rp
+    from noetl_stream.control.state import ExecutionState
+    from noetl_stream.natsconn import connect
+
+    topology = _topology(prefix)
+    until_seq = int(until) if until is not None and until.isdigit() else None
+    until_time = until if until is not None and until_seq is None else None
+
+    async def go() -> tuple[ExecutionState | None, list[str]]:
+        nc = await connect(nats_url, name="noetl-replay", connect_wait_s=10.0, max_reconnect_attempts=0)
+        try:
+            js = nc.jetstream()
+            if verify:
+                diffs, live = await rp.verify(js, topology, execution_id)
+                return live, diffs
+            state = await rp.replay(js, topology, execution_id, until_seq=until_seq, until_time=until_time)
+            return state, []
+        finally:
+            await nc.close()
+
+    state, diffs = _run_async(go())
+    if state is None:
+        click.echo(f"error: no events for execution {execution_id}", err=True)
+        sys.exit(EXIT_INVALID)
+    if verify:
+        if diffs:
+            for d in diffs:
+                click.echo(f"differs: {d}", err=True)
+            sys.exit(EXIT_FAILED)
+        click.echo(f"replay matches the live projection (stream sequence {state.last_seq})")
+        return
+    data = msgspec.to_builtins(state)
+    if as_json:
+        click.echo(msgspec.json.encode(data).decode())
+    else:
+        click.echo(
+            f"execution {data['execution_id']}: {data['status']} (through stream sequence {data['last_seq']})"
+        )
+        for step, st in data["step_status"].items():
+            click.echo(f"  {step}: {st}")
+        if data.get("ctx"):
+            click.echo(f"  ctx: {msgspec.json.encode(data['ctx']).decode()}")
+        if data.get("error"):
+            click.echo(f"  error: {msgspec.json.encode(data['error']).decode()}")

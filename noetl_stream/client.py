@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -74,14 +75,21 @@ class Tracker:
             self.finished = True
 
 
+_PLAYBOOK_KIND = re.compile(r"""kind["']?\s*:\s*["']?playbook\b""")
+
+
 def child_paths(text: str, file: str) -> list[str]:
     """Literal ``path``s of ``kind: playbook`` tasks (steps and workbook) of a playbook."""
+    if not _PLAYBOOK_KIND.search(text):
+        return []  # no child playbooks: skip compiling
     result = compile_playbook(text, file)
     if result.playbook is None:
         return []
     pb = result.playbook
     tasks = [t for s in pb.workflow for t in s.tasks] + list(pb.workbook.values())
-    return [str(t.config["path"]) for t in tasks if t.kind == "playbook" and isinstance(t.config.get("path"), str)]
+    return [
+        str(t.config["path"]) for t in tasks if t.kind == "playbook" and isinstance(t.config.get("path"), str)
+    ]
 
 
 def collect_attachments(text: str, file: str, limit: int = 64) -> dict[str, str]:

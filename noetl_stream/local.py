@@ -11,8 +11,10 @@ from nats.aio.client import Client as NATS
 
 from noetl_stream.client import RunSummary, follow, request_for, submit
 from noetl_stream.control.controller import Controller
+from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.keychain import Keychain, KeychainKey
 from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
@@ -48,8 +50,13 @@ async def local_runtime(
     workers: int = 1,
     concurrency: int = 16,
     pools: tuple[str, ...] = ("default",),
+    keychain_key: KeychainKey | None = None,
 ) -> AsyncIterator[Runtime]:
-    """Start (and afterwards stop) a NATS server if no URL is given, a controller and workers."""
+    """Start (and afterwards stop) a NATS server if no URL is given, a controller and workers.
+
+    Workers resolve ``auth`` credentials from the keychain bucket, decrypting with `keychain_key`
+    (default: ``NOETL_KEYCHAIN_KEY`` / ``NOETL_KEYCHAIN_KEY_FILE``, read when a secret is first needed).
+    """
     topology = topology or Topology()
     server: EmbeddedNats | None = None
     if nats_url is None:
@@ -64,7 +71,15 @@ async def local_runtime(
         runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
         try:
             for i in range(workers):
-                w = Worker(nc, topology, pool=pools[0], concurrency=concurrency, name=f"local-{i}")
+                keychain = Keychain(nc.jetstream(), topology, keychain_key)
+                w = Worker(
+                    nc,
+                    topology,
+                    pool=pools[0],
+                    concurrency=concurrency,
+                    name=f"local-{i}",
+                    services=WorkerServices(credentials=keychain.resolver()),
+                )
                 await w.start()
                 runtime.workers.append(w)
             yield runtime

@@ -9,7 +9,9 @@ import signal
 import structlog
 
 from noetl_stream.control.controller import Controller
+from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
+from noetl_stream.kv.keychain import Keychain
 from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
@@ -45,7 +47,15 @@ async def run_worker(
         await provision(nc.jetstream(), topology, (pool,))
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        worker = Worker(nc, topology, pool=pool, concurrency=concurrency, name=name)
+        keychain = Keychain(nc.jetstream(), topology)  # key from NOETL_KEYCHAIN_KEY(_FILE), when needed
+        worker = Worker(
+            nc,
+            topology,
+            pool=pool,
+            concurrency=concurrency,
+            name=name,
+            services=WorkerServices(credentials=keychain.resolver()),
+        )
         await worker.start()
         await stop.wait()
         log.info("worker.stopping", grace_s=grace_s)

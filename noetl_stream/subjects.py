@@ -54,10 +54,17 @@ def check_pool(pool: str) -> str:
     return check_token(pool, "pool name")
 
 
+_VALID_EVENT_NAMES: set[str] = set()
+
+
 def _check_event_name(name: str) -> str:
+    if name in _VALID_EVENT_NAMES:  # hot path: a handful of names, checked once each
+        return name
     parts = name.split(".") if isinstance(name, str) else []
     if not parts or not all(_EVENT_PART_RE.fullmatch(p) for p in parts):
         raise SubjectError(f"invalid event name {name!r}: expected dotted lower-case words like 'step.done'")
+    if len(_VALID_EVENT_NAMES) < 1024:
+        _VALID_EVENT_NAMES.add(name)
     return name
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import time
 import uuid
 from typing import Any, Literal
 
@@ -126,8 +127,19 @@ def decode_request(data: bytes) -> ExecutionRequest:
 _NS = uuid.UUID("6f1c2b8e-51a8-4b8a-9c55-8f3f3f6c9d10")
 
 
+_last_ms = -1
+_last_iso = ""
+
+
 def now_iso() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """UTC now as ISO-8601 with milliseconds (``2026-11-22T02:23:54.185Z``); cached per millisecond."""
+    global _last_ms, _last_iso
+    ms = int(time.time() * 1000)
+    if ms != _last_ms:
+        dt = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+        _last_iso = dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+        _last_ms = ms
+    return _last_iso
 
 
 def new_execution_id() -> str:

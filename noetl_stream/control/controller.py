@@ -231,6 +231,9 @@ class Controller:
     async def _maybe_snapshot(self, state: ExecutionState) -> None:
         now = time.monotonic()
         last = self._snapshot_at.get(state.execution_id)
+        if last is None and not state.terminal:
+            self._snapshot_at[state.execution_id] = now  # short executions snapshot once, at the end
+            return
         if state.terminal or last is None or now - last >= self.snapshot_interval_s:
             await self._write_snapshot(state)
             self._snapshot_at[state.execution_id] = now

@@ -35,7 +35,9 @@ class Plan:
             workbook_refs[s.name] = tuple(n for n in wb if n in playbook.workbook)
             tasks = list(s.tasks) + [playbook.workbook[n] for n in workbook_refs[s.name]]
             playbook_refs[s.name] = tuple(
-                str(t.config["path"]) for t in tasks if t.kind == "playbook" and isinstance(t.config.get("path"), str)
+                str(t.config["path"])
+                for t in tasks
+                if t.kind == "playbook" and isinstance(t.config.get("path"), str)
             )
         return cls(
             workbook_refs=workbook_refs,

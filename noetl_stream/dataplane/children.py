@@ -57,13 +57,18 @@ class ChildRunner:
 
         subject = self.topology.event_subject(child_id, E.PLAYBOOK_PROCESSED)
         sub = await self.js.subscribe(
-            subject, stream=self.topology.events_stream, cb=on_msg, ordered_consumer=True,
+            subject,
+            stream=self.topology.events_stream,
+            cb=on_msg,
+            ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.ALL,
         )
         try:
             if not await self._already_requested(child_id):
                 await self.js.publish(
-                    self.topology.request_subject, encode(request), headers={"Nats-Msg-Id": f"request:{child_id}"}
+                    self.topology.request_subject,
+                    encode(request),
+                    headers={"Nats-Msg-Id": f"request:{child_id}"},
                 )
             async with self.release_slot(), asyncio.timeout(timeout):
                 return await done

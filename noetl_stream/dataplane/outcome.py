@@ -17,6 +17,9 @@ class Outcome(msgspec.Struct, omit_defaults=True):
     meta: dict[str, Any] = {}
     helpers: dict[str, Any] = {}
     """Kind helpers, exposed as ``outcome.<kind>`` (``outcome.http.status``, ``outcome.py.exception_type``)."""
+    secret: bool = False
+    """The result is a secret (the ``secrets`` tool): later tasks of the pipeline may read it, but no
+    event, log or boundary payload may carry it (the pipeline redacts it, see ``secret_strings``)."""
 
     @classmethod
     def ok(cls, result: Any = None, **helpers: Any) -> Outcome:

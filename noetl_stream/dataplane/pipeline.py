@@ -221,7 +221,9 @@ def _resolve_workbook(
     if template is None:
         return Outcome.fail("config_error", f"task '{task.name}': no workbook template '{name}'")
     try:
-        args = render_value(task.config.get("args") or {}, scope, f"step '{inp.step.name}' task '{task.name}'.args")
+        args = render_value(
+            task.config.get("args") or {}, scope, f"step '{inp.step.name}' task '{task.name}'.args"
+        )
     except RenderError as exc:
         return Outcome.fail("template_error", str(exc))
     inner = dict(scope)
@@ -275,7 +277,9 @@ async def _run_task(
                 else:
                     outcome = await tool(config, ctx)
             except TimeoutError:
-                outcome = Outcome.fail("timeout", f"task '{label}' ran longer than {timeout}s", retryable=True)
+                outcome = Outcome.fail(
+                    "timeout", f"task '{label}' ran longer than {timeout}s", retryable=True
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a tool bug must not kill the worker

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
 import os
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -125,25 +125,39 @@ class Worker:
         await msg.ack()
 
     async def _supervise(self, msg: Msg, run: _CommandRun) -> None:
-        """Run the command; while it runs, publish its progress events and keep the message alive."""
-        task = asyncio.ensure_future(run.execute())
+        """Run the command. If it is still running after ``PROGRESS_EVERY_S``, a watcher publishes its
+        progress events and keeps the message alive until it ends (fast commands pay one timer)."""
         loop = asyncio.get_running_loop()
-        keep_alive_every = max(0.5, self.topology.command_ack_wait_s / 3)
-        next_keep_alive = loop.time() + keep_alive_every
+        watcher: list[asyncio.Task[None]] = []
+        handle = loop.call_later(
+            PROGRESS_EVERY_S, lambda: watcher.append(asyncio.ensure_future(self._watch(msg, run)))
+        )
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
-                if done:
-                    task.result()
-                    return
+            await run.execute()
+        finally:
+            handle.cancel()
+            run.finished = True
+            if run.wake is not None:
+                run.wake.set()
+            for task in watcher:  # let it finish its current publish: no event is dropped half-sent
+                await task
+
+    async def _watch(self, msg: Msg, run: _CommandRun) -> None:
+        keep_alive_every = max(0.5, self.topology.command_ack_wait_s / 3)
+        loop = asyncio.get_running_loop()
+        next_keep_alive = loop.time() + keep_alive_every
+        run.wake = asyncio.Event()
+        while not run.finished:
+            try:
                 await run.publish_pending()
-                if loop.time() >= next_keep_alive:
-                    next_keep_alive = loop.time() + keep_alive_every
-                    with contextlib.suppress(Exception):
-                        await msg.in_progress()
-        except BaseException:
-            task.cancel()
-            raise
+            except Exception as exc:  # the final flush reports failures; progress is best effort
+                self._log.debug("worker.progress_publish_failed", error=str(exc))
+            if loop.time() >= next_keep_alive:
+                next_keep_alive = loop.time() + keep_alive_every
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.wake.wait(), PROGRESS_EVERY_S)
 
 
 class _CommandRun:
@@ -152,6 +166,8 @@ class _CommandRun:
         self.cmd = cmd
         self.outbox = outbox
         self.pending: list[Event] = []
+        self.finished = False
+        self.wake: asyncio.Event | None = None
 
     def event(
         self,

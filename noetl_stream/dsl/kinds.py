@@ -64,8 +64,9 @@ register_kind(
 )
 register_kind(
     "postgres",
-    {"query", "command", "params", "auth", "dsn", "transaction"},
+    {"query", "command", "params", "many", "auth", "dsn", "transaction"},
     required_any=[("query", "command")],
+    defaults={"timeout": {"connect": 10}},
     description="PostgreSQL statements with bound parameters (asyncpg)",
 )
 register_kind(

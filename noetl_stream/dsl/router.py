@@ -110,6 +110,10 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
             c.error(apath, f"{who}: arc needs 'step' (the target step)", code="missing")
             ok = False
             continue
+        if not isinstance(target, str):
+            c.error((*apath, "step"), f"{who}: arc 'step' must be a step name, got {target!r}")
+            ok = False
+            continue
         if target not in step_names:
             c.error(
                 (*apath, "step"),

@@ -196,6 +196,9 @@ def _task_then(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]
         if to is None:
             c.error(path, f"{who}: 'do: jump' needs 'to' (a task label of this pipeline)")
             ok = False
+        elif not isinstance(to, str):
+            c.error((*path, "to"), f"{who}: jump 'to' must be a task label, got {to!r}")
+            ok = False
         elif to not in task_names:
             hint = V.suggest(str(to), task_names)
             c.error((*path, "to"), f"{who}: jump target '{to}' is not a task of this pipeline{hint}")

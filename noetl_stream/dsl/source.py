@@ -248,9 +248,32 @@ def _first_key(text: str, key: str, start: Any, end: Any) -> int | None:
     return None
 
 
+def _deep_flow(text: str) -> tuple[int, int] | None:
+    """Where ``[``/``{`` nesting passes ``MAX_DEPTH`` (ruamel's scanner is quadratic in it), if it does."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return None
+    depth = 0
+    line, col = 1, 0
+    for ch in text:
+        col += 1
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line, col
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        elif ch == "\n":
+            line, col = line + 1, 0
+    return None
+
+
 def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
     """Parse one YAML document. Raises ``PlaybookError`` on syntax errors."""
     smap = SourceMap(file, text)
+    deep = _deep_flow(text)
+    if deep is not None:
+        message = f"document is nested too deeply (more than {MAX_DEPTH} levels)"
+        raise PlaybookError([Diagnostic("error", message, file, deep[0], deep[1], "<root>", "too-large")])
     yaml = YAML(typ="rt", pure=True)
     yaml.allow_duplicate_keys = False
     try:

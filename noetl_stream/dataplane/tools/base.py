@@ -29,7 +29,10 @@ class WorkerServices:
         self._lock = asyncio.Lock()
 
     async def get_or_create(
-        self, key: str, factory: Callable[[], Awaitable[Any]], closer: Callable[[Any], Awaitable[None]] | None = None
+        self,
+        key: str,
+        factory: Callable[[], Awaitable[Any]],
+        closer: Callable[[Any], Awaitable[None]] | None = None,
     ) -> Any:
         item = self._items.get(key)
         if item is not None:

@@ -2,11 +2,23 @@
 
 Tasks of one pipeline run share one in-memory database (so a ``command`` can
 create a table a later ``query`` reads); give ``db_path`` for a database file.
+
+``attach`` adds database files under an alias before the statement runs: a list of
+``{path, alias, read_only}`` (or bare paths, aliased by their file stem), e.g.
+``attach: [{path: /data/ref.duckdb, alias: ref, read_only: true}]`` then
+``SELECT * FROM ref.main.cities``. Attaching is idempotent (``ATTACH IF NOT EXISTS``).
+
+Large results: a ``query`` result travels in the task's events, which have a size limit
+(the worker turns an oversized result into a ``result_too_large`` error). Keep results
+small: aggregate in SQL, or write the data to a file (``COPY (...) TO 'out.parquet'``) or
+to a table in ``db_path`` and return its path or row count as the result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -15,6 +27,32 @@ from noetl_stream.dataplane.outcome import Outcome, json_safe
 from noetl_stream.dataplane.tools.base import ToolContext
 
 _RESOURCE = "duckdb.memory"
+_ALIAS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _AttachError(ValueError):
+    pass
+
+
+def _attach_statements(raw: Any) -> list[str]:
+    """``ATTACH`` statements for the ``attach`` config (paths are SQL literals, aliases identifiers)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _AttachError("'attach' must be a list of {path, alias, read_only}")
+    out = []
+    for i, item in enumerate(raw):
+        spec = {"path": item} if isinstance(item, str) else item
+        if not isinstance(spec, dict) or not isinstance(spec.get("path"), str) or not spec["path"]:
+            raise _AttachError(f"attach[{i}] needs 'path' (a database file)")
+        path = str(spec["path"])
+        alias = spec.get("alias") or Path(path).stem
+        if not isinstance(alias, str) or not _ALIAS_RE.fullmatch(alias):
+            raise _AttachError(f"attach[{i}]: alias {alias!r} must be an identifier (letters, digits, '_')")
+        literal = "'" + path.replace("'", "''") + "'"
+        options = " (READ_ONLY)" if spec.get("read_only") else ""
+        out.append(f'ATTACH IF NOT EXISTS {literal} AS "{alias}"{options}')
+    return out
 
 
 def _connection(config: dict[str, Any], ctx: ToolContext) -> Any:
@@ -28,9 +66,11 @@ def _connection(config: dict[str, Any], ctx: ToolContext) -> Any:
     return conn.cursor()
 
 
-def _run(sql: str, params: Any, config: dict[str, Any], ctx: ToolContext) -> Any:
+def _run(sql: str, params: Any, config: dict[str, Any], ctx: ToolContext, attach: list[str]) -> Any:
     conn = _connection(config, ctx)
     try:
+        for statement in attach:
+            conn.execute(statement)
         cur = conn.execute(sql, params) if params is not None else conn.execute(sql)
         if cur.description is None:
             return {"status": "ok"}
@@ -48,7 +88,11 @@ async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     if params is not None and not isinstance(params, (list, dict)):
         return Outcome.fail("config_error", "duckdb 'params' must be a list or a mapping")
     try:
-        rows = await asyncio.to_thread(_run, sql, params, config, ctx)
+        attach = _attach_statements(config.get("attach"))
+    except _AttachError as exc:
+        return Outcome.fail("config_error", str(exc))
+    try:
+        rows = await asyncio.to_thread(_run, sql, params, config, ctx, attach)
     except duckdb.Error as exc:
         return Outcome.fail(
             "duckdb_error", str(exc).splitlines()[0], duckdb={"error_type": type(exc).__name__}

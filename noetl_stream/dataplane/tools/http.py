@@ -1,0 +1,328 @@
+"""``http``: one request with aiohttp, on one pooled session per worker.
+
+Config: ``method`` (default GET), ``url``, ``params`` (query; lists repeat the key), ``headers``, and at
+most one body: ``body`` (str/bytes, sent as is), ``json`` (any JSON value), ``form`` (a mapping, sent
+urlencoded) or ``data`` (a mapping like ``form``, else like ``body``). ``auth`` names a keychain entry:
+``bearer``/``http_bearer`` {token}, ``basic``/``http_basic`` {username, password}, or ``api_key``
+{value, header (default ``X-API-Key``)} / {value, param} (a query parameter). ``spec.timeout``:
+``{connect, read}`` in seconds (a number sets both; defaults in ``dsl/kinds.py``).
+
+The result is the response body: JSON-decoded when the content type is JSON, else text (bytes that are
+not UTF-8 text are base64 and ``outcome.http.encoding`` says so). ``outcome.http``: ``status``,
+``headers`` (lower-case names), ``url``, ``method``, ``elapsed_s`` and ``retry_after`` (seconds, from a
+``Retry-After`` header, else None).
+
+Errors: a non-2xx response is ``http_error`` (the body is still the result), retryable for 429 and 5xx;
+a refused or dropped connection is ``connection_error`` and a connect/read timeout ``timeout``, both
+retryable with ``outcome.http.status`` None. Credential values never appear in the outcome: headers
+that carry credentials are masked and every value of the credential used is redacted.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import email.utils
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import msgspec
+from multidict import CIMultiDictProxy
+
+from noetl_stream import __version__
+from noetl_stream.dataplane.outcome import Outcome, json_safe
+from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.errors import ConfigurationError
+from noetl_stream.kv.keychain import MASK, CredentialNotFoundError, redact, secret_values
+
+_SESSION_KEY = "http.session"
+_BODY_KEYS = ("body", "json", "form", "data")
+SENSITIVE_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key", "x-auth-token"}
+)
+BEARER_KINDS = ("bearer", "http_bearer")
+BASIC_KINDS = ("basic", "http_basic")
+API_KEY_KINDS = ("api_key",)
+
+
+class _ConfigError(Exception):
+    pass
+
+
+async def _new_session() -> aiohttp.ClientSession:
+    # No cookie jar: the session is shared by every execution on the worker, and one execution's
+    # cookies must never travel with another's requests.
+    return aiohttp.ClientSession(
+        cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"User-Agent": f"noetl-stream/{__version__}"},
+        connector=aiohttp.TCPConnector(limit=256, ttl_dns_cache=60),
+    )
+
+
+async def _close_session(session: aiohttp.ClientSession) -> None:
+    await session.close()
+
+
+def _timeout(spec: Mapping[str, Any]) -> aiohttp.ClientTimeout:
+    raw = spec.get("timeout")
+    connect = read = None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        connect = read = float(raw)
+    elif isinstance(raw, Mapping):
+        connect, read = raw.get("connect"), raw.get("read")
+    elif raw is not None:
+        raise _ConfigError("spec.timeout must be a number or {connect, read}")
+    for name, value in (("connect", connect), ("read", read)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+        ):
+            raise _ConfigError(f"spec.timeout.{name} must be a non-negative number of seconds")
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=float(connect) if connect else None, sock_read=float(read) if read else None
+    )
+
+
+def _param_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return str(value)
+    return msgspec.json.encode(json_safe(value)).decode()
+
+
+def _params(raw: Any) -> list[tuple[str, str]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, Mapping):
+        raise _ConfigError(f"'params' must be a mapping, got {type(raw).__name__}")
+    out: list[tuple[str, str]] = []
+    for key, value in raw.items():
+        if value is None:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None:
+                out.append((str(key), _param_value(v)))
+    return out
+
+
+def _headers(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise _ConfigError(f"'headers' must be a mapping, got {type(raw).__name__}")
+    return {str(k): _param_value(v) for k, v in raw.items() if v is not None}
+
+
+def _body(config: Mapping[str, Any], headers: dict[str, str]) -> Any:
+    given = [k for k in _BODY_KEYS if config.get(k) is not None]
+    if len(given) > 1:
+        raise _ConfigError(f"give at most one of body/json/form/data, not {' and '.join(given)}")
+    if not given:
+        return None
+    key = given[0]
+    value = config[key]
+    has_type = any(h.lower() == "content-type" for h in headers)
+    if key == "json":
+        if not has_type:
+            headers["Content-Type"] = "application/json"
+        return msgspec.json.encode(json_safe(value))
+    if isinstance(value, Mapping) and key in ("form", "data"):
+        return [(str(k), _param_value(v)) for k, v in value.items() if v is not None]
+    if key == "form":
+        raise _ConfigError(f"'form' must be a mapping, got {type(value).__name__}")
+    if isinstance(value, (str, bytes)):
+        return value
+    raise _ConfigError(f"'{key}' must be a string or bytes, got {type(value).__name__}")
+
+
+def _apply_auth(
+    cred: Mapping[str, Any], name: str, headers: dict[str, str], params: list[tuple[str, str]]
+) -> str:
+    """Add the credential to the request; returns the name of the header it set (or "")."""
+    kind = str(cred.get("kind", ""))
+
+    def field(key: str) -> str:
+        value = cred.get(key)
+        if not isinstance(value, str) or not value:
+            raise _ConfigError(f"keychain entry '{name}' (kind {kind}) has no '{key}'")
+        return value
+
+    if kind in BEARER_KINDS:
+        headers["Authorization"] = f"Bearer {field('token')}"
+        return "authorization"
+    if kind in BASIC_KINDS:
+        raw = f"{field('username')}:{cred.get('password') or ''}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        return "authorization"
+    if kind in API_KEY_KINDS:
+        value = field("value")
+        param = cred.get("param")
+        if isinstance(param, str) and param:
+            params.append((param, value))
+            return ""
+        header = cred.get("header") or "X-API-Key"
+        headers[str(header)] = value
+        return str(header).lower()
+    raise _ConfigError(
+        f"keychain entry '{name}' has kind '{kind}', which http auth does not use "
+        f"(use one of {', '.join(BEARER_KINDS + BASIC_KINDS + API_KEY_KINDS)})"
+    )
+
+
+def retry_after_seconds(value: str | None, now: datetime.datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    now = now or datetime.datetime.now(datetime.UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def _response_headers(headers: CIMultiDictProxy[str], sensitive: frozenset[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in headers.items():
+        name = key.lower()
+        shown = MASK if name in sensitive else value
+        out[name] = f"{out[name]}, {shown}" if name in out else shown
+    return out
+
+
+def _decode(data: bytes, content_type: str, charset: str | None) -> tuple[Any, str | None]:
+    if not data:
+        return None, None
+    ctype = content_type.lower()
+    if ctype.endswith("/json") or ctype.endswith("+json"):
+        try:
+            return msgspec.json.decode(data), None
+        except msgspec.DecodeError:
+            pass
+    try:
+        return data.decode(charset or "utf-8"), None
+    except (UnicodeDecodeError, LookupError):
+        if ctype.startswith("text/"):
+            return data.decode(charset or "utf-8", errors="replace"), None
+    return base64.b64encode(data).decode(), "base64"
+
+
+async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
+    secrets: set[str] = set()
+    sensitive = SENSITIVE_HEADERS
+    method = str(config.get("method") or "GET").upper()
+    url = config.get("url")
+    http: dict[str, Any] = {"status": None, "headers": {}, "url": url, "method": method, "retry_after": None}
+    try:
+        if not isinstance(url, str) or not url:
+            raise _ConfigError("http task needs 'url' (a string)")
+        timeout = _timeout(ctx.spec)
+        params = _params(config.get("params"))
+        headers = _headers(config.get("headers"))
+        data = _body(config, headers)
+        auth = config.get("auth")
+        if auth is not None:
+            if not isinstance(auth, str):
+                raise _ConfigError("'auth' must name a keychain entry")
+            cred = await ctx.credential(auth)
+            secrets = secret_values(cred)
+            header = _apply_auth(cred, auth, headers, params)
+            if header:
+                sensitive = sensitive | {header}
+    except _ConfigError as exc:
+        return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets)
+    except KeyError as exc:
+        msg = (
+            str(exc)
+            if isinstance(exc, CredentialNotFoundError)
+            else f"no keychain entry {config.get('auth')!r}"
+        )
+        return _redacted(Outcome.fail("credential_error", msg, http=http), secrets)
+    except ConfigurationError as exc:
+        return _redacted(Outcome.fail("credential_error", str(exc), http=http), secrets)
+
+    started = time.monotonic()
+    try:
+        if ctx.services is not None:
+            session = await ctx.services.get_or_create(_SESSION_KEY, _new_session, _close_session)
+            outcome = await _request(session, method, url, params, headers, data, timeout, http, sensitive)
+        else:
+            async with await _new_session() as session:
+                outcome = await _request(
+                    session, method, url, params, headers, data, timeout, http, sensitive
+                )
+    except (aiohttp.ConnectionTimeoutError, aiohttp.SocketTimeoutError, TimeoutError) as exc:
+        phase = "connect" if isinstance(exc, aiohttp.ConnectionTimeoutError) else "read"
+        limit = timeout.sock_connect if phase == "connect" else timeout.sock_read
+        outcome = Outcome.fail(
+            "timeout", f"{method} {url}: {phase} timed out after {limit}s", retryable=True, http=http
+        )
+    except aiohttp.InvalidURL as exc:
+        outcome = Outcome.fail("config_error", f"invalid url {str(exc.url)!r}", http=http)
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        outcome = Outcome.fail(
+            "connection_error", f"{method} {url}: {type(exc).__name__}: {exc}", retryable=True, http=http
+        )
+    except aiohttp.ClientError as exc:
+        outcome = Outcome.fail("http_client_error", f"{method} {url}: {type(exc).__name__}: {exc}", http=http)
+    except ValueError as exc:  # e.g. a header value with a newline
+        outcome = Outcome.fail("config_error", f"{method} {url}: {exc}", http=http)
+    http["elapsed_s"] = round(time.monotonic() - started, 6)
+    return _redacted(outcome, secrets)
+
+
+async def _request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    params: list[tuple[str, str]],
+    headers: dict[str, str],
+    data: Any,
+    timeout: aiohttp.ClientTimeout,
+    http: dict[str, Any],
+    sensitive: frozenset[str],
+) -> Outcome:
+    async with session.request(
+        method, url, params=params or None, headers=headers, data=data, timeout=timeout
+    ) as resp:
+        body = await resp.read()
+        http["status"] = resp.status
+        http["headers"] = _response_headers(resp.headers, sensitive)
+        http["url"] = str(resp.url)
+        http["retry_after"] = retry_after_seconds(resp.headers.get("Retry-After"))
+        result, encoding = _decode(body, resp.content_type, resp.charset)
+        if encoding:
+            http["encoding"] = encoding
+        if 200 <= resp.status < 300:
+            return Outcome.ok(result, http=http)
+        retryable = resp.status == 429 or resp.status >= 500
+        reason = f" {resp.reason}" if resp.reason else ""
+        outcome = Outcome.fail(
+            "http_error", f"{method} {url} -> {resp.status}{reason}", retryable=retryable, http=http
+        )
+        outcome.error = {**(outcome.error or {}), "status": resp.status}
+        outcome.result = result
+        return outcome
+
+
+def _redacted(outcome: Outcome, secrets: set[str]) -> Outcome:
+    if not secrets:
+        return outcome
+    outcome.error = redact(outcome.error, secrets)
+    outcome.helpers = redact(outcome.helpers, secrets)
+    outcome.result = redact(outcome.result, secrets)
+    return outcome

@@ -1,0 +1,311 @@
+"""``postgres``: SQL with bound parameters through asyncpg, one connection pool per credential per worker.
+
+Config:
+
+* ``query: <sql>`` returns the rows as a list of mappings (JSON-safe: Decimal, UUID, timestamps;
+  ``json``/``jsonb`` decoded). ``command: <sql>`` returns ``{status, rowcount}`` (``"INSERT 0 3"``, 3).
+* ``params``: a list bound as ``$1, $2, ...`` (never interpolated into the SQL). ``many: true`` with a
+  ``command`` takes ``params`` as a list of parameter lists and runs the statement once per list
+  (asyncpg ``executemany``; result ``{status: EXECUTEMANY, executed: n}``). A value for a ``json``/``jsonb``
+  parameter may be any JSON value; a string is taken as JSON text. Use explicit casts where the type
+  is not obvious from a template (``$1::timestamptz``).
+* Several statements: a ``command`` text without params may hold several ``;``-separated statements
+  (the status is the last one's), or ``query``/``command`` is a list whose items are SQL strings or
+  ``{query|command: <sql>, params: [...], many: bool}``; the result is the list of their results.
+  ``transaction: true`` runs all of them in one transaction (all or nothing).
+* ``auth`` names a keychain entry of kind ``postgres_credential``: {host, port, user, password,
+  database[, sslmode]} or {dsn}. ``dsn`` may also be given directly (e.g. from ``{{ keychain... }}``).
+* ``spec.timeout``: ``{connect, statement}`` in seconds (a number sets both; ``read`` is taken for
+  ``statement`` so that a step-wide http timeout applies too). ``spec.pool_size``: the pool's maximum
+  size (default 10; the first task to use a credential on a worker creates its pool).
+
+Errors are ``pg_error`` with ``outcome.pg = {code, sqlstate, message}`` (plus ``detail``, ``hint``,
+``constraint``, ``table`` when the server gives them). Retryable: serialization failure ``40001``,
+deadlock ``40P01``, connection errors (class ``08``; a refused connection is reported as ``08001``),
+server shutdown/startup (``57P01``-``57P03``) and ``53300`` (too many connections). A client-side
+timeout is ``timeout`` (retryable). Values of the credential never appear in the outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import msgspec
+
+from noetl_stream.dataplane.outcome import Outcome, json_safe
+from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.errors import ConfigurationError
+from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_values
+
+CREDENTIAL_KINDS = ("postgres_credential", "postgres")
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300"})
+DEFAULT_POOL_SIZE = 10
+_CONNECT_KEYS = {"host": "host", "port": "port", "user": "user", "username": "user", "password": "password"}
+
+
+class _ConfigError(Exception):
+    pass
+
+
+class _Statement(msgspec.Struct, frozen=True):
+    mode: str  # "query" | "command"
+    sql: str
+    params: tuple[Any, ...] = ()
+    many: bool = False
+
+
+def _encode_json(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return msgspec.json.encode(json_safe(value)).decode()
+
+
+async def _init_connection(conn: Any) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            name, encoder=_encode_json, decoder=msgspec.json.decode, schema="pg_catalog"
+        )
+
+
+def _params(raw: Any, many: bool) -> tuple[Any, ...]:
+    if raw is None:
+        if many:
+            raise _ConfigError("'many: true' needs 'params' (a list of parameter lists)")
+        return ()
+    if not isinstance(raw, (list, tuple)):
+        raise _ConfigError(f"'params' must be a list (bound as $1, $2, ...), got {type(raw).__name__}")
+    if many and not all(isinstance(row, (list, tuple)) for row in raw):
+        raise _ConfigError("with 'many: true', 'params' must be a list of parameter lists")
+    return tuple(tuple(row) for row in raw) if many else tuple(raw)
+
+
+def _statements(config: Mapping[str, Any]) -> tuple[list[_Statement], bool]:
+    """The statements to run, and whether the task gave a list (so the result is a list)."""
+    given = [k for k in ("query", "command") if config.get(k) is not None]
+    if len(given) != 1:
+        raise _ConfigError(
+            "postgres task needs 'query' or 'command'" if not given else "give 'query' or 'command', not both"
+        )
+    mode = given[0]
+    value = config[mode]
+    many = bool(config.get("many"))
+    if isinstance(value, str):
+        if many and mode != "command":
+            raise _ConfigError("'many: true' works with 'command' only")
+        return [_Statement(mode, _sql(value), _params(config.get("params"), many), many)], False
+    if not isinstance(value, list) or not value:
+        raise _ConfigError(f"'{mode}' must be SQL text or a non-empty list of statements")
+    if config.get("params") is not None or many:
+        raise _ConfigError(f"with a list of statements, give 'params'/'many' per item of '{mode}'")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            out.append(_Statement(mode, _sql(item)))
+            continue
+        if not isinstance(item, Mapping):
+            raise _ConfigError(f"{mode}[{i}] must be SQL text or a mapping with 'query' or 'command'")
+        kinds = [k for k in ("query", "command", "sql") if item.get(k) is not None]
+        if len(kinds) != 1:
+            raise _ConfigError(f"{mode}[{i}] needs exactly one of 'query', 'command' or 'sql'")
+        item_mode = mode if kinds[0] == "sql" else kinds[0]
+        item_many = bool(item.get("many"))
+        if item_many and item_mode != "command":
+            raise _ConfigError(f"{mode}[{i}]: 'many: true' works with 'command' only")
+        out.append(
+            _Statement(item_mode, _sql(item[kinds[0]]), _params(item.get("params"), item_many), item_many)
+        )
+    return out, True
+
+
+def _sql(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _ConfigError("a statement must be non-empty SQL text")
+    return value
+
+
+def _timeouts(spec: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    raw = spec.get("timeout")
+    if raw is None:
+        return None, None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return (float(raw) or None,) * 2
+    if not isinstance(raw, Mapping):
+        raise _ConfigError("spec.timeout must be a number or {connect, statement}")
+    out: list[float | None] = []
+    for key in ("connect", "statement"):
+        value = raw.get(key, raw.get("read") if key == "statement" else None)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+        ):
+            raise _ConfigError(f"spec.timeout.{key} must be a non-negative number of seconds")
+        out.append(float(value) if value else None)
+    return out[0], out[1]
+
+
+def _connect_args(cred: Mapping[str, Any], name: str) -> dict[str, Any]:
+    kind = cred.get("kind")
+    if kind not in CREDENTIAL_KINDS:
+        raise _ConfigError(f"keychain entry '{name}' has kind '{kind}', not postgres_credential")
+    if cred.get("dsn"):
+        return {"dsn": str(cred["dsn"])}
+    args = {dst: cred[src] for src, dst in _CONNECT_KEYS.items() if cred.get(src) is not None}
+    database = cred.get("database") or cred.get("dbname")
+    if database:
+        args["database"] = database
+    if cred.get("sslmode"):
+        args["ssl"] = cred["sslmode"]
+    if "port" in args:
+        try:
+            args["port"] = int(args["port"])
+        except (TypeError, ValueError):
+            raise _ConfigError(f"keychain entry '{name}': port must be a number") from None
+    if "host" not in args:
+        raise _ConfigError(f"keychain entry '{name}' needs 'host' (or a 'dsn')")
+    return args
+
+
+def _dsn_secrets(dsn: str) -> set[str]:
+    out = {dsn}
+    try:
+        password = urlsplit(dsn).password
+    except ValueError:
+        password = None
+    if password:
+        out.add(password)
+    return out
+
+
+async def _pool(ctx: ToolContext, connect: dict[str, Any], connect_timeout: float | None) -> Any:
+    size = ctx.spec.get("pool_size", DEFAULT_POOL_SIZE)
+    size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else DEFAULT_POOL_SIZE
+    fingerprint = hashlib.sha256(msgspec.json.encode(sorted(connect.items()))).hexdigest()[:24]
+
+    async def create() -> Any:
+        kwargs: dict[str, Any] = dict(connect)
+        if connect_timeout:
+            kwargs["timeout"] = connect_timeout
+        return await asyncpg.create_pool(min_size=0, max_size=size, init=_init_connection, **kwargs)
+
+    async def close(pool: Any) -> None:
+        await pool.close()
+
+    assert ctx.services is not None
+    return await ctx.services.get_or_create(f"postgres.pool.{fingerprint}", create, close)
+
+
+def _rowcount(status: str) -> int | None:
+    last = status.rsplit(" ", 1)[-1] if status else ""
+    return int(last) if last.isdigit() else None
+
+
+async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> Any:
+    if stmt.mode == "query":
+        records = await conn.fetch(stmt.sql, *stmt.params, timeout=timeout)
+        return [dict(r) for r in records]
+    if stmt.many:
+        await conn.executemany(stmt.sql, stmt.params, timeout=timeout)
+        return {"status": "EXECUTEMANY", "executed": len(stmt.params)}
+    status = await conn.execute(stmt.sql, *stmt.params, timeout=timeout)
+    return {"status": status, "rowcount": _rowcount(status)}
+
+
+async def _run_all(
+    conn: Any, stmts: Sequence[_Statement], transaction: bool, timeout: float | None
+) -> list[Any]:
+    if not transaction:
+        return [await _run_one(conn, s, timeout) for s in stmts]
+    async with conn.transaction():
+        return [await _run_one(conn, s, timeout) for s in stmts]
+
+
+def _pg_error(exc: BaseException, code: str | None) -> Outcome:
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    pg: dict[str, Any] = {"code": code, "sqlstate": code, "message": message}
+    for attr, key in (
+        ("detail", "detail"),
+        ("hint", "hint"),
+        ("constraint_name", "constraint"),
+        ("table_name", "table"),
+    ):
+        value = getattr(exc, attr, None)
+        if value:
+            pg[key] = value
+    retryable = code is not None and (code in RETRYABLE_SQLSTATES or code.startswith("08"))
+    where = f" [{code}]" if code else ""
+    return Outcome.fail("pg_error", f"{type(exc).__name__}{where}: {message}", retryable=retryable, pg=pg)
+
+
+async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
+    secrets: set[str] = set()
+    try:
+        stmts, as_list = _statements(config)
+        connect_timeout, timeout = _timeouts(ctx.spec)
+        auth, dsn = config.get("auth"), config.get("dsn")
+        if auth is not None and dsn is not None:
+            raise _ConfigError("give 'auth' (a keychain entry) or 'dsn', not both")
+        if auth is not None:
+            if not isinstance(auth, str):
+                raise _ConfigError("'auth' must name a keychain entry")
+            cred = await ctx.credential(auth)
+            secrets = secret_values(cred)
+            connect = _connect_args(cred, auth)
+        elif isinstance(dsn, str) and dsn:
+            connect = {"dsn": dsn}
+        else:
+            raise _ConfigError("postgres task needs 'auth' (a postgres_credential in the keychain) or 'dsn'")
+        if "dsn" in connect:
+            secrets |= _dsn_secrets(connect["dsn"])
+    except _ConfigError as exc:
+        return _redacted(Outcome.fail("config_error", str(exc)), secrets)
+    except KeyError as exc:
+        msg = (
+            str(exc)
+            if isinstance(exc, CredentialNotFoundError)
+            else f"no keychain entry {config.get('auth')!r}"
+        )
+        return Outcome.fail("credential_error", msg)
+    except ConfigurationError as exc:
+        return Outcome.fail("credential_error", str(exc))
+    transaction = bool(config.get("transaction"))
+    try:
+        if ctx.services is not None:
+            pool = await _pool(ctx, connect, connect_timeout)
+            async with pool.acquire(timeout=connect_timeout) as conn:
+                results = await _run_all(conn, stmts, transaction, timeout)
+        else:
+            conn = await asyncpg.connect(**connect, timeout=connect_timeout or 60)
+            try:
+                await _init_connection(conn)
+                results = await _run_all(conn, stmts, transaction, timeout)
+            finally:
+                await conn.close()
+    except asyncpg.PostgresError as exc:
+        outcome = _pg_error(exc, getattr(exc, "sqlstate", None))
+    except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
+        outcome = _pg_error(exc, None)
+    except TimeoutError:
+        outcome = Outcome.fail(
+            "timeout",
+            "postgres: timed out",
+            retryable=True,
+            pg={"code": None, "sqlstate": None, "message": "timeout"},
+        )
+    except (OSError, ConnectionError) as exc:
+        outcome = _pg_error(exc, "08001")
+    else:
+        outcome = Outcome.ok(
+            json_safe(results if as_list else results[0]),
+            pg={"code": None, "sqlstate": None, "statements": len(stmts)},
+        )
+    return _redacted(outcome, secrets)
+
+
+def _redacted(outcome: Outcome, secrets: set[str]) -> Outcome:
+    if secrets and outcome.status == "error":
+        outcome.error = redact(outcome.error, secrets)
+        outcome.helpers = redact(outcome.helpers, secrets)
+    return outcome

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
 import sys
@@ -14,6 +13,7 @@ from bench import raw, runtime
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.local import local_runtime
 from noetl_stream.logs import configure
+from noetl_stream.loop import run_event_loop
 
 
 async def measure(url: str, quick: bool) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def main() -> None:
     configure("warning")
     with EmbeddedNats() as server:
         t = time.time()
-        results = asyncio.run(measure(server.url, args.quick))
+        results = run_event_loop(measure(server.url, args.quick))
     results["machine"] = {"python": platform.python_version(), "platform": platform.platform()}
     results["duration_s"] = round(time.time() - t, 1)
     with open(args.out, "w") as f:

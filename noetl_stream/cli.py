@@ -145,7 +145,6 @@ def run(
     file: Path, payload: str | None, sets: tuple[str, ...], nats_url: str | None, workers: int, as_json: bool
 ) -> None:
     """Run a playbook end to end and print its outcome (exit 0 success, 1 failed, 2 invalid)."""
-    import asyncio
 
     from noetl_stream.logs import configure
     from noetl_stream.progress import Progress
@@ -171,8 +170,10 @@ def run(
         async with local_runtime(nats_url, workers=workers) as rt:
             return await rt.run_playbook(text, str(file), data, progress.on_event if progress else None)
 
+    from noetl_stream.loop import run_event_loop
+
     try:
-        summary = asyncio.run(go())
+        summary = run_event_loop(go())
     except KeyboardInterrupt:
         sys.exit(130)
     except (OSError, ConnectionError, RuntimeError) as exc:
@@ -189,10 +190,10 @@ def run(
 
 
 def _run_async(coro: Coroutine[Any, Any, T]) -> T:
-    import asyncio
+    from noetl_stream.loop import run_event_loop
 
     try:
-        return asyncio.run(coro)
+        return run_event_loop(coro)
     except KeyboardInterrupt:
         sys.exit(130)
     except ConnectionError as exc:

@@ -1,4 +1,4 @@
-"""Run a coroutine on uvloop when it is installed (×1.1–1.5 on the hot paths), else asyncio's loop."""
+"""Run a coroutine on uvloop when it is installed (1.1-1.5x faster hot paths), else on asyncio's loop."""
 
 from __future__ import annotations
 

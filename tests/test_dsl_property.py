@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -111,7 +112,7 @@ _yaml = YAML(typ="safe", pure=True)
 BASE_DATA = [_yaml.load(text) for text in BASES]
 
 SETTINGS = settings(
-    max_examples=120,
+    max_examples=int(os.environ.get("NOETL_FUZZ_EXAMPLES", "120")),  # raise it for a longer hunt
     deadline=timedelta(seconds=2),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     database=None,
@@ -352,6 +353,17 @@ def test_an_alias_bomb_is_too_large_not_a_hang(levels: int) -> None:
 
 
 @pytest.mark.timeout(10)
-def test_deep_nesting_is_reported_not_a_crash() -> None:
-    result = check("workload: " + "[" * 3000 + "]" * 3000 + "\n")
-    assert [d.message for d in result.errors] == ["document is nested too deeply"]
+@pytest.mark.parametrize(
+    "text",
+    [
+        "workload: " + "[" * 3000 + "]" * 3000 + "\n",
+        "workload: " + "{a: " * 500 + "1" + "}" * 500 + "\n",
+        "workload:\n  " + "- " * 400 + "x\n",
+        "".join(f"{'  ' * n}k{n}:\n" for n in range(300)),
+    ],
+    ids=["flow-sequences", "flow-mappings", "block-sequences", "block-mappings"],
+)
+def test_deep_nesting_is_reported_not_a_crash(text: str) -> None:
+    result = check(text)
+    [error] = result.errors
+    assert error.message.startswith("document is nested too deeply")

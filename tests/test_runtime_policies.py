@@ -518,3 +518,15 @@ async def test_template_errors_give_clear_step_failures(runtime: Runtime, task: 
     assert "step 'start'" in error["message"]
     assert where in error["message"]
     assert r.summary.error is not None and r.summary.error["kind"] == "template_error"
+
+
+async def test_retry_without_a_delay_waits_one_second(runtime: Runtime) -> None:
+    text = flaky(ok_at=2, attempts=2).replace(", delay: 0}", "}")
+    assert "delay" not in text
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    started = r.tasks("start", "flaky", name="task.started")
+    done = r.tasks("start", "flaky")
+    assert (ts(started[1]) - ts(done[0])).total_seconds() >= 0.995

@@ -137,7 +137,13 @@ async def test_arc_args_become_the_targets_args(runtime: Runtime) -> None:
     r = await run(runtime, text)
 
     assert r.status == "success", r.summary.error
-    assert r.result == {"x": 42, "label": "n=20", "fixed": [1, 2], "wl": "v", "args": ["fixed", "label", "wl", "x"]}
+    assert r.result == {
+        "x": 42,
+        "label": "n=20",
+        "fixed": [1, 2],
+        "wl": "v",
+        "args": ["fixed", "label", "wl", "x"],
+    }
     (scheduled,) = r.named("step.scheduled", step="use")
     assert scheduled.payload["args"] == {"x": 21, "label": "n=20", "fixed": [1, 2], "wl": "v"}
 
@@ -235,7 +241,9 @@ async def test_admitted_step_runs(runtime: Runtime) -> None:
     assert not r.named("step.skipped")
 
 
-@pytest.mark.parametrize(("flag", "payload"), [("false", None), ("true", {"open": False})], ids=["args", "workload"])
+@pytest.mark.parametrize(
+    ("flag", "payload"), [("false", None), ("true", {"open": False})], ids=["args", "workload"]
+)
 async def test_denied_admission_skips_the_step_and_ends_its_branch(
     runtime: Runtime, flag: str, payload: dict[str, bool] | None
 ) -> None:
@@ -609,7 +617,9 @@ def _alias(alias: str, fail: bool) -> str:
         ("step.failed", True, "matched"),
     ],
 )
-async def test_legacy_event_name_aliases_in_arcs(runtime: Runtime, alias: str, fail: bool, expected: str) -> None:
+async def test_legacy_event_name_aliases_in_arcs(
+    runtime: Runtime, alias: str, fail: bool, expected: str
+) -> None:
     r = await run(runtime, _alias(alias, fail))
 
     assert r.status == "success", r.summary.error
@@ -788,7 +798,10 @@ async def test_set_ctx_is_visible_to_later_steps_and_is_the_final_ctx(runtime: R
     assert r.result == {"count": 6, "who": "start", "bumped": True}
     assert r.summary.ctx == {"count": 6, "who": "start", "bumped": True}
     patched = r.named("ctx.patched")
-    assert [e.payload["patches"] for e in patched] == [[{"count": 5, "who": "start"}], [{"count": 6, "bumped": True}]]
+    assert [e.payload["patches"] for e in patched] == [
+        [{"count": 5, "who": "start"}],
+        [{"count": 6, "bumped": True}],
+    ]
     assert [e.payload["revision"] for e in patched] == [1, 2]
     assert [e.step for e in patched] == ["start", "bump"]
     assert {e.source for e in patched} == {"server"}
@@ -1008,3 +1021,113 @@ async def test_template_error_in_admission_fails_the_execution_clearly(runtime: 
     assert r.summary.error["step"] == "gated"
     assert "nope" in r.summary.error["message"]
     assert not r.named("step.started", step="gated")
+
+
+async def test_join_waits_for_a_predecessor_that_repeats_through_a_back_edge(runtime: Runtime) -> None:
+    """A predecessor that routes back to itself has not resolved until its last run routes onward."""
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: noop
+            spec: {policy: {rules: [{else: {then: {do: continue, set_ctx: {n: 0}}}}]}}
+          next:
+            spec: {mode: inclusive}
+            arcs:
+              - step: repeat
+              - step: other
+        - step: repeat
+          tool:
+            kind: python
+            args: {n: "{{ ctx.n }}"}
+            code: |
+              import time
+              time.sleep(0.05)
+              result = n + 1
+            spec: {policy: {rules: [{else: {then: {do: continue, set_ctx: {n: "{{ outcome.result }}"}}}}]}}
+          next:
+            arcs:
+              - step: repeat
+                when: "{{ ctx.n < 3 }}"
+              - step: join
+        - step: other
+          tool: {kind: noop, result: other}
+          next: {arcs: [{step: join}]}
+        - step: join
+          tool: {kind: noop, result: {n: "{{ ctx.n }}", repeat: "{{ repeat }}", other: "{{ other }}"}}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert r.started("repeat") == 3
+    assert r.started("join") == 1
+    assert r.result == {"n": 3, "repeat": 3, "other": "other"}
+
+
+async def test_arcs_read_the_boundary_events_result(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop, result: {status: partial, count: 2}}
+          next:
+            arcs:
+              - step: complete
+                when: "{{ event.result.status == 'complete' }}"
+              - step: partial
+                when: "{{ event.result.status == 'partial' and event.result.count == 2 }}"
+                args: {count: "{{ event.result.count }}"}
+        - step: complete
+          tool: {kind: noop}
+        - step: partial
+          tool: {kind: noop, result: "{{ args.count }}"}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.ran() == ["start", "partial"]
+    assert r.result == 2
+
+
+async def test_result_too_large_for_an_event_fails_the_step_clearly(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: python
+            code: |
+              result = "x" * 2_000_000
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "failed"
+    error = r.step_error("start")
+    assert error["kind"] == "result_too_large"
+    assert "reference" in error["message"]
+
+
+async def test_join_does_not_wait_for_a_predecessor_that_is_unreachable_from_start(runtime: Runtime) -> None:
+    """The compiler warns about 'orphan'; at run time it can never deliver, so the join must not wait for it."""
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop, result: from_start}
+          next: {arcs: [{step: join}]}
+        - step: orphan
+          tool: {kind: noop}
+          next: {arcs: [{step: join}]}
+        - step: join
+          tool: {kind: noop, result: "{{ start }}"}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert "orphan" not in r.summary.steps
+    assert r.started("join") == 1
+    assert r.result == "from_start"

@@ -21,12 +21,15 @@ from nats.micro.service import EndpointConfig, Service, ServiceConfig
 
 from noetl_stream import __version__
 from noetl_stream import events as E
+from noetl_stream.control.reducer import invalid_playbook_error, rejection_events
+from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import SubjectError, Topology, check_token
 from noetl_stream.wire import (
     Event,
     ExecutionRequest,
+    content_hash,
     decode_request,
     derived_execution_id,
     event_id,
@@ -69,6 +72,22 @@ def parse_request(raw: bytes) -> ExecutionRequest:
     return request
 
 
+def _claimed_id(raw: bytes) -> str | None:
+    """The ``execution_id`` a malformed request asked for, if it is a usable id (so its rejection is
+    written where the client looks for it)."""
+    try:
+        data = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    value = data.get("execution_id") if isinstance(data, dict) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return check_token(value, "execution id")
+    except SubjectError:
+        return None
+
+
 class Intake:
     def __init__(self, nc: NATS, topology: Topology) -> None:
         self.nc = nc
@@ -76,6 +95,7 @@ class Intake:
         self.topology = topology
         self._puller: ContinuousPuller | None = None
         self._service: Service | None = None
+        self._checked: dict[str, dict[str, Any] | None] = {}
 
     async def start(self) -> None:
         self._puller = ContinuousPuller(
@@ -130,10 +150,12 @@ class Intake:
         try:
             request = parse_request(raw)
         except RequestError as exc:
-            self._reject(outbox, default_id, str(exc))
+            execution_id = _claimed_id(raw) or default_id
+            self._reject(outbox, execution_id, {"kind": "bad_request", "message": str(exc)})
             await outbox.flush()
-            return default_id, str(exc)
+            return execution_id, str(exc)
         execution_id = request.execution_id or default_id
+        error = self._check_playbook(request)
         outbox.event(
             Event(
                 event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
@@ -144,27 +166,42 @@ class Intake:
                 entity_id=request.path or request.file or "<playbook>",
                 status="in_progress",
                 timestamp=now_iso(),
-                payload={"request": msgspec.to_builtins(request)},
+                payload={"request": msgspec.to_builtins(request), **({"rejected": error} if error else {})},
                 trace_id=request.trace_id,
             )
         )
+        if error is not None:
+            # Written here so the caller of `execute` gets its answer at once; the request event says
+            # so (`rejected`), and the reducer then records the rejection without writing it again.
+            self._reject(
+                outbox, execution_id, error, request.file or request.path or "<playbook>", request.trace_id
+            )
+            await outbox.flush()
+            return execution_id, str(error["message"])
         await outbox.flush()
         return execution_id, None
 
-    def _reject(self, outbox: Outbox, execution_id: str, message: str) -> None:
-        error = {"kind": "bad_request", "message": message}
-        for name in (E.REQUEST_REJECTED, E.PLAYBOOK_PROCESSED):
-            outbox.event(
-                Event(
-                    event_id=event_id(execution_id, "execution", name),
-                    execution_id=execution_id,
-                    name=name,
-                    source="server",
-                    entity_type="playbook",
-                    entity_id="<request>",
-                    status="error",
-                    timestamp=now_iso(),
-                    payload={"status": "rejected", "error": error},
-                )
-            )
-        log.warning("intake.rejected", execution_id=execution_id, error=message)
+    def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:
+        """Compile the playbook (cached by content) so a caller learns at once that it is invalid."""
+        assert request.playbook is not None
+        digest = content_hash(request.playbook)
+        if digest in self._checked:
+            return self._checked[digest]
+        result = compile_playbook(request.playbook, request.file or request.path or "<playbook>")
+        error = invalid_playbook_error(result.diagnostics) if result.errors else None
+        if len(self._checked) >= 1024:
+            self._checked.pop(next(iter(self._checked)))
+        self._checked[digest] = error
+        return error
+
+    def _reject(
+        self,
+        outbox: Outbox,
+        execution_id: str,
+        error: dict[str, Any],
+        entity_id: str = "<request>",
+        trace_id: str | None = None,
+    ) -> None:
+        for ev in rejection_events(execution_id, entity_id, error, trace_id):
+            outbox.event(ev)
+        log.warning("intake.rejected", execution_id=execution_id, error=error.get("message"))

@@ -104,17 +104,19 @@ class Reducer:
             return_step=request.return_step,
             attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
         )
+        rejected = event.payload.get("rejected")
+        if isinstance(rejected, dict):  # intake already compiled it and wrote the rejection
+            state.status = "rejected"
+            state.error = rejected
+            return state
         text = request.playbook
         if text is None:
-            self._reject(
-                state, fx, "no playbook text in the request (catalog lookup by path happens at intake)", []
-            )
+            message = "no playbook text in the request (catalog lookup by path happens at intake)"
+            self._reject(state, fx, {"kind": "bad_request", "message": message})
             return state
         plan, diags = self.plans.load(text, state.file)
         if plan is None:
-            errors = [d for d in diags if d.severity == "error"]
-            first = errors[0].format() if errors else "invalid playbook"
-            self._reject(state, fx, f"invalid playbook: {first}", [d.format() for d in diags])
+            self._reject(state, fx, invalid_playbook_error(diags))
             return state
         payload = request.payload if isinstance(request.payload, dict) else {}
         state.content_hash = plan.content_hash
@@ -157,31 +159,48 @@ class Reducer:
             run.check_complete()
         return state
 
-    def _reject(self, state: ExecutionState, fx: Effects, message: str, diagnostics: list[str]) -> None:
+    def _reject(self, state: ExecutionState, fx: Effects, error: dict[str, Any]) -> None:
         state.status = "rejected"
-        state.error = {"kind": "rejected", "message": message, "diagnostics": diagnostics}
-        fx.events.append(
-            _server_event(
-                state,
-                E.REQUEST_REJECTED,
-                "playbook",
-                state.file,
-                "error",
-                "execution",
-                {"error": state.error},
+        state.error = error
+        fx.events.extend(rejection_events(state.execution_id, state.file, error, state.trace_id))
+
+
+def invalid_playbook_error(diagnostics: tuple[Diagnostic, ...] | list[Diagnostic]) -> dict[str, Any]:
+    """The error of a request whose playbook does not compile (the same from intake and reducer)."""
+    errors = [d for d in diagnostics if d.severity == "error"]
+    first = errors[0].format() if errors else "invalid playbook"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return {
+        "kind": "invalid_playbook",
+        "message": f"invalid playbook: {first}{more}",
+        "diagnostics": [d.format() for d in diagnostics],
+    }
+
+
+def rejection_events(
+    execution_id: str, entity_id: str, error: dict[str, Any], trace_id: str | None
+) -> list[Event]:
+    """``playbook.request.rejected`` then ``playbook.processed`` (status ``rejected``)."""
+    out = []
+    for name, payload in (
+        (E.REQUEST_REJECTED, {"error": error}),
+        (E.PLAYBOOK_PROCESSED, {"status": "rejected", "error": error}),
+    ):
+        out.append(
+            Event(
+                event_id=event_id(execution_id, "execution", name),
+                execution_id=execution_id,
+                name=name,
+                source="server",
+                entity_type="playbook",
+                entity_id=entity_id,
+                status="error",
+                timestamp=now_iso(),
+                payload=payload,
+                trace_id=trace_id,
             )
         )
-        fx.events.append(
-            _server_event(
-                state,
-                E.PLAYBOOK_PROCESSED,
-                "playbook",
-                state.file,
-                "error",
-                "execution",
-                {"status": "rejected", "error": state.error},
-            )
-        )
+    return out
 
 
 def _server_event(
@@ -558,6 +577,9 @@ class _Run:
                 {"step": name, "step_run_id": run.run_id, "error": payload.get("error") or {"kind": "error"}}
             )
         taken = {a.step for a, _ in arcs}
+        # A step that routed back into a cycle (a back edge or a self-loop) has not finished with its
+        # forward successors: its later run decides for them. Only a run that leaves the cycle does.
+        looping = any(not self.plan.graph.is_forward(name, a.step) for a, _ in arcs)
         for arc, args in arcs:
             self.deliver(
                 arc.step,
@@ -566,9 +588,10 @@ class _Run:
                 args=args if isinstance(args, dict) else {"value": args},
                 cause=ev,
             )
-        for succ in self.plan.graph.successors.get(name, ()):
-            if succ not in taken:
-                self.deliver(succ, pred=name, taken=False, args={}, cause=None)
+        if not looping:
+            for succ in self.plan.graph.successors.get(name, ()):
+                if succ not in taken:
+                    self.deliver(succ, pred=name, taken=False, args={}, cause=None)
 
     def apply_ctx_patches(self, event: Event, scope: str) -> None:
         patches = event.payload.get("ctx_patches")
@@ -603,7 +626,17 @@ class _Run:
         s = self.state
         if s.terminal or s.runs:
             return
-        s.joins.clear()
+        # Nothing runs, so predecessors a join still waits for can no longer arrive (a path the
+        # graph analysis could not rule out): a join holding a token runs now, the others are dead.
+        while s.joins and not s.runs:
+            name, join = next(iter(s.joins.items()))
+            del s.joins[name]
+            if any(join.resolved.values()):
+                self.schedule(name, join.args, None)
+            else:
+                self.dead(name)
+        if s.runs or s.terminal:
+            return
         if s.unhandled:
             s.status = "failed"
             first = s.unhandled[0]

@@ -22,6 +22,7 @@ from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.model import Step, Task, Then
 from noetl_stream.dsl.policy import backoff_delay, decide
 from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.kv.keychain import redact, secret_strings
 
 DEFAULT_MAX_TASK_RUNS = 10_000
 
@@ -82,6 +83,7 @@ async def run_pipeline(
     scope["ctx"] = ctx
     out = PipelineResult(status="ok", iter=iter_scope)
     prev: Any = None
+    secrets: set[str] = set()
     pc = 0
     attempt = 1
     resources: dict[str, Any] = {}
@@ -108,26 +110,32 @@ async def run_pipeline(
             outcome = await _run_task(inp, task, spec, scope, attempt, prev, resources)
             where = f"step '{step.name}' task '{task.name}' spec.policy"
             scope["outcome"] = outcome.as_scope()
+            delay = 0.0
             try:
                 then, rule = decide(task.policy, outcome.status, scope, where)
                 patches = _render_patches(then, scope, where)
+                if then.do == "retry":
+                    delay = _delay(then, attempt, scope, where)  # may read outcome (e.g. Retry-After)
             except RenderError as exc:
                 then, rule, patches = Then(do="fail"), None, (None, None)
                 outcome = Outcome.fail("template_error", str(exc))
             scope.pop("outcome", None)
+            if outcome.secret:
+                secrets |= secret_strings(outcome.result)
             if on_task is not None:
+                payload: dict[str, Any] = {
+                    "status": outcome.status,
+                    "result": "***" if outcome.secret else outcome.result,
+                    "error": outcome.error,
+                    "do": then.do,
+                    "rule": rule,
+                }
                 on_task(
                     "task.done",
                     task,
                     out.task_runs,
                     attempt,
-                    {
-                        "status": outcome.status,
-                        "result": outcome.result,
-                        "error": outcome.error,
-                        "do": then.do,
-                        "rule": rule,
-                    },
+                    redact(payload, secrets) if secrets else payload,
                 )
             set_iter, set_ctx = patches
             if set_iter:
@@ -150,7 +158,6 @@ async def run_pipeline(
             if do == "retry":
                 limit = then.attempts if then.attempts is not None else 3
                 if attempt < limit:
-                    delay = _delay(then, attempt, scope, where)
                     if delay > 0:
                         await sleep(delay)
                     attempt += 1
@@ -183,6 +190,11 @@ async def run_pipeline(
                 )
                 break
         out.result = prev
+        if secrets:  # a secret read by a task never leaves the pipeline in what it reports
+            out.result = redact(out.result, secrets)
+            out.error = redact(out.error, secrets)
+            out.ctx_patches = redact(out.ctx_patches, secrets)
+            out.iter = redact(out.iter, secrets)
         return out
     finally:
         close_resources(resources)

@@ -63,10 +63,24 @@ def build_graph(playbook: Playbook) -> Graph:
                 stack.pop()
 
     successors = {n: tuple(t for t in ts if (n, t) not in back) for n, ts in arcs.items()}
+    reachable = _reachable(arcs, "start") if "start" in steps else set(steps)
     preds: dict[str, list[str]] = {n: [] for n in steps}
     for n, ts in successors.items():
+        if n not in reachable:
+            continue  # a step no token can reach never resolves: it must not hold a join back
         for t in ts:
             preds[t].append(n)
     predecessors = {n: tuple(p) for n, p in preds.items()}
     joins = frozenset(n for n, p in predecessors.items() if len(p) > 1)
     return Graph(successors=successors, predecessors=predecessors, back_edges=frozenset(back), joins=joins)
+
+
+def _reachable(arcs: dict[str, list[str]], root: str) -> set[str]:
+    seen = {root}
+    todo = [root]
+    while todo:
+        for t in arcs.get(todo.pop(), []):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen

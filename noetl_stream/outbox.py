@@ -60,9 +60,11 @@ class Outbox:
             futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
         for subject, data, msg_id in commands:
             futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
-        if not futures:
-            return
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+        first_error: BaseException | None = None
+        for fut in futures:  # all were sent already: awaiting them one by one costs no extra round trip
+            try:
+                await fut
+            except Exception as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error

@@ -54,18 +54,24 @@ class PipelineInput:
     """``<step_run_id>[.<iteration>]``: makes ids minted by tools (child executions) deterministic."""
     workbook: dict[str, Task] = field(default_factory=dict)
     attachments: dict[str, str] = field(default_factory=dict)
+    spec_cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Effective task specs, computed once per command (shared by the iterations of a local loop)."""
 
 
 def _task_spec(inp: PipelineInput, task: Task) -> dict[str, Any]:
+    cached = inp.spec_cache.get(task.name)
+    if cached is not None:
+        return cached
     info = kind_info(task.kind)
     step = inp.step
-    return merge_layers(
+    spec = inp.spec_cache[task.name] = merge_layers(
         info.defaults if info else None,
         inp.executor_spec,
         step.spec,
         step.loop.raw_spec if step.loop else None,
         task.spec,
     )
+    return spec
 
 
 async def run_pipeline(

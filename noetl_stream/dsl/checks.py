@@ -38,6 +38,20 @@ def check_graph(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
             )
 
 
+def check_names(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
+    """Warn when a step is named like a workload key: the bare name would change meaning mid-run."""
+    raw = data.get("workflow") or []
+    for i, item in enumerate(raw):
+        name = item.get("step") if isinstance(item, dict) else None
+        if isinstance(name, str) and name in playbook.workload:
+            c.warn(
+                ("workflow", i, "step"),
+                f"step '{name}' has the name of a workload key: a bare '{{{{ {name} }}}}' reads the "
+                f"workload value until the step has run and its result after; rename one of them",
+                code="shadowed-name",
+            )
+
+
 def _strings(node: Any, path: Path) -> Iterator[tuple[Path, str]]:
     if isinstance(node, str):
         if has_template(node):

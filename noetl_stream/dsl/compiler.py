@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from noetl_stream.dsl import vocabulary as V
-from noetl_stream.dsl.checks import check_graph, check_templates
+from noetl_stream.dsl.checks import check_graph, check_names, check_templates
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
 from noetl_stream.dsl.model import Executor, KeychainEntry, Metadata, Playbook, Step, Task
 from noetl_stream.dsl.source import SourceMap, load_yaml
@@ -137,6 +137,7 @@ class Compiler:
             file=self.smap.file,
         )
         check_graph(self, playbook, data)
+        check_names(self, playbook, data)
         check_templates(self, playbook, data)
         return playbook
 

@@ -18,7 +18,7 @@ from typing import Any
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.kinds import COMMON_TASK_KEYS, kind_info, known_kinds
 
-SCHEMA_ID = "https://noetl.io/schemas/playbook.v2.schema.json"
+SCHEMA_ID = "https://noetl.io/schemas/noetl-stream/playbook.schema.json"
 IDENTIFIER = "^[A-Za-z_][A-Za-z0-9_]*$"
 TEMPLATE = r"\{\{|\{%"
 
@@ -30,7 +30,7 @@ def _ref(name: str) -> Schema:
 
 
 def _obj(
-    properties: dict[str, Schema],
+    properties: dict[str, Any],
     *,
     required: tuple[str, ...] = (),
     closed: bool = True,

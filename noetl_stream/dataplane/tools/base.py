@@ -74,7 +74,6 @@ class ToolContext:
     """``<step_run_id>[.<iteration>]`` of the pipeline run."""
     attachments: dict[str, str] = field(default_factory=dict)
     """Child playbook texts by path, shipped with the command."""
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def credential(self, name: str) -> dict[str, Any]:
         """The keychain entry ``name`` (raises ``KeyError`` when there is none)."""

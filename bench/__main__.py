@@ -39,7 +39,10 @@ async def measure(url: str, quick: bool, repeat: int) -> dict[str, Any]:
             add("raw_seq_steps_per_s", await raw.raw_seq_steps_per_s(url, steps=int(600 * scale) or 50))
             add("seq_steps_per_s", await runtime.seq_steps_per_s(rt, 100))
             _say(f"round {i + 1}/{repeat}: 100 concurrent chains (raw, runtime) ...")
-            add("raw_concurrent_steps_per_s", await raw.raw_concurrent_steps_per_s(url, 100, int(40 * scale) or 5))
+            add(
+                "raw_concurrent_steps_per_s",
+                await raw.raw_concurrent_steps_per_s(url, 100, int(40 * scale) or 5),
+            )
             add("concurrent_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, 10))
         _say(f"{items}-item parallel loops, max_in_flight 100 (local, distributed) ...")
         add("loop_local_iters_per_s", await runtime.loop_iters_per_s(rt, items, "local"))

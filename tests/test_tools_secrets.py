@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import pytest
 from helpers import playbook, run
 
 from noetl_stream.dataplane.tools import TOOLS

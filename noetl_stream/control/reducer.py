@@ -320,7 +320,9 @@ class _Run:
     def schedule(self, name: str, args: dict[str, Any], cause: dict[str, Any] | None) -> None:
         step = self.plan.steps[name]
         run_id = self.new_run_id(name)
-        needs_scope = step.admit is not None or (step.loop is not None and step.loop.spec.exec == "distributed")
+        needs_scope = step.admit is not None or (
+            step.loop is not None and step.loop.spec.exec == "distributed"
+        )
         scope = self.scope(args, cause) if needs_scope else {}
         try:
             allowed = admit(step.admit, scope, f"step '{name}' spec.policy")

@@ -39,13 +39,33 @@ prefix_option = click.option(
 )
 
 
+TOPOLOGY_ENV = {
+    "NOETL_COMMAND_ACK_WAIT_S": ("command_ack_wait_s", float),
+    "NOETL_COMMAND_MAX_DELIVER": ("command_max_deliver", int),
+    "NOETL_REPLICAS": ("replicas", int),
+    "NOETL_STORAGE": ("storage", str),
+    "NOETL_EVENTS_MAX_AGE_S": ("events_max_age_s", float),
+}
+
+
 def _topology(prefix: str) -> Topology:
+    """The installation's names and JetStream settings: ``--prefix`` plus the ``NOETL_*`` variables above."""
+    import os
+
     from noetl_stream.subjects import TopologyError
 
+    settings: dict[str, Any] = {}
+    for env, (field, cast) in TOPOLOGY_ENV.items():
+        raw = os.environ.get(env)
+        if raw:
+            try:
+                settings[field] = cast(raw)
+            except ValueError:
+                raise click.BadParameter(f"{env}={raw!r} is not a valid {cast.__name__}") from None
     try:
-        return Topology(prefix=prefix)
-    except TopologyError as exc:
-        raise click.BadParameter(str(exc), param_hint="--prefix") from None
+        return Topology(prefix=prefix, **settings)
+    except (TopologyError, TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--prefix / NOETL_* settings") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

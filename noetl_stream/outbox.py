@@ -45,6 +45,14 @@ class Outbox:
         subject = self.topology.command_subject(command.pool, command.execution_id)
         self._commands.append((subject, encode(command), command.command_id))
 
+    async def send_now(self, event: Event, data: bytes | None = None) -> None:
+        """Publish one event at once, without waiting for its ack (progress that should not wait for
+        the next flush; the flush's acked last event confirms it)."""
+        subject = self.topology.event_subject(event.execution_id, event.name)
+        await self.nc.publish(
+            subject, data if data is not None else encode(event), headers={MSG_ID: event.event_id}
+        )
+
     def __len__(self) -> int:
         return len(self._events) + len(self._commands)
 

@@ -152,6 +152,20 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.prefix}.cmd.{check_pool(pool)}.>"
 
     @property
+    def advisories_stream(self) -> str:
+        """Captures JetStream's max-deliveries advisories for the commands stream (poison commands)."""
+        return f"{self._stream_prefix}_ADVISORIES"
+
+    @property
+    def max_deliveries_subject(self) -> str:
+        """``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.NOETL_COMMANDS.>``: a command given up on."""
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.commands_stream}.>"
+
+    @property
+    def controller_advisories_consumer(self) -> str:
+        return "controller-advisories"
+
+    @property
     def request_subject(self) -> str:
         """Durable fire-and-forget execution requests: ``noetl.exec.request``."""
         return f"{self.prefix}.exec.request"

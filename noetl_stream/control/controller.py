@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.control.intake import Intake
+from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import Effects, PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.history import read_events
@@ -56,6 +57,7 @@ class Controller:
         self._snapshots: SnapshotStore[ExecutionState] | None = None
         self._puller: ContinuousPuller | None = None
         self.intake = Intake(nc, topology)
+        self.poison = PoisonHandler(nc, topology)
         self._stopped = asyncio.Event()
 
     async def __aenter__(self) -> Controller:
@@ -78,6 +80,7 @@ class Controller:
         )
         await self._puller.start()
         await self.intake.start()
+        await self.poison.start()
         log.info("controller.started", prefix=self.topology.prefix)
 
     async def run(self) -> None:
@@ -86,6 +89,7 @@ class Controller:
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
         await self.intake.stop()
+        await self.poison.stop()
         if self._puller is not None:
             await self._puller.stop(timeout=grace_s)
             self._puller = None

@@ -9,13 +9,21 @@ them all and reports ``{total, done, failed}``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from noetl_stream.dataplane.pipeline import PipelineInput, PipelineResult, TaskEvent, run_pipeline
 
-IterationEvent = Callable[[str, int, dict[str, Any]], None]
+IterationEvent = Callable[[str, int, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class Completed:
+    """An iteration finished by an earlier delivery of the same command (read back from its events)."""
+
+    result: Any = None
+    ctx_patches: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -51,7 +59,9 @@ async def run_local_loop(
     fail_fast: bool,
     on_iteration: IterationEvent | None = None,
     on_task: Callable[[int], TaskEvent | None] | None = None,
+    completed: dict[int, Completed] | None = None,
 ) -> LoopResult:
+    """Run the iterations; those in ``completed`` (a resumed command) are not run again."""
     loop = base.step.loop
     assert loop is not None
     total = len(items)
@@ -66,7 +76,7 @@ async def run_local_loop(
                 out.stopped = True
                 return
             if on_iteration is not None:
-                on_iteration("loop.iteration.started", index, {})
+                await on_iteration("loop.iteration.started", index, {})
             scope = dict(base.scope)
             scope["ctx"] = ctx if not parallel else scope.get("ctx") or {}
             inp = replace(
@@ -85,18 +95,29 @@ async def run_local_loop(
                 out.done += 1
                 out.results[index] = res.result
                 if on_iteration is not None:
-                    on_iteration("loop.iteration.done", index, {"result": res.result})
+                    payload: dict[str, Any] = {"result": res.result}
+                    if res.ctx_patches:
+                        payload["ctx_patches"] = res.ctx_patches
+                    await on_iteration("loop.iteration.done", index, payload)
             else:
                 out.failed += 1
                 out.errors[index] = res.error or {"kind": "error"}
                 if on_iteration is not None:
-                    on_iteration("loop.iteration.failed", index, {"error": res.error})
+                    await on_iteration("loop.iteration.failed", index, {"error": res.error})
         finally:
             sem.release()
 
     tasks: set[asyncio.Task[None]] = set()
     try:
         for index in range(total):
+            done_before = completed.get(index) if completed else None
+            if done_before is not None:
+                out.done += 1
+                out.results[index] = done_before.result
+                for patch in done_before.ctx_patches:
+                    ctx.update(patch)
+                out.ctx_patches.extend(done_before.ctx_patches)
+                continue
             await sem.acquire()
             if fail_fast and out.errors:
                 sem.release()

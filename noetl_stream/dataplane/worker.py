@@ -23,12 +23,13 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
-from noetl_stream.dataplane.loops import LoopResult, run_local_loop
+from noetl_stream.dataplane.loops import Completed, LoopResult, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.kv.history import read_events
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
@@ -119,7 +120,7 @@ class Worker:
             await msg.term()
             return
         outbox = Outbox(self.js, self.topology)
-        run = _CommandRun(self, cmd, outbox)
+        run = _CommandRun(self, cmd, outbox, redelivered=msg.metadata.num_delivered > 1)
         await self._supervise(msg, run)
         await run.publish_pending()
         await msg.ack()
@@ -161,10 +162,11 @@ class Worker:
 
 
 class _CommandRun:
-    def __init__(self, worker: Worker, cmd: Command, outbox: Outbox) -> None:
+    def __init__(self, worker: Worker, cmd: Command, outbox: Outbox, redelivered: bool = False) -> None:
         self.worker = worker
         self.cmd = cmd
         self.outbox = outbox
+        self.redelivered = redelivered
         self.pending: list[Event] = []
         self.finished = False
         self.wake: asyncio.Event | None = None
@@ -198,6 +200,26 @@ class _CommandRun:
                 worker=self.worker.name,
             )
         )
+
+    async def send_pending_now(self) -> None:
+        pending, self.pending = self.pending, []
+        for ev in pending:
+            fitted, data = _fit(ev)
+            await self.outbox.send_now(fitted, data)
+
+    async def completed_iterations(self) -> dict[int, Completed]:
+        """Iterations of this loop run that an earlier delivery finished (from the events stream)."""
+        cmd = self.cmd
+        done: dict[int, Completed] = {}
+        async for _, ev in read_events(
+            self.worker.js, self.worker.topology, cmd.execution_id, names=(E.LOOP_ITERATION_DONE,)
+        ):
+            index = ev.payload.get("index")
+            if ev.step_run_id == cmd.step_run_id and isinstance(index, int):
+                done[index] = Completed(ev.payload.get("result"), list(ev.payload.get("ctx_patches") or []))
+        if done:
+            self.worker._log.info("worker.loop_resumed", step_run_id=cmd.step_run_id, completed=len(done))
+        return done
 
     async def publish_pending(self) -> None:
         pending, self.pending = self.pending, []
@@ -336,12 +358,17 @@ class _CommandRun:
             )
             return
 
-        def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
+        async def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
             sid = f"{run_id}.{index}"
             status = {"loop.iteration.started": "in_progress", "loop.iteration.done": "success"}.get(
                 name, "error"
             )
             self.event(name, "loop", sid, status, sid, {"index": index, **payload})
+            if name == E.LOOP_ITERATION_DONE:
+                # Recorded at once: a redelivered command skips the iterations its events show as done.
+                await self.send_pending_now()
+
+        completed = await self.completed_iterations() if self.redelivered else None
 
         res: LoopResult = await run_local_loop(
             base,
@@ -351,6 +378,7 @@ class _CommandRun:
             fail_fast=step.failure_mode == "fail_fast",
             on_iteration=on_iteration,
             on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
+            completed=completed,
         )
         summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
         if res.failed and step.failure_mode == "fail_fast":

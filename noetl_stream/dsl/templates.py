@@ -16,11 +16,10 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from jinja2 import ChainableUndefined, TemplateSyntaxError, nodes
 from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
-from jinja2.meta import find_undeclared_variables
 from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -151,21 +150,49 @@ def compile_template(source: str) -> Compiled:
     return Compiled(source)
 
 
+class TemplateInfo(NamedTuple):
+    """What the static checks need from a template: its syntax problem, or the names it reads."""
+
+    problem: TemplateSyntaxProblem | None
+    names: frozenset[str]
+
+
+@functools.lru_cache(maxsize=8192)
+def analyze(source: str) -> TemplateInfo:
+    """Parse (not compile) a template once: syntax, unknown filters/tests, the top-level names read.
+
+    Parsing is a fraction of Jinja's compile-to-Python cost, so the compiler checks every template
+    of a playbook this way and leaves compiling to the first render.
+    """
+    try:
+        ast = ENV.parse(source)
+    except TemplateSyntaxError as exc:
+        return TemplateInfo(
+            TemplateSyntaxProblem(exc.message or "syntax error", exc.lineno or 1), frozenset()
+        )
+    loads: set[str] = set()
+    stores: set[str] = set()
+    for node in ast.find_all((nodes.Name, nodes.Filter, nodes.Test, nodes.For)):
+        if isinstance(node, nodes.Name):
+            (loads if node.ctx == "load" else stores).add(node.name)
+        elif isinstance(node, nodes.For):
+            stores.add("loop")
+        elif isinstance(node, (nodes.Filter, nodes.Test)):
+            filter_ = isinstance(node, nodes.Filter)
+            if node.name not in (ENV.filters if filter_ else ENV.tests):
+                what = "filter" if filter_ else "test"
+                problem = TemplateSyntaxProblem(f"no {what} named '{node.name}'", node.lineno)
+                return TemplateInfo(problem, frozenset())
+    return TemplateInfo(None, frozenset(loads - stores))
+
+
 def check_syntax(source: str) -> TemplateSyntaxProblem | None:
-    try:
-        compile_template(source)
-    except TemplateSyntaxProblem as exc:
-        return exc
-    return None
+    return analyze(source).problem
 
 
-def undeclared_names(source: str) -> set[str]:
-    """Top-level names a template reads (for static checks)."""
-    try:
-        ast: nodes.Template = ENV.parse(source)
-    except TemplateSyntaxError:
-        return set()
-    return set(find_undeclared_variables(ast))
+def undeclared_names(source: str) -> frozenset[str]:
+    """Top-level names a template reads (for static checks); empty when it does not parse."""
+    return analyze(source).names
 
 
 def render_value(value: Any, scope: Mapping[str, Any], where: str = "", _depth: int = 0) -> Any:

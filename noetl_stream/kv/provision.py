@@ -97,6 +97,13 @@ def stream_configs(topology: Topology, *, include_buckets: bool = False) -> list
         _stream(
             t, t.requests_stream, "execution requests", t.request_subject, api.RetentionPolicy.WORK_QUEUE
         ),
+        _stream(
+            t,
+            t.advisories_stream,
+            "commands given up after max_deliver (poison commands)",
+            t.max_deliveries_subject,
+            api.RetentionPolicy.WORK_QUEUE,
+        ),
     ]
     if include_buckets:
         out += [_kv_stream(c) for c in kv_configs(t)]
@@ -168,6 +175,19 @@ def consumer_configs(
             ),
         ),
     ]
+    specs.append(
+        ConsumerSpec(
+            t.advisories_stream,
+            _pull_consumer(
+                t.controller_advisories_consumer,
+                "controller: commands that reached max_deliver",
+                filter_subject=t.max_deliveries_subject,
+                ack_wait=t.command_ack_wait_s,
+                max_deliver=-1,
+                max_ack_pending=CONTROLLER_MAX_ACK_PENDING,
+            ),
+        )
+    )
     for pool in dict.fromkeys(check_pool(p) for p in pools):
         specs.append(
             ConsumerSpec(

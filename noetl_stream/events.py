@@ -64,18 +64,29 @@ WORKER_EVENTS: Final = frozenset(
 # Terminal boundary events of a step run: the controller evaluates `next` arcs on these.
 BOUNDARY_EVENTS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE})
 
-# Control-plane commands recorded as events (operator actions), consumed by the controller.
+# Operator actions and timers, recorded as events and consumed by the controller.
 EXECUTION_CANCEL_REQUESTED: Final = "execution.cancel.requested"
+EXECUTION_PAUSE_REQUESTED: Final = "execution.pause.requested"
+EXECUTION_RESUME_REQUESTED: Final = "execution.resume.requested"
+EXECUTION_DEADLINE_EXCEEDED: Final = "execution.deadline.exceeded"
+CONTROL_EVENTS: Final = frozenset(
+    {
+        EXECUTION_CANCEL_REQUESTED,
+        EXECUTION_PAUSE_REQUESTED,
+        EXECUTION_RESUME_REQUESTED,
+        EXECUTION_DEADLINE_EXCEEDED,
+    }
+)
+# What the controller records when it pauses or resumes an execution (informative, not inputs).
+WORKFLOW_PAUSED: Final = "workflow.paused"
+WORKFLOW_RESUMED: Final = "workflow.resumed"
 
 # The events the controller's reducer folds, in stream order: the request, step boundaries
 # (including those the controller writes itself for router steps and distributed loops),
 # distributed-iteration results and operator actions. Replay folds exactly these.
-CONTROLLER_INPUT_EVENTS: Final = BOUNDARY_EVENTS | {
-    EXECUTION_REQUESTED,
-    LOOP_ITERATION_DONE,
-    LOOP_ITERATION_FAILED,
-    EXECUTION_CANCEL_REQUESTED,
-}
+CONTROLLER_INPUT_EVENTS: Final = (
+    BOUNDARY_EVENTS | {EXECUTION_REQUESTED, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED} | CONTROL_EVENTS
+)
 
 # Legacy aliases that arc conditions may test (`event.name == 'call.done'`).
 # Each alias names the canonical boundary events it matches.
@@ -85,4 +96,4 @@ LEGACY_ALIASES: Final = {
     "step.exit": frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE}),
 }
 
-ALL_EVENTS: Final = SERVER_EVENTS | WORKER_EVENTS | {EXECUTION_CANCEL_REQUESTED}
+ALL_EVENTS: Final = SERVER_EVENTS | WORKER_EVENTS | CONTROL_EVENTS | {WORKFLOW_PAUSED, WORKFLOW_RESUMED}

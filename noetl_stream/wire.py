@@ -39,6 +39,8 @@ class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
     """Make this step's result the execution's result (default: the last step that finished)."""
     attachments: dict[str, str] = {}
     """Texts of child playbooks referenced by file path (``kind: playbook`` tasks), by path."""
+    deadline_s: float | None = None
+    """Fail the execution if it has not finished this many seconds after it was requested."""
 
 
 class Event(msgspec.Struct, omit_defaults=True):
@@ -93,6 +95,8 @@ class Command(msgspec.Struct, omit_defaults=True):
     issued_at: str = ""
     workbook: dict[str, Task] = {}
     """The root workbook templates this step's tasks use (``kind: workbook``)."""
+    timeout_s: float | None = None
+    """The step's ``spec.policy.lifecycle.timeout_s``: the worker fails the run when it is exceeded."""
     attachments: dict[str, str] = {}
     """Child playbook texts this step's ``kind: playbook`` tasks run, by path."""
     v: int = WIRE_VERSION

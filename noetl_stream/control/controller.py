@@ -58,6 +58,8 @@ class Controller:
         self._puller: ContinuousPuller | None = None
         self.intake = Intake(nc, topology)
         self.poison = PoisonHandler(nc, topology)
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
 
     async def __aenter__(self) -> Controller:
@@ -81,13 +83,24 @@ class Controller:
         await self._puller.start()
         await self.intake.start()
         await self.poison.start()
+        self._spawn(self._rearm_deadlines())
         log.info("controller.started", prefix=self.topology.prefix)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def run(self) -> None:
         await self.start()
         await self._stopped.wait()
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for task in list(self._background):
+            task.cancel()
         await self.intake.stop()
         await self.poison.stop()
         if self._puller is not None:
@@ -157,6 +170,7 @@ class Controller:
         await outbox.flush()
         if state is not None:
             self._remember(state)
+            self._arm_deadline(state)
             await self._maybe_snapshot(state)
         for msg, _, _ in batch:
             await msg.ack()
@@ -186,6 +200,61 @@ class Controller:
                 )
             )
         return state, fx
+
+    # -- deadlines --------------------------------------------------------------------------------
+    def _arm_deadline(self, state: ExecutionState) -> None:
+        eid = state.execution_id
+        if state.terminal or state.deadline_at is None:
+            timer = self._timers.pop(eid, None)
+            if timer is not None:
+                timer.cancel()
+            return
+        if eid in self._timers:
+            return
+        delay = max(0.0, state.deadline_at - time.time())
+        loop = asyncio.get_running_loop()
+        self._timers[eid] = loop.call_later(delay, self._spawn_deadline, eid, state.deadline_at)
+
+    def _spawn_deadline(self, eid: str, deadline_at: float) -> None:
+        task = asyncio.ensure_future(self._fire_deadline(eid, deadline_at))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _fire_deadline(self, eid: str, deadline_at: float) -> None:
+        """Record ``execution.deadline.exceeded`` (deterministic id: firing twice is deduplicated)."""
+        self._timers.pop(eid, None)
+        state = self.states.get(eid)
+        if state is not None and state.terminal:
+            return
+        ev = Event(
+            event_id=event_id(eid, "execution", E.EXECUTION_DEADLINE_EXCEEDED),
+            execution_id=eid,
+            name=E.EXECUTION_DEADLINE_EXCEEDED,
+            source="server",
+            entity_type="execution",
+            entity_id=eid,
+            status="error",
+            timestamp=now_iso(),
+            payload={"deadline_at": deadline_at},
+        )
+        outbox = Outbox(self.js, self.topology)
+        outbox.event(ev)
+        try:
+            await outbox.flush()
+        except Exception as exc:  # retried when the next event of the execution re-arms the timer
+            log.warning("controller.deadline_publish_failed", execution_id=eid, error=str(exc))
+
+    async def _rearm_deadlines(self) -> None:
+        """After a restart: timers for the non-terminal executions that have a deadline."""
+        assert self._snapshots is not None
+        try:
+            keys = await self._snapshots.kv.keys()
+        except Exception:
+            return
+        for key in keys:
+            state = await self._snapshots.get(key)
+            if state is not None and not state.terminal and state.deadline_at is not None:
+                self._arm_deadline(state)
 
     # -- state ------------------------------------------------------------------------------------
     async def _load(self, execution_id: str, seq: int, new: bool = False) -> ExecutionState | None:

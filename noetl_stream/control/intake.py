@@ -15,6 +15,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service, ServiceConfig
@@ -72,6 +73,33 @@ def parse_request(raw: bytes) -> ExecutionRequest:
     return request
 
 
+CONTROL_ENDPOINTS = {
+    "cancel": E.EXECUTION_CANCEL_REQUESTED,
+    "pause": E.EXECUTION_PAUSE_REQUESTED,
+    "resume": E.EXECUTION_RESUME_REQUESTED,
+}
+
+
+class ControlRequest(msgspec.Struct, forbid_unknown_fields=True):
+    execution_id: str
+    reason: str | None = None
+
+
+def control_event(execution_id: str, name: str, reason: str | None = None) -> Event:
+    """An operator action as an input event for the controller's reducer."""
+    return Event(
+        event_id=event_id(execution_id, f"control-{new_execution_id()}", name),
+        execution_id=check_token(execution_id, "execution id"),
+        name=name,
+        source="server",
+        entity_type="execution",
+        entity_id=execution_id,
+        status="in_progress",
+        timestamp=now_iso(),
+        payload={"reason": reason} if reason else {},
+    )
+
+
 def _claimed_id(raw: bytes) -> str | None:
     """The ``execution_id`` a malformed request asked for, if it is a usable id (so its rejection is
     written where the client looks for it)."""
@@ -120,6 +148,14 @@ class Intake:
                 name="execute", handler=self._on_execute, subject=self.topology.api_subject("execute")
             )
         )
+        for name, event_name in CONTROL_ENDPOINTS.items():
+            await self._service.add_endpoint(
+                EndpointConfig(
+                    name=name,
+                    handler=self._control_handler(event_name),
+                    subject=self.topology.api_subject(name),
+                )
+            )
 
     async def stop(self) -> None:
         if self._service is not None:
@@ -143,6 +179,35 @@ class Intake:
             await req.respond_error("400", error, msgspec.json.encode(body))
         else:
             await req.respond(msgspec.json.encode(body))
+
+    def _control_handler(self, name: str) -> Any:
+        async def handle(req: Request) -> None:
+            try:
+                ctl = msgspec.json.decode(req.data, type=ControlRequest)
+                ev = control_event(ctl.execution_id, name, ctl.reason)
+            except (msgspec.DecodeError, msgspec.ValidationError, SubjectError) as exc:
+                await req.respond_error(
+                    "400", f"bad request: {exc}", msgspec.json.encode({"error": str(exc)})
+                )
+                return
+            if not await self._exists(ctl.execution_id):
+                error = f"no execution {ctl.execution_id}"
+                await req.respond_error("404", error, msgspec.json.encode({"error": error}))
+                return
+            outbox = Outbox(self.js, self.topology)
+            outbox.event(ev)
+            await outbox.flush()
+            await req.respond(msgspec.json.encode({"execution_id": ctl.execution_id, "accepted": name}))
+
+        return handle
+
+    async def _exists(self, execution_id: str) -> bool:
+        subject = self.topology.event_subject(execution_id, E.EXECUTION_REQUESTED)
+        try:
+            await self.js.get_last_msg(self.topology.events_stream, subject)
+        except NotFoundError:
+            return False
+        return True
 
     async def submit(self, raw: bytes, default_id: str) -> tuple[str, str | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error or None)``."""

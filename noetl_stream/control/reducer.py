@@ -8,6 +8,7 @@ publish. Every id it mints is deterministic, so publishing the same effects twic
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,10 @@ class Reducer:
         state.name = plan.playbook.metadata.name
         state.path = plan.playbook.metadata.path
         state.workload = deep_merge(plan.playbook.workload, payload)
+        deadline = request.deadline_s or plan.playbook.executor.spec.get("deadline_s")
+        if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0:
+            state.deadline_s = float(deadline)
+            state.deadline_at = _epoch(event.timestamp) + float(deadline)
         fx.events.append(
             _server_event(
                 state,
@@ -203,6 +208,20 @@ def rejection_events(
     return out
 
 
+def _plain(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A routing event dict as plain data (``event.name`` is a str subclass while routing)."""
+    if value is None:
+        return None
+    return {k: (str(v) if k == "name" else v) for k, v in value.items()}
+
+
+def _epoch(timestamp: str) -> float:
+    try:
+        return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def _server_event(
     state: ExecutionState,
     name: str,
@@ -246,7 +265,22 @@ class _Run:
         elif event.name in (E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED):
             self.on_iteration(event)
         elif event.name == E.EXECUTION_CANCEL_REQUESTED:
-            self.cancel(event)
+            self.stop(
+                "cancelled", {"kind": "cancelled", "message": str(event.payload.get("reason") or "cancelled")}
+            )
+        elif event.name == E.EXECUTION_DEADLINE_EXCEEDED:
+            self.stop(
+                "failed",
+                {
+                    "kind": "deadline_exceeded",
+                    "message": "the execution did not finish before its "
+                    f"deadline ({self.state.deadline_s} s)",
+                },
+            )
+        elif event.name == E.EXECUTION_PAUSE_REQUESTED:
+            self.pause(event)
+        elif event.name == E.EXECUTION_RESUME_REQUESTED:
+            self.resume(event)
         self.check_complete()
 
     def emit(
@@ -318,6 +352,9 @@ class _Run:
             self.deliver(succ, pred=step, taken=False, args={}, cause=None)
 
     def schedule(self, name: str, args: dict[str, Any], cause: dict[str, Any] | None) -> None:
+        if self.state.paused:
+            self.state.deferred.append({"step": name, "args": args, "cause": _plain(cause)})
+            return
         step = self.plan.steps[name]
         run_id = self.new_run_id(name)
         needs_scope = step.admit is not None or (
@@ -402,6 +439,7 @@ class _Run:
             trace_id=s.trace_id,
             issued_at=now_iso(),
             workbook={n: self.plan.playbook.workbook[n] for n in self.plan.workbook_refs.get(step.name, ())},
+            timeout_s=step.timeout_s,
             attachments=s.attachments if self.plan.playbook_refs.get(step.name) else {},
         )
 
@@ -617,9 +655,29 @@ class _Run:
         )
 
     # -- completion -------------------------------------------------------------------------------
-    def cancel(self, event: Event) -> None:
-        self.state.status = "cancelled"
-        self.state.error = {"kind": "cancelled", "message": str(event.payload.get("reason") or "cancelled")}
+    def pause(self, event: Event) -> None:
+        """Schedule nothing new: tokens wait in ``deferred``; running steps finish and are routed."""
+        if not self.state.paused:
+            self.state.paused = True
+            self.emit(E.WORKFLOW_PAUSED, "workflow", self.state.path, "in_progress", event.event_id, {})
+
+    def resume(self, event: Event) -> None:
+        if not self.state.paused:
+            return
+        self.state.paused = False
+        self.emit(E.WORKFLOW_RESUMED, "workflow", self.state.path, "in_progress", event.event_id, {})
+        deferred, self.state.deferred = self.state.deferred, []
+        for token in deferred:
+            self.schedule(token["step"], token.get("args") or {}, token.get("cause"))
+
+    def stop(self, status: str, error: dict[str, Any]) -> None:
+        """End the execution now (cancel, deadline). Workers stop what still runs for it when they see
+        ``workflow.finished``; boundaries that arrive later are ignored."""
+        if self.state.terminal:
+            return
+        self.state.status = status  # type: ignore[assignment]
+        self.state.error = error
+        self.state.deferred = []
         self.finish()
 
     def fail_execution(self, error: dict[str, Any]) -> None:
@@ -627,7 +685,7 @@ class _Run:
 
     def check_complete(self) -> None:
         s = self.state
-        if s.terminal or s.runs:
+        if s.terminal or s.runs or s.deferred:
             return
         # Nothing runs, so predecessors a join still waits for can no longer arrive (a path the
         # graph analysis could not rule out): a join holding a token runs now, the others are dead.

@@ -64,6 +64,12 @@ class ExecutionState(msgspec.Struct):
     trace_id: str | None = None
     return_step: str | None = None
     attachments: dict[str, str] = {}
+    paused: bool = False
+    deferred: list[dict[str, Any]] = []
+    """Tokens that arrived while paused: ``{step, args}``, scheduled on resume."""
+    deadline_s: float | None = None
+    deadline_at: float | None = None
+    """Epoch seconds after which the execution fails with ``deadline_exceeded``."""
 
     @property
     def terminal(self) -> bool:

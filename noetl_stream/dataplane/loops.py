@@ -119,7 +119,7 @@ async def run_local_loop(
                 out.ctx_patches.extend(done_before.ctx_patches)
                 continue
             await sem.acquire()
-            if fail_fast and out.errors:
+            if (fail_fast and out.errors) or (base.stop_check is not None and base.stop_check() is not None):
                 sem.release()
                 out.stopped = True
                 break

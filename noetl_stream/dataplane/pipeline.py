@@ -55,6 +55,8 @@ class PipelineInput:
     workbook: dict[str, Task] = field(default_factory=dict)
     attachments: dict[str, str] = field(default_factory=dict)
     spec_cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stop_check: Callable[[], str | None] | None = None
+    """Returns a reason when the execution has ended and the pipeline should stop (checked between tasks)."""
     """Effective task specs, computed once per command (shared by the iterations of a local loop)."""
 
 
@@ -97,6 +99,11 @@ async def run_pipeline(
     try:
         while pc < len(tasks):
             task = tasks[pc]
+            reason = inp.stop_check() if inp.stop_check is not None else None
+            if reason is not None:  # the execution ended (cancelled, failed, deadline): stop between tasks
+                out.status = "error"
+                out.error = {"kind": "cancelled", "retryable": False, "message": reason}
+                break
             out.task_runs += 1
             if out.task_runs > max_runs:
                 out.status = "error"

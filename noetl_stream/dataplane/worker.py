@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -33,7 +34,7 @@ from noetl_stream.kv.history import read_events
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command, Event, decode_command, encode, event_id, now_iso
+from noetl_stream.wire import Command, Event, decode_command, decode_event, encode, event_id, now_iso
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +65,9 @@ class Worker:
         self.task_events = task_events
         self.services = services or WorkerServices()
         self._puller: ContinuousPuller | None = None
+        self._ended_sub: Any = None
+        self.ended: OrderedDict[str, str] = OrderedDict()
+        """Executions that ended (cancelled, failed, deadline) while commands of theirs may run here."""
         self._stopped = asyncio.Event()
         self._log = log.bind(worker=self.name, pool=pool)
 
@@ -85,6 +89,8 @@ class Worker:
             max_concurrency=self.concurrency,
             error_nak_delay_s=1.0,
         )
+        subject = self.topology.event_subject("x", E.WORKFLOW_FINISHED).replace(".x.", ".*.", 1)
+        self._ended_sub = await self.nc.subscribe(subject, cb=self._on_finished)
         await self._puller.start()
         if self.services.children is None:
             self.services.children = ChildRunner(self.nc, self.topology, release_slot=self._release_slot)
@@ -99,6 +105,19 @@ class Worker:
         async with puller.released_slot():
             yield
 
+    async def _on_finished(self, msg: Msg) -> None:
+        """An execution ended: its running pipelines stop at their next task boundary."""
+        try:
+            ev = decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        status = ev.payload.get("status")
+        if status == "success":
+            return
+        self.ended[ev.execution_id] = f"the execution ended ({status}) while this step was running"
+        while len(self.ended) > 10_000:
+            self.ended.popitem(last=False)
+
     async def run(self) -> None:
         await self.start()
         await self._stopped.wait()
@@ -108,6 +127,10 @@ class Worker:
         if self._puller is not None:
             await self._puller.stop(timeout=grace_s)
             self._puller = None
+        if self._ended_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._ended_sub.unsubscribe()
+            self._ended_sub = None
         await self.services.close()
         self._stopped.set()
 
@@ -252,6 +275,36 @@ class _CommandRun:
         return on_task
 
     async def execute(self) -> None:
+        """Run the command under its step's ``lifecycle.timeout_s`` (if any)."""
+        cmd = self.cmd
+        timeout = cmd.timeout_s
+        if timeout is None or timeout <= 0:
+            await self.run()
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self.run()
+        except TimeoutError:
+            error = {
+                "kind": "timeout",
+                "retryable": False,
+                "message": f"step '{cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
+            }
+            run_id = cmd.step_run_id
+            if cmd.iteration is not None:
+                sid = f"{run_id}.{cmd.iteration.index}"
+                self.event(
+                    E.LOOP_ITERATION_FAILED,
+                    "loop",
+                    sid,
+                    "error",
+                    sid,
+                    {"index": cmd.iteration.index, "error": error},
+                )
+            else:
+                self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": error})
+
+    async def run(self) -> None:
         cmd = self.cmd
         step = cmd.step_def
         scope = build_scope(
@@ -270,6 +323,7 @@ class _CommandRun:
             scope_id=cmd.step_run_id,
             workbook=cmd.workbook,
             attachments=cmd.attachments,
+            stop_check=lambda: self.worker.ended.get(cmd.execution_id),
         )
         run_id = cmd.step_run_id
         if cmd.iteration is not None:

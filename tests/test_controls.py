@@ -1,0 +1,151 @@
+"""Operator controls end to end: cancel, pause/resume, execution deadlines, step timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+from helpers import playbook
+
+from noetl_stream import events as E
+from noetl_stream.client import follow, request_for, submit
+from noetl_stream.kv.history import read_events
+from noetl_stream.local import Runtime
+from noetl_stream.wire import Event
+
+
+async def _request(rt: Runtime, action: str, body: dict[str, object]) -> tuple[dict[str, object], str | None]:
+    msg = await rt.nc.request(rt.topology.api_subject(action), msgspec.json.encode(body), timeout=10)
+    error = msg.headers.get("Nats-Service-Error") if msg.headers else None
+    return msgspec.json.decode(msg.data), error
+
+
+async def _wait_for(rt: Runtime, execution_id: str, name: str, timeout: float = 15.0) -> Event:
+    async with asyncio.timeout(timeout):
+        while True:
+            async for _, ev in read_events(rt.nc.jetstream(), rt.topology, execution_id, names=(name,)):
+                return ev
+            await asyncio.sleep(0.05)
+
+
+SLOW_STEPS = """
+- step: start
+  tool:
+    - name: one
+      kind: python
+      args: {mark: "{{ workload.mark }}"}
+      code: |
+        import time
+        open(mark, "a").write("one\\n")
+        time.sleep(0.6)
+    - name: two
+      kind: python
+      args: {mark: "{{ workload.mark }}"}
+      code: |
+        open(mark, "a").write("two\\n")
+  next:
+    arcs: [{step: after}]
+- step: after
+  tool:
+    kind: python
+    args: {mark: "{{ workload.mark }}"}
+    code: |
+      open(mark, "a").write("after\\n")
+"""
+
+
+async def test_cancel_stops_the_running_step_at_its_next_task_and_schedules_nothing(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    mark = tmp_path / "mark.txt"
+    text = playbook(SLOW_STEPS, workload={"mark": str(mark)})
+    execution_id = await submit(runtime.nc, runtime.topology, request_for(text, "slow.yaml"))
+    await _wait_for(runtime, execution_id, E.TASK_STARTED)
+    reply, error = await _request(runtime, "cancel", {"execution_id": execution_id, "reason": "operator"})
+    assert error is None and reply["execution_id"] == execution_id
+    summary = await follow(runtime.nc, runtime.topology, execution_id, timeout=15)
+    assert summary.status == "cancelled"
+    assert summary.error == {"kind": "cancelled", "message": "operator"}
+    await asyncio.sleep(1.0)  # the running task finishes its sleep; task `two` must not start
+    assert mark.read_text().split() == ["one"]
+
+
+async def test_cancel_of_an_unknown_execution_is_a_404(runtime: Runtime) -> None:
+    reply, error = await _request(runtime, "cancel", {"execution_id": "no-such-run"})
+    assert error is not None and "no execution no-such-run" in error
+    _, error = await _request(runtime, "cancel", {"execution": "x"})
+    assert error is not None and error.startswith("bad request")
+
+
+async def test_pause_defers_new_steps_and_resume_continues_where_it_was(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    mark = tmp_path / "mark.txt"
+    text = playbook(SLOW_STEPS, workload={"mark": str(mark)})
+    execution_id = await submit(runtime.nc, runtime.topology, request_for(text, "slow.yaml"))
+    await _wait_for(runtime, execution_id, E.TASK_STARTED)
+    _, error = await _request(runtime, "pause", {"execution_id": execution_id})
+    assert error is None
+    await _wait_for(runtime, execution_id, E.STEP_DONE)  # the running step finishes ...
+    await asyncio.sleep(0.5)
+    assert mark.read_text().split() == ["one", "two"]  # ... but `after` is not scheduled
+    _, error = await _request(runtime, "resume", {"execution_id": execution_id})
+    assert error is None
+    summary = await follow(runtime.nc, runtime.topology, execution_id, timeout=15)
+    assert summary.status == "success"
+    assert mark.read_text().split() == ["one", "two", "after"]
+    names = [
+        ev.name
+        for _, ev in [x async for x in read_events(runtime.nc.jetstream(), runtime.topology, execution_id)]
+    ]
+    assert names.index(E.WORKFLOW_PAUSED) < names.index(E.WORKFLOW_RESUMED)
+
+
+async def test_an_execution_past_its_deadline_fails(runtime: Runtime, tmp_path: Path) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: python
+            code: |
+              import time
+              time.sleep(3)
+        """
+    ).replace("workflow:", "executor: {spec: {deadline_s: 0.5}}\nworkflow:")
+    execution_id = await submit(runtime.nc, runtime.topology, request_for(text, "deadline.yaml"))
+    summary = await follow(runtime.nc, runtime.topology, execution_id, timeout=15)
+    assert summary.status == "failed"
+    assert summary.error is not None and summary.error["kind"] == "deadline_exceeded"
+
+
+async def test_a_step_that_exceeds_its_lifecycle_timeout_fails_with_kind_timeout(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          spec: {policy: {lifecycle: {timeout_s: 0.3}}}
+          tool:
+            kind: noop
+          next:
+            arcs: [{step: slow}]
+        - step: slow
+          spec: {policy: {lifecycle: {timeout_s: 0.3}}}
+          tool:
+            - name: wait
+              kind: python
+              code: |
+                import time
+                time.sleep(0.1)
+            - name: again
+              kind: python
+              code: |
+                import time
+                time.sleep(0.5)
+        """
+    )
+    execution_id = await submit(runtime.nc, runtime.topology, request_for(text, "timeout.yaml"))
+    summary = await follow(runtime.nc, runtime.topology, execution_id, timeout=15)
+    assert summary.status == "failed"
+    assert summary.error is not None and summary.error["kind"] == "timeout"
+    assert summary.error["step"] == "slow"
+    assert summary.steps["start"].status == "done"

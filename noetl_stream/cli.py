@@ -686,3 +686,47 @@ def pause(execution_id: str, nats_url: str, prefix: str) -> None:
 def resume(execution_id: str, nats_url: str, prefix: str) -> None:
     """Resume a paused execution where it was."""
     _control("resume", execution_id, None, nats_url, prefix)
+
+
+@main.command()
+@click.argument("execution_id")
+@click.option(
+    "--from-step",
+    "from_steps",
+    multiple=True,
+    help="Re-run from this step (repeat); default: the failed ones.",
+)
+@click.option("--wait", is_flag=True, help="Follow the new execution and exit like `run`.")
+@click.option("--json", "as_json", is_flag=True)
+@nats_option
+@prefix_option
+def retry(
+    execution_id: str, from_steps: tuple[str, ...], wait: bool, as_json: bool, nats_url: str, prefix: str
+) -> None:
+    """Re-run a failed execution from its failed step(s), reusing the results of what succeeded."""
+    from noetl_stream.client import RetryError, follow, retry_request
+    from noetl_stream.client import submit as do_submit
+    from noetl_stream.natsconn import connect
+
+    topology = _topology(prefix)
+
+    async def go() -> Any:
+        nc = await connect(nats_url, name="noetl-retry", connect_wait_s=10.0, max_reconnect_attempts=0)
+        try:
+            request = await retry_request(nc, topology, execution_id, from_steps)
+            new_id = await do_submit(nc, topology, request)
+            return await follow(nc, topology, new_id) if wait else new_id
+        finally:
+            await nc.close()
+
+    try:
+        out = _run_async(go())
+    except RetryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    if isinstance(out, str):
+        click.echo(msgspec.json.encode({"execution_id": out}).decode() if as_json else out)
+        return
+    summary = msgspec.to_builtins(out)
+    click.echo(msgspec.json.encode(summary).decode())
+    sys.exit(EXIT_OK if summary.get("status") == "success" else EXIT_FAILED)

@@ -204,3 +204,68 @@ class Completions:
         fut = self._waiters.setdefault(execution_id, asyncio.get_running_loop().create_future())
         async with asyncio.timeout(timeout):
             return await fut
+
+
+class RetryError(ValueError):
+    """An execution that cannot be retried as asked."""
+
+
+async def retry_request(
+    nc: NATS, topology: Topology, execution_id: str, from_steps: tuple[str, ...] = ()
+) -> ExecutionRequest:
+    """A request that re-runs a failed execution from its failed steps (or ``from_steps``), reusing the
+    recorded results and ctx of everything that succeeded."""
+    from noetl_stream.control.replay import replay
+    from noetl_stream.kv.history import read_events
+
+    js = nc.jetstream()
+    request_payload: dict[str, Any] | None = None
+    scheduled_args: dict[str, dict[str, Any]] = {}
+    last_args_by_step: dict[str, dict[str, Any]] = {}
+    async for _, ev in read_events(
+        js, topology, execution_id, names=(E.EXECUTION_REQUESTED, E.STEP_SCHEDULED)
+    ):
+        if ev.name == E.EXECUTION_REQUESTED:
+            request_payload = ev.payload.get("request")
+        elif ev.step_run_id and ev.step:
+            args = ev.payload.get("args") or {}
+            scheduled_args[ev.step_run_id] = args
+            last_args_by_step[ev.step] = args
+    if not isinstance(request_payload, dict) or not request_payload.get("playbook"):
+        raise RetryError(f"no request recorded for execution {execution_id}")
+    state = await replay(js, topology, execution_id)
+    if state is None:
+        raise RetryError(f"no execution {execution_id}")
+    if state.status == "running":
+        raise RetryError(f"execution {execution_id} is still running")
+    tokens: list[dict[str, Any]] = []
+    if from_steps:
+        for step in from_steps:
+            tokens.append({"step": step, "args": last_args_by_step.get(step, {})})
+    else:
+        for failure in state.unhandled:
+            failed_step, run_id = failure.get("step"), failure.get("step_run_id")
+            if isinstance(failed_step, str):
+                tokens.append({"step": failed_step, "args": scheduled_args.get(str(run_id), {})})
+    if not tokens:
+        raise RetryError(f"execution {execution_id} has no failed step to retry (name one with --from-step)")
+    results = {k: v for k, v in state.results.items() if k not in {t["step"] for t in tokens}}
+    request = msgspec.convert(
+        {
+            **{
+                k: v
+                for k, v in request_payload.items()
+                if k in ("playbook", "file", "payload", "attachments", "pool", "return_step", "deadline_s")
+            },
+            "execution_id": new_execution_id(),
+            "resume": {
+                "execution_id": execution_id,
+                "tokens": tokens,
+                "results": results,
+                "ctx": state.ctx,
+                "step_status": {k: v for k, v in state.step_status.items() if v == "done"},
+            },
+        },
+        ExecutionRequest,
+    )
+    return request

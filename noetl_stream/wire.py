@@ -22,6 +22,22 @@ Status = Literal["in_progress", "success", "error", "skipped"]
 WIRE_VERSION = 1
 
 
+class ResumeToken(msgspec.Struct, forbid_unknown_fields=True):
+    step: str
+    args: dict[str, Any] = {}
+
+
+class ResumeFrom(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """Start from recorded work of an earlier execution (``noetl-stream retry``): its results and ctx
+    are taken as they were, and only the ``tokens`` run again."""
+
+    execution_id: str
+    tokens: list[ResumeToken]
+    results: dict[str, Any] = {}
+    ctx: dict[str, Any] = {}
+    step_status: dict[str, str] = {}
+
+
 class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     """A request to run a playbook. Give the playbook text (``playbook``) or a catalog ``path``."""
 
@@ -41,6 +57,7 @@ class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
     """Texts of child playbooks referenced by file path (``kind: playbook`` tasks), by path."""
     deadline_s: float | None = None
     """Fail the execution if it has not finished this many seconds after it was requested."""
+    resume: ResumeFrom | None = None
 
 
 class Event(msgspec.Struct, omit_defaults=True):

@@ -157,6 +157,21 @@ class Reducer:
             )
         )
         run = _Run(self, state, plan, fx)
+        resume = raw.get("resume")
+        if isinstance(resume, dict) and resume.get("tokens"):
+            # A retry: the recorded results and ctx stand; only the given steps run again.
+            state.results = dict(resume.get("results") or {})
+            state.ctx = dict(resume.get("ctx") or {})
+            state.step_status = {k: str(v) for k, v in (resume.get("step_status") or {}).items()}
+            for token in resume["tokens"]:
+                if token.get("step") not in plan.steps:
+                    run.fail_execution(
+                        {"kind": "bad_request", "message": f"retry: no step '{token.get('step')}'"}
+                    )
+                    continue
+                run.schedule(token["step"], dict(token.get("args") or {}), None)
+            run.check_complete()
+            return state
         if "start" not in plan.steps:
             run.fail_execution({"kind": "invalid_playbook", "message": "no 'start' step"})
         else:

@@ -1,0 +1,67 @@
+"""`noetl-stream retry`: re-run a failed execution from its failed step, reusing what succeeded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import playbook
+
+from noetl_stream.client import RetryError, follow, request_for, retry_request, submit
+from noetl_stream.local import Runtime
+
+FLAKY = """
+- step: start
+  tool:
+    kind: python
+    args: {mark: "{{ workload.mark }}"}
+    code: |
+      open(mark, "a").write("start\\n")
+      result = 20
+  next:
+    arcs: [{step: compute, args: {base: "{{ start }}"}}]
+- step: compute
+  tool:
+    kind: python
+    args: {base: "{{ args.base }}", flag: "{{ workload.flag }}", mark: "{{ workload.mark }}"}
+    code: |
+      import os
+      open(mark, "a").write("compute\\n")
+      if not os.path.exists(flag):
+          raise RuntimeError("flag missing")
+      result = base + 1
+"""
+
+
+async def test_retry_reruns_only_the_failed_step_with_its_args(runtime: Runtime, tmp_path: Path) -> None:
+    mark, flag = tmp_path / "mark.txt", tmp_path / "flag"
+    text = playbook(FLAKY, workload={"mark": str(mark), "flag": str(flag)})
+    first = await submit(runtime.nc, runtime.topology, request_for(text, "flaky.yaml"))
+    failed = await follow(runtime.nc, runtime.topology, first, timeout=20)
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error["kind"] == "RuntimeError"
+
+    flag.write_text("ok")
+    request = await retry_request(runtime.nc, runtime.topology, first)
+    second = await submit(runtime.nc, runtime.topology, request)
+    summary = await follow(runtime.nc, runtime.topology, second, timeout=20)
+    assert summary.status == "success"
+    assert summary.result == 21  # the args of the failed run (base = start's recorded result)
+    assert mark.read_text().split() == ["start", "compute", "compute"]  # `start` did not run again
+    assert "start" not in summary.steps
+
+
+async def test_retry_refuses_an_execution_without_failures(runtime: Runtime, tmp_path: Path) -> None:
+    text = playbook("- step: start\n  tool: {kind: noop, result: 1}\n")
+    done = await submit(runtime.nc, runtime.topology, request_for(text, "ok.yaml"))
+    assert (await follow(runtime.nc, runtime.topology, done, timeout=20)).status == "success"
+    try:
+        await retry_request(runtime.nc, runtime.topology, done)
+    except RetryError as exc:
+        assert "no failed step" in str(exc)
+    else:
+        raise AssertionError("retry of a successful execution must be refused")
+    request = await retry_request(runtime.nc, runtime.topology, done, ("start",))
+    again = await follow(
+        runtime.nc, runtime.topology, await submit(runtime.nc, runtime.topology, request), timeout=20
+    )
+    assert again.status == "success" and again.result == 1

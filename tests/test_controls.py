@@ -73,6 +73,7 @@ async def test_cancel_stops_the_running_step_at_its_next_task_and_schedules_noth
 
 async def test_cancel_of_an_unknown_execution_is_a_404(runtime: Runtime) -> None:
     reply, error = await _request(runtime, "cancel", {"execution_id": "no-such-run"})
+    assert "error" in reply
     assert error is not None and "no execution no-such-run" in error
     _, error = await _request(runtime, "cancel", {"execution": "x"})
     assert error is not None and error.startswith("bad request")

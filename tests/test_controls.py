@@ -150,3 +150,71 @@ async def test_a_step_that_exceeds_its_lifecycle_timeout_fails_with_kind_timeout
     assert summary.error is not None and summary.error["kind"] == "timeout"
     assert summary.error["step"] == "slow"
     assert summary.steps["start"].status == "done"
+
+
+async def test_cancelling_a_parent_cancels_its_running_child(runtime: Runtime, tmp_path: Path) -> None:
+    child = tmp_path / "child.yaml"
+    child.write_text(
+        playbook(
+            """
+            - step: start
+              tool:
+                - name: nap
+                  kind: python
+                  code: |
+                    import time
+                    time.sleep(0.5)
+                - name: more
+                  kind: python
+                  code: |
+                    import time
+                    time.sleep(0.5)
+            """,
+            name="child",
+        )
+    )
+    parent = tmp_path / "parent.yaml"
+    parent.write_text(
+        playbook(
+            """
+            - step: start
+              tool:
+                kind: playbook
+                path: child.yaml
+            """,
+            name="parent",
+        )
+    )
+    execution_id = await submit(runtime.nc, runtime.topology, request_for(parent.read_text(), str(parent)))
+    started = await _wait_for(runtime, execution_id, E.TASK_STARTED)
+    assert started.step == "start"
+    _, error = await _request(runtime, "cancel", {"execution_id": execution_id})
+    assert error is None
+    assert (await follow(runtime.nc, runtime.topology, execution_id, timeout=15)).status == "cancelled"
+    requested = [ev async for _, ev in _child_requests(runtime, execution_id)]
+    assert len(requested) == 1
+    child_summary = await follow(runtime.nc, runtime.topology, requested[0].execution_id, timeout=15)
+    assert child_summary.status == "cancelled"
+    assert child_summary.error is not None and "parent execution ended" in child_summary.error["message"]
+
+
+async def _child_requests(rt: Runtime, parent_id: str):  # type: ignore[no-untyped-def]
+    """``playbook.execution.requested`` events whose request names ``parent_id`` as parent."""
+    from noetl_stream.wire import decode_event
+
+    sub = await rt.nc.jetstream().subscribe(
+        rt.topology.event_subject("x", E.EXECUTION_REQUESTED).replace(".x.", ".*.", 1),
+        stream=rt.topology.events_stream,
+        ordered_consumer=True,
+    )
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except TimeoutError:
+                return
+            ev = decode_event(msg.data)
+            if (ev.payload.get("request") or {}).get("parent_execution_id") == parent_id:
+                yield 0, ev
+    finally:
+        await sub.unsubscribe()

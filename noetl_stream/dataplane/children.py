@@ -21,7 +21,17 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode
+from noetl_stream.wire import (
+    Event,
+    ExecutionRequest,
+    decode_event,
+    encode,
+    event_id,
+    new_execution_id,
+    now_iso,
+)
+
+STOP_POLL_S = 0.25
 
 
 @contextlib.asynccontextmanager
@@ -41,8 +51,16 @@ class ChildRunner:
         self.topology = topology
         self.release_slot = release_slot or _no_release
 
-    async def run(self, request: ExecutionRequest, timeout: float | None = None) -> Event:
-        """Start the child unless it was already requested; return its ``playbook.processed`` event."""
+    async def run(
+        self,
+        request: ExecutionRequest,
+        timeout: float | None = None,
+        stop_check: Callable[[], str | None] | None = None,
+    ) -> Event:
+        """Start the child unless it was already requested; return its ``playbook.processed`` event.
+
+        If the parent execution ends meanwhile (``stop_check`` gives a reason), the child is cancelled.
+        """
         child_id = request.execution_id
         assert child_id is not None
         done: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
@@ -71,10 +89,33 @@ class ChildRunner:
                     headers={"Nats-Msg-Id": f"request:{child_id}"},
                 )
             async with self.release_slot(), asyncio.timeout(timeout):
-                return await done
+                while True:
+                    try:
+                        return await asyncio.wait_for(asyncio.shield(done), STOP_POLL_S)
+                    except TimeoutError:
+                        reason = stop_check() if stop_check is not None else None
+                        if reason is not None:
+                            await self.cancel(child_id, f"parent execution ended: {reason}")
+                            return await done
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def cancel(self, child_id: str, reason: str) -> None:
+        ev = Event(
+            event_id=event_id(child_id, f"control-{new_execution_id()}", E.EXECUTION_CANCEL_REQUESTED),
+            execution_id=child_id,
+            name=E.EXECUTION_CANCEL_REQUESTED,
+            source="worker",
+            entity_type="execution",
+            entity_id=child_id,
+            status="in_progress",
+            timestamp=now_iso(),
+            payload={"reason": reason},
+        )
+        await self.js.publish(
+            self.topology.event_subject(child_id, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id}
+        )
 
     async def _already_requested(self, child_id: str) -> bool:
         subject = self.topology.event_subject(child_id, E.EXECUTION_REQUESTED)

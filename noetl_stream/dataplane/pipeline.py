@@ -293,6 +293,7 @@ async def _run_task(
                 services=inp.services,
                 scope_id=inp.scope_id,
                 attachments=inp.attachments,
+                stop_check=inp.stop_check,
             )
             timeout = spec.get("timeout_s")
             try:

@@ -64,15 +64,32 @@ def _strings(node: Any, path: Path) -> Iterator[tuple[Path, str]]:
             yield from _strings(v, (*path, i))
 
 
-def _template_position(c: Compiler, path: Path, lineno: int) -> tuple[int, int]:
+def _template_position(c: Compiler, path: Path, template: str, lineno: int) -> tuple[int, int]:
+    """Where line ``lineno`` of a template stands in the file.
+
+    A block scalar (``|``, ``>``) starts on the line after its indicator; a quoted or plain scalar
+    spanning lines is folded by YAML, so the template's line is looked up in the source text.
+    """
     line, col = c.smap.value(path)
-    if lineno <= 1:
+    src = c.smap.lines
+    first = src[line - 1] if 0 < line <= len(src) else ""
+    block = first[col - 1 : col] in ("|", ">")
+    if lineno <= 1 and not block:
         return line, col
-    text = c.smap.lines[line - 1] if 0 < line <= len(c.smap.lines) else ""
-    block = text[col - 1 : col] in ("|", ">")
-    target = line + lineno - (0 if block else 1)
-    indent_line = c.smap.lines[target - 1] if 0 < target <= len(c.smap.lines) else ""
-    return target, len(indent_line) - len(indent_line.lstrip()) + 1
+    parts = template.splitlines()
+    wanted = parts[lineno - 1].strip() if 0 < lineno <= len(parts) else ""
+    start = line + 1 if block else line
+    if wanted:
+        for n in range(start, min(len(src), start + 2 * lineno + 2) + 1):
+            text = src[n - 1]
+            found = text.find(wanted)
+            if found >= 0:
+                return n, found + 1
+            if block and text.strip() and text.strip() in wanted:  # a folded (>) line starts here
+                return n, len(text) - len(text.lstrip()) + 1
+    target = min(max(start + lineno - 1, 1), max(len(src), 1))
+    text = src[target - 1] if 0 < target <= len(src) else ""
+    return target, len(text) - len(text.lstrip()) + 1
 
 
 def _who(path: Path, data: dict[str, Any]) -> str:
@@ -126,7 +143,7 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
             who = _who(path, data)
             problem = check_syntax(text)
             if problem is not None:
-                line, col = _template_position(c, path, problem.lineno)
+                line, col = _template_position(c, path, text, problem.lineno)
                 c.diagnostics.append(
                     Diagnostic(
                         "error",

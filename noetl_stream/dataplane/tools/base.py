@@ -74,6 +74,8 @@ class ToolContext:
     """``<step_run_id>[.<iteration>]`` of the pipeline run."""
     attachments: dict[str, str] = field(default_factory=dict)
     """Child playbook texts by path, shipped with the command."""
+    stop_check: Callable[[], str | None] | None = None
+    """A reason when the execution has ended (tools that wait long should give up then)."""
 
     async def credential(self, name: str) -> dict[str, Any]:
         """The keychain entry ``name`` (raises ``KeyError`` when there is none)."""

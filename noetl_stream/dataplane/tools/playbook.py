@@ -38,7 +38,11 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         attachments=ctx.attachments,
     )
     timeout = ctx.spec.get("child_timeout_s")
-    ev = await runner.run(request, timeout=float(timeout) if isinstance(timeout, (int, float)) else None)
+    ev = await runner.run(
+        request,
+        timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
+        stop_check=ctx.stop_check,
+    )
     status = ev.payload.get("status")
     info = {"execution_id": child_id, "status": status, "path": path}
     if status == "success":

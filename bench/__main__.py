@@ -53,6 +53,25 @@ async def measure(url: str, quick: bool, repeat: int) -> dict[str, Any]:
         add("latency_p99_ms", p99)
     out: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
     out["loop_items"] = items
+    return _ratios(out, samples)
+
+
+async def measure_sync_always(url: str, repeat: int) -> dict[str, Any]:
+    """The cost of durability: the same step figures on a server that fsyncs every write."""
+    samples: dict[str, list[float]] = {}
+    async with local_runtime(url, workers=1, concurrency=128) as rt:
+        for i in range(repeat):
+            _say(f"sync_interval=always, round {i + 1}/{repeat} ...")
+            samples.setdefault("seq_steps_per_s_sync_always", []).append(
+                await runtime.seq_steps_per_s(rt, 100)
+            )
+            samples.setdefault("concurrent_steps_per_s_sync_always", []).append(
+                await runtime.concurrent_steps_per_s(rt, 100, 10)
+            )
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, Any]:
     out["seq_ratio"] = out["seq_steps_per_s"] / out["raw_seq_steps_per_s"]
     out["concurrent_ratio"] = out["concurrent_steps_per_s"] / out["raw_concurrent_steps_per_s"]
     out["samples"] = samples
@@ -69,6 +88,9 @@ def main() -> None:
     t = time.time()
     with EmbeddedNats() as server:
         results = run_event_loop(measure(server.url, args.quick, max(1, args.repeat)))
+    with EmbeddedNats(sync_interval="always") as server:
+        results.update(run_event_loop(measure_sync_always(server.url, max(1, args.repeat))))
+    results["sync_always_seq_cost"] = results["seq_steps_per_s_sync_always"] / results["seq_steps_per_s"]
     results["machine"] = {"python": platform.python_version(), "platform": platform.platform()}
     results["duration_s"] = round(time.time() - t, 1)
     with open(args.out, "w") as f:

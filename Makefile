@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PLAYBOOK ?= playbooks/hello.yaml
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint bench ci clean
+.PHONY: help install run test stress lint bench ci clean
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ run: $(STAMP) ## Run the demo playbook on an embedded NATS server
 
 test: $(STAMP) ## Run the whole test suite
 	$(BIN)/pytest -q
+
+stress: $(STAMP) ## Randomized fault runs (500+ executions, kills): tests marked stress
+	$(BIN)/pytest -q -m stress
 
 lint: $(STAMP) ## ruff + mypy --strict + import boundaries
 	$(BIN)/ruff check noetl_stream tests bench

@@ -41,9 +41,9 @@ class Outbox:
         subject = self.topology.event_subject(event.execution_id, event.name)
         self._events.append((subject, data if data is not None else encode(event), event.event_id))
 
-    def command(self, command: Command) -> None:
+    def command(self, command: Command, data: bytes | None = None) -> None:
         subject = self.topology.command_subject(command.pool, command.execution_id)
-        self._commands.append((subject, encode(command), command.command_id))
+        self._commands.append((subject, data if data is not None else encode(command), command.command_id))
 
     async def send_now(self, event: Event, data: bytes | None = None) -> None:
         """Publish one event at once, without waiting for its ack (progress that should not wait for

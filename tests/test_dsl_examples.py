@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from noetl_stream.dsl import Playbook, compile_playbook
+from noetl_stream.dsl import Playbook, compile_playbook, kinds, known_kinds
+from noetl_stream.dsl.kinds import KindInfo
 
 
 def _examples_dir() -> Path | None:
@@ -317,3 +318,46 @@ def test_legacy_eval_step_inside_a_playbook_is_rejected_at_the_same_lines() -> N
         (36, f"{step} task 'paginate': 'eval' {V10}"),
         (45, f"{step}: 'next' as a list {V10}"),
     ]
+
+
+CUSTOM = (
+    HEADER
+    + """\
+workflow:
+  - step: start
+    tool:
+      - name: anneal
+        kind: quantum
+        qubits: 8
+"""
+)
+
+
+def test_an_unknown_kind_is_accepted_with_the_custom_kinds_extension() -> None:
+    assert [d.code for d in compile_playbook(CUSTOM).errors] == ["unknown-kind"]
+    [task] = compile_clean_with(CUSTOM, extensions=["custom_kinds"]).step("start").tasks
+    assert (task.kind, task.config) == ("quantum", {"qubits": 8})
+    in_the_playbook = CUSTOM.replace(
+        "workflow:\n", "executor:\n  spec:\n    extensions: [custom_kinds]\nworkflow:\n"
+    )
+    assert compile_clean_with(in_the_playbook).step("start").tasks[0].kind == "quantum"
+
+
+def test_a_registered_kind_is_known_with_its_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    info = KindInfo(name="quantum", keys=frozenset({"qubits"}), required_any=(("qubits",),))
+    monkeypatch.setitem(kinds._REGISTRY, "quantum", info)  # what register_kind does, undone afterwards
+    assert "quantum" in known_kinds()
+    assert compile_clean_with(CUSTOM).step("start").tasks[0].config == {"qubits": 8}
+    result = compile_playbook(CUSTOM.replace("qubits: 8", "qbits: 8"), "custom.yaml")
+    assert [d.format() for d in result.errors] == [
+        "custom.yaml:9:9: step 'start' task 'anneal': kind 'quantum' needs 'qubits' (at workflow[0].tool[0])",
+        "custom.yaml:11:9: step 'start' task 'anneal': unknown key 'qbits' for kind 'quantum'; did you mean "
+        "'qubits'? (at workflow[0].tool[0].qbits)",
+    ]
+
+
+def compile_clean_with(text: str, extensions: tuple[str, ...] | list[str] = ()) -> Playbook:
+    result = compile_playbook(text, "custom.yaml", extensions=extensions)
+    assert [d.format() for d in result.diagnostics] == []
+    assert result.playbook is not None
+    return result.playbook

@@ -14,7 +14,7 @@ from noetl_stream.subjects import SubjectError, Topology
 async def test_provision_twice_changes_nothing(js: JetStreamContext, topology: Topology) -> None:
     first = await provision(js, topology, pools=("default", "gpu"))
     assert first.changed and not first.updated and not first.unchanged
-    assert len(first.created) == 3 + 4 + 5 + 1  # streams, consumers, KV buckets, object store
+    assert len(first.created) == 4 + 5 + 5 + 1  # streams, consumers, KV buckets, object store
 
     second = await provision(js, topology, pools=("default", "gpu"))
     assert not second.changed

@@ -1091,7 +1091,8 @@ async def test_arcs_read_the_boundary_events_result(runtime: Runtime) -> None:
     assert r.result == 2
 
 
-async def test_result_too_large_for_an_event_fails_the_step_clearly(runtime: Runtime) -> None:
+async def test_a_ctx_patch_too_large_for_an_event_fails_the_step_clearly(runtime: Runtime) -> None:
+    """Large results travel by reference (test_results_by_reference.py); a huge ctx patch cannot."""
     text = playbook(
         """
         - step: start
@@ -1099,6 +1100,11 @@ async def test_result_too_large_for_an_event_fails_the_step_clearly(runtime: Run
             kind: python
             code: |
               result = "x" * 2_000_000
+            spec:
+              policy:
+                rules:
+                  - else:
+                      then: {do: continue, set_ctx: {blob: "{{ outcome.result }}"}}
         """
     )
 

@@ -24,13 +24,17 @@ from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import Effects, PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, decode_event, event_id, now_iso
+from noetl_stream.wire import Command, Event, decode_event, encode, event_id, now_iso
 
 log = structlog.get_logger(__name__)
+
+SAFE_MESSAGE_BYTES = 512 * 1024
+"""Above this, the controller moves results into the object store (the server's default limit is 1 MiB)."""
 
 
 class Controller:
@@ -58,6 +62,7 @@ class Controller:
         self._puller: ContinuousPuller | None = None
         self.intake = Intake(nc, topology)
         self.poison = PoisonHandler(nc, topology)
+        self.results = ResultStore(self.js, topology)
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
@@ -164,9 +169,17 @@ class Controller:
                 log.exception("controller.reducer_error", execution_id=eid, event=event.name)
                 state, fx = self._internal_failure(state, event, seq, exc)
             for ev in fx.events:
-                outbox.event(ev)
+                data = encode(ev)
+                if len(data) > SAFE_MESSAGE_BYTES and "result" in ev.payload:
+                    ev = await self._offload_event(ev)
+                    data = encode(ev)
+                outbox.event(ev, data)
             for cmd in fx.commands:
-                outbox.command(cmd)
+                data = encode(cmd)
+                if len(data) > SAFE_MESSAGE_BYTES:
+                    cmd = await self._offload_command(cmd)
+                    data = encode(cmd)
+                outbox.command(cmd, data)
         await outbox.flush()
         if state is not None:
             self._remember(state)
@@ -200,6 +213,20 @@ class Controller:
                 )
             )
         return state, fx
+
+    # -- reference-first --------------------------------------------------------------------------
+    async def _offload_event(self, ev: Event) -> Event:
+        """A boundary the controller writes itself (a distributed loop's results) above the limit."""
+        ref = await self.results.put(f"{ev.execution_id}/{ev.entity_id}/result", ev.payload["result"])
+        return msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})
+
+    async def _offload_command(self, cmd: Command) -> Command:
+        """Large step results a command would carry travel as references the worker resolves."""
+        results = dict(cmd.results)
+        for name, value in cmd.results.items():
+            if not is_ref(value) and len(encode(value)) > 16 * 1024:
+                results[name] = await self.results.put(f"{cmd.execution_id}/results/{name}", value)
+        return msgspec.structs.replace(cmd, results=results)
 
     # -- deadlines --------------------------------------------------------------------------------
     def _arm_deadline(self, state: ExecutionState) -> None:

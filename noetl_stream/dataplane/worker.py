@@ -31,6 +31,7 @@ from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.results import ResultStore, inline_limit, is_ref
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
@@ -64,6 +65,7 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
         self.task_events = task_events
         self.services = services or WorkerServices()
+        self.results = ResultStore(self.js, topology)
         self._puller: ContinuousPuller | None = None
         self._ended_sub: Any = None
         self.ended: OrderedDict[str, str] = OrderedDict()
@@ -227,7 +229,7 @@ class _CommandRun:
     async def send_pending_now(self) -> None:
         pending, self.pending = self.pending, []
         for ev in pending:
-            fitted, data = _fit(ev)
+            fitted, data = await self.fit(ev)
             await self.outbox.send_now(fitted, data)
 
     async def completed_iterations(self) -> dict[int, Completed]:
@@ -247,9 +249,29 @@ class _CommandRun:
     async def publish_pending(self) -> None:
         pending, self.pending = self.pending, []
         for ev in pending:
-            fitted, data = _fit(ev)
+            fitted, data = await self.fit(ev)
             self.outbox.event(fitted, data)
         await self.outbox.flush()
+
+    async def fit(self, ev: Event) -> tuple[Event, bytes]:
+        """Reference-first: a result above the inline limit goes to the object store and the event
+        carries its reference; no event ever exceeds the server's payload limit."""
+        data = encode(ev)
+        limit = inline_limit(self.cmd.executor_spec)
+        if len(data) <= limit or "result" not in ev.payload:
+            return _fit(ev, data)
+        if ev.name in _BOUNDARY_WITH_RESULT:
+            key = f"{ev.execution_id}/{ev.entity_id}/result"
+            try:
+                ref = await self.worker.results.put(key, ev.payload["result"])
+            except Exception as exc:  # the object store is unavailable: fail clearly rather than lose it
+                return _fit(ev, data, f"could not store the large result ({len(data)} bytes): {exc}")
+            out = msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})
+        else:  # progress events (task.done) do not carry large values at all
+            out = msgspec.structs.replace(
+                ev, payload={**ev.payload, "result": {"truncated": True, "size": len(data)}}
+            )
+        return _fit(out, encode(out))
 
     def task_hook(self, scope_id: str) -> Any:
         if not self.worker.task_events:
@@ -307,6 +329,10 @@ class _CommandRun:
     async def run(self) -> None:
         cmd = self.cmd
         step = cmd.step_def
+        if _has_refs(cmd.results) or _has_refs(cmd.args):
+            results = self.worker.results
+            cmd.results = {k: await results.resolve(v) for k, v in cmd.results.items()}
+            cmd.args = {k: await results.resolve(v) for k, v in cmd.args.items()}
         scope = build_scope(
             workload=cmd.workload,
             ctx=cmd.ctx,
@@ -448,18 +474,25 @@ class _CommandRun:
             )
 
 
-def _fit(ev: Event) -> tuple[Event, bytes]:
-    """Keep an event under the server's payload limit: an oversized result becomes a clear error."""
-    data = encode(ev)
-    if len(data) <= MAX_EVENT_BYTES:
+def _has_refs(values: dict[str, Any]) -> bool:
+    return any(is_ref(v) or (isinstance(v, list) and any(is_ref(i) for i in v[:1])) for v in values.values())
+
+
+_BOUNDARY_WITH_RESULT = frozenset({E.STEP_DONE, E.LOOP_DONE, E.LOOP_ITERATION_DONE})
+
+
+def _fit(ev: Event, data: bytes, reason: str | None = None) -> tuple[Event, bytes]:
+    """Last resort: an event still above the server's payload limit becomes a clear error."""
+    if len(data) <= MAX_EVENT_BYTES and reason is None:
         return ev, data
     data_len = len(data)
-    payload = {k: v for k, v in ev.payload.items() if k not in ("result", "results")}
+    payload = {k: v for k, v in ev.payload.items() if k not in ("result", "results", "ctx_patches")}
     error = {
         "kind": "result_too_large",
         "retryable": False,
-        "message": f"the result is {data_len} bytes, above the {MAX_EVENT_BYTES}-byte event limit; store large "
-        "data with a storage task and return a reference",
+        "message": reason
+        or f"the event is {data_len} bytes, above the {MAX_EVENT_BYTES}-byte limit (large ctx patches or "
+        "errors?); store large data with a storage task and keep references in ctx",
     }
     if ev.name in (E.STEP_DONE, E.LOOP_DONE):
         out = msgspec.structs.replace(

@@ -73,20 +73,24 @@ def _template_position(c: Compiler, path: Path, template: str, lineno: int) -> t
     line, col = c.smap.value(path)
     src = c.smap.lines
     first = src[line - 1] if 0 < line <= len(src) else ""
-    block = first[col - 1 : col] in ("|", ">")
+    indicator = first[col - 1 : col]
+    block = indicator in ("|", ">")
     if lineno <= 1 and not block:
         return line, col
     parts = template.splitlines()
     wanted = parts[lineno - 1].strip() if 0 < lineno <= len(parts) else ""
     start = line + 1 if block else line
+    window = range(start, min(len(src), start + 2 * lineno + 2) + 1)
     if wanted:
-        for n in range(start, min(len(src), start + 2 * lineno + 2) + 1):
-            text = src[n - 1]
-            found = text.find(wanted)
+        for n in window:
+            found = src[n - 1].find(wanted)
             if found >= 0:
                 return n, found + 1
-            if block and text.strip() and text.strip() in wanted:  # a folded (>) line starts here
-                return n, len(text) - len(text.lstrip()) + 1
+        if indicator == ">":  # folded: the template line is several source lines joined
+            for n in window:
+                text = src[n - 1].strip()
+                if text and text in wanted and n - start >= lineno - 1:
+                    return n, len(src[n - 1]) - len(src[n - 1].lstrip()) + 1
     target = min(max(start + lineno - 1, 1), max(len(src), 1))
     text = src[target - 1] if 0 < target <= len(src) else ""
     return target, len(text) - len(text.lstrip()) + 1

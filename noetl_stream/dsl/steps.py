@@ -21,7 +21,8 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
         return None
     name = raw.get("step")
     if name is None:
-        c.error(path, "step has no 'step' name", code="missing")
+        hint = " (a step is named with 'step:', not 'name:')" if "name" in raw else ""
+        c.error(path, f"step has no 'step' name{hint}", code="missing")
         return None
     if not isinstance(name, str) or not V.is_identifier(name):
         c.error(

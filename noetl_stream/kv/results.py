@@ -1,0 +1,89 @@
+"""Reference-first results (001 §14, 003 §10): large values live in the object store.
+
+An event, a snapshot or a command never carries a value above the inline limit: the value is put in
+the ``noetl_results`` object store and replaced by a reference::
+
+    {"$ref": {"store": "nats.object_store", "bucket": "noetl_results",
+              "key": "<execution_id>/<step_run_id>[.<index>]/result", "size": 20971552,
+              "checksum": "sha256:..."}}
+
+Workers resolve the references a step reads before they run it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+from nats.js.client import JetStreamContext
+from nats.js.object_store import ObjectStore
+
+from noetl_stream.subjects import Topology
+
+REF = "$ref"
+DEFAULT_INLINE_LIMIT = 256 * 1024
+
+
+def is_ref(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(REF), dict)
+
+
+def inline_limit(executor_spec: dict[str, Any]) -> int:
+    """``executor.spec.policy.limits.max_payload_bytes`` (default 256 KiB), never above 512 KiB."""
+    policy = executor_spec.get("policy") if isinstance(executor_spec, dict) else None
+    limits = policy.get("limits") if isinstance(policy, dict) else None
+    value = limits.get("max_payload_bytes") if isinstance(limits, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(value, 512 * 1024)
+    return DEFAULT_INLINE_LIMIT
+
+
+class ResultStore:
+    def __init__(self, js: JetStreamContext, topology: Topology) -> None:
+        self.js = js
+        self.topology = topology
+        self._store: ObjectStore | None = None
+
+    async def _bucket(self) -> ObjectStore:
+        if self._store is None:
+            self._store = await self.js.object_store(self.topology.results_store)
+        return self._store
+
+    async def put(self, key: str, value: Any) -> dict[str, Any]:
+        """Store ``value`` (JSON) and return its reference."""
+        data = msgspec.json.encode(value)
+        store = await self._bucket()
+        await store.put(key, data)
+        return {
+            REF: {
+                "store": "nats.object_store",
+                "bucket": self.topology.results_store,
+                "key": key,
+                "size": len(data),
+                "checksum": "sha256:" + hashlib.sha256(data).hexdigest(),
+            }
+        }
+
+    async def get(self, ref: dict[str, Any]) -> Any:
+        """The value behind a reference (its checksum is verified)."""
+        info = ref[REF]
+        store = await self._bucket()
+        result = await store.get(str(info["key"]))
+        data = result.data or b""
+        checksum = "sha256:" + hashlib.sha256(data).hexdigest()
+        if info.get("checksum") and checksum != info["checksum"]:
+            raise ValueError(f"result {info['key']}: checksum mismatch")
+        return msgspec.json.decode(data)
+
+    async def resolve(self, value: Any, _depth: int = 0) -> Any:
+        """``value`` with every reference inside it (top level, dict values, list items) fetched."""
+        if is_ref(value):
+            return await self.get(value)
+        if _depth > 4:
+            return value
+        if isinstance(value, dict):
+            return {k: await self.resolve(v, _depth + 1) for k, v in value.items()}
+        if isinstance(value, list) and any(is_ref(v) for v in value):
+            return [await self.resolve(v, _depth + 1) for v in value]
+        return value

@@ -1,0 +1,39 @@
+"""Helpers of the invalid-playbook tables: a header to append steps to, and the exact-report check."""
+
+from __future__ import annotations
+
+import pytest
+
+from noetl_stream.dsl import PlaybookError, compile_playbook, load_playbook
+
+# Cases built with ``steps(...)`` are appended to this header: their first step is on line 7.
+HEADER = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata:
+  name: t
+  path: tests/t
+workflow:
+"""
+
+
+def steps(text: str) -> str:
+    return HEADER + text
+
+
+def assert_rejected_with(text: str, expected: list[str]) -> None:
+    """Every diagnostic, in order, complete with file:line:col, text and YAML path."""
+    result = compile_playbook(text, "bad.yaml")
+    assert [d.format() for d in result.diagnostics] == expected
+    assert result.playbook is None
+    with pytest.raises(PlaybookError) as info:
+        load_playbook(text, "bad.yaml")
+    assert [d.format() for d in info.value.diagnostics] == expected
+
+
+def assert_accepted_with(text: str, expected: list[str]) -> None:
+    """Warnings only: reported exactly, and the playbook still compiles."""
+    result = compile_playbook(text, "bad.yaml")
+    assert [d.format() for d in result.diagnostics] == expected
+    assert result.playbook is not None
+    assert not result.errors

@@ -73,8 +73,10 @@ def _topology(prefix: str) -> Topology:
 def main() -> None:
     """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""
     from noetl_stream.logs import configure
+    from noetl_stream.plugins import load_plugins
 
     configure("warning")
+    load_plugins()
 
 
 @main.command()

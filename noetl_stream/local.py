@@ -17,6 +17,7 @@ from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey
 from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
+from noetl_stream.plugins import load_plugins
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event
 
@@ -57,6 +58,7 @@ async def local_runtime(
     Workers resolve ``auth`` credentials from the keychain bucket, decrypting with `keychain_key`
     (default: ``NOETL_KEYCHAIN_KEY`` / ``NOETL_KEYCHAIN_KEY_FILE``, read when a secret is first needed).
     """
+    load_plugins()
     topology = topology or Topology()
     server: EmbeddedNats | None = None
     if nats_url is None:

@@ -81,6 +81,14 @@ class Event(msgspec.Struct, omit_defaults=True):
     v: int = WIRE_VERSION
 
 
+class KeychainDecl(msgspec.Struct, omit_defaults=True):
+    """A root keychain declaration (no secret in it): resolved by the worker that needs it."""
+
+    name: str
+    kind: str
+    config: dict[str, Any] = {}
+
+
 class Iteration(msgspec.Struct, omit_defaults=True):
     """One item of a distributed loop, carried by its command."""
 
@@ -114,6 +122,8 @@ class Command(msgspec.Struct, omit_defaults=True):
     """The root workbook templates this step's tasks use (``kind: workbook``)."""
     timeout_s: float | None = None
     """The step's ``spec.policy.lifecycle.timeout_s``: the worker fails the run when it is exceeded."""
+    keychain: list[KeychainDecl] = []
+    """The playbook's keychain declarations, when the step's templates read ``keychain``."""
     attachments: dict[str, str] = {}
     """Child playbook texts this step's ``kind: playbook`` tasks run, by path."""
     v: int = WIRE_VERSION

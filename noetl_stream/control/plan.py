@@ -21,12 +21,16 @@ class Plan:
     workbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Workbook templates each step uses."""
     playbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    keychain_readers: frozenset[str] = frozenset()
+    """Steps whose templates read ``keychain``."""
     """Child playbook paths each step runs (literal paths only)."""
 
     @classmethod
     def build(cls, playbook: Playbook, text: str, content_hash: str, default_pool: str = "default") -> Plan:
         steps = {s.name: s for s in playbook.workflow}
-        reads = {s.name: names_read_by_step(s) & steps.keys() for s in playbook.workflow}
+        all_reads = {s.name: names_read_by_step(s) for s in playbook.workflow}
+        reads = {name: names & steps.keys() for name, names in all_reads.items()}
+        keychain_readers = frozenset(name for name, names in all_reads.items() if "keychain" in names)
         pool = str(playbook.executor.spec.get("pool") or default_pool)
         workbook_refs: dict[str, tuple[str, ...]] = {}
         playbook_refs: dict[str, tuple[str, ...]] = {}
@@ -40,6 +44,7 @@ class Plan:
                 if t.kind == "playbook" and isinstance(t.config.get("path"), str)
             )
         return cls(
+            keychain_readers=keychain_readers,
             workbook_refs=workbook_refs,
             playbook_refs=playbook_refs,
             playbook=playbook,

@@ -24,7 +24,16 @@ from noetl_stream.dsl.model import Step
 from noetl_stream.dsl.policy import admit, route
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
-from noetl_stream.wire import Command, Event, ExecutionRequest, Iteration, content_hash, event_id, now_iso
+from noetl_stream.wire import (
+    Command,
+    Event,
+    ExecutionRequest,
+    Iteration,
+    KeychainDecl,
+    content_hash,
+    event_id,
+    now_iso,
+)
 
 PlanLoader = Callable[[str, str, str], "Plan | list[Diagnostic]"]
 
@@ -455,6 +464,11 @@ class _Run:
             issued_at=now_iso(),
             workbook={n: self.plan.playbook.workbook[n] for n in self.plan.workbook_refs.get(step.name, ())},
             timeout_s=step.timeout_s,
+            keychain=[
+                KeychainDecl(name=k.name, kind=k.kind, config=k.config) for k in self.plan.playbook.keychain
+            ]
+            if step.name in self.plan.keychain_readers
+            else [],
             attachments=s.attachments if self.plan.playbook_refs.get(step.name) else {},
         )
 

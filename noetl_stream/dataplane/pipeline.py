@@ -55,6 +55,8 @@ class PipelineInput:
     workbook: dict[str, Task] = field(default_factory=dict)
     attachments: dict[str, str] = field(default_factory=dict)
     spec_cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    secrets: frozenset[str] = frozenset()
+    """Resolved keychain values: redacted from everything the pipeline reports."""
     stop_check: Callable[[], str | None] | None = None
     """Returns a reason when the execution has ended and the pipeline should stop (checked between tasks)."""
     """Effective task specs, computed once per command (shared by the iterations of a local loop)."""
@@ -91,7 +93,7 @@ async def run_pipeline(
     scope["ctx"] = ctx
     out = PipelineResult(status="ok", iter=iter_scope)
     prev: Any = None
-    secrets: set[str] = set()
+    secrets: set[str] = set(inp.secrets)
     pc = 0
     attempt = 1
     resources: dict[str, Any] = {}

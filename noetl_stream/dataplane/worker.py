@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
+from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, LoopResult, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
 from noetl_stream.dataplane.tools.base import WorkerServices
@@ -352,6 +353,26 @@ class _CommandRun:
             stop_check=lambda: self.worker.ended.get(cmd.execution_id),
         )
         run_id = cmd.step_run_id
+        if cmd.keychain:
+            try:
+                resolved, secrets = await resolve_keychain(cmd.keychain, self.worker.services)
+            except CredentialError as exc:
+                error = {"kind": "credential_error", "retryable": False, "message": str(exc)}
+                if cmd.iteration is not None:
+                    sid = f"{run_id}.{cmd.iteration.index}"
+                    self.event(
+                        E.LOOP_ITERATION_FAILED,
+                        "loop",
+                        sid,
+                        "error",
+                        sid,
+                        {"index": cmd.iteration.index, "error": error},
+                    )
+                else:
+                    self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": error})
+                return
+            scope["keychain"] = resolved
+            base = replace(base, secrets=frozenset(secrets))
         if cmd.iteration is not None:
             await self.distributed_iteration(base)
             return

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from helpers import playbook

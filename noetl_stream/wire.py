@@ -129,6 +129,16 @@ class Command(msgspec.Struct, omit_defaults=True):
     v: int = WIRE_VERSION
 
 
+class Checkpoint(msgspec.Struct):
+    """KV record (``noetl_loops``): where a pipeline run stands — the next task, its ``iter``, ``_prev``
+    and the ctx patches so far."""
+
+    pc: int
+    iter: dict[str, Any] = {}
+    prev: Any = None
+    ctx_patches: list[dict[str, Any]] = []
+
+
 # -- codecs ---------------------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()

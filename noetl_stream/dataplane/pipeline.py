@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools import TOOLS, ToolContext, close_resources
@@ -23,6 +23,7 @@ from noetl_stream.dsl.model import Step, Task, Then
 from noetl_stream.dsl.policy import backoff_delay, decide
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.keychain import redact, secret_strings
+from noetl_stream.wire import Checkpoint
 
 DEFAULT_MAX_TASK_RUNS = 10_000
 
@@ -40,6 +41,12 @@ class PipelineResult:
     task_runs: int = 0
 
 
+class CheckpointStore(Protocol):
+    async def save(self, scope_id: str, checkpoint: Checkpoint) -> None: ...
+    async def load(self, scope_id: str) -> Checkpoint | None: ...
+    async def clear(self, scope_id: str) -> None: ...
+
+
 @dataclass
 class PipelineInput:
     execution_id: str
@@ -55,6 +62,10 @@ class PipelineInput:
     workbook: dict[str, Task] = field(default_factory=dict)
     attachments: dict[str, str] = field(default_factory=dict)
     spec_cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checkpoints: CheckpointStore | None = None
+    """Where runs save their place at each backward jump (pagination) and resume after a redelivery."""
+    resume: bool = False
+    """This command was delivered before: look for a checkpoint of this run first."""
     secrets: frozenset[str] = frozenset()
     """Resolved keychain values: redacted from everything the pipeline reports."""
     stop_check: Callable[[], str | None] | None = None
@@ -95,6 +106,15 @@ async def run_pipeline(
     prev: Any = None
     secrets: set[str] = set(inp.secrets)
     pc = 0
+    saved = await inp.checkpoints.load(inp.scope_id) if inp.resume and inp.checkpoints is not None else None
+    if saved is not None:  # continue a pipeline run that an earlier delivery checkpointed
+        pc = min(max(0, saved.pc), len(tasks))
+        iter_scope.update(saved.iter)
+        prev = saved.prev
+        out.ctx_patches.extend(saved.ctx_patches)
+        for patch in saved.ctx_patches:
+            ctx.update(patch)
+    checkpointed = saved is not None
     attempt = 1
     resources: dict[str, Any] = {}
     max_runs = int(inp.executor_spec.get("max_task_runs", DEFAULT_MAX_TASK_RUNS))
@@ -187,7 +207,16 @@ async def run_pipeline(
                 pc += 1
             elif do == "jump":
                 prev = outcome.result
-                pc = index[then.to] if then.to in index else len(tasks)
+                target = index[then.to] if then.to in index else len(tasks)
+                if target <= pc and inp.checkpoints is not None:
+                    # A backward jump is a loop inside the pipeline (pagination): remember where it
+                    # stands, so a redelivered command resumes at this page instead of the first.
+                    cp = Checkpoint(
+                        pc=target, iter=dict(iter_scope), prev=prev, ctx_patches=list(out.ctx_patches)
+                    )
+                    await inp.checkpoints.save(inp.scope_id, cp)
+                    checkpointed = True
+                pc = target
             elif do == "break":
                 prev = outcome.result
                 break
@@ -205,6 +234,8 @@ async def run_pipeline(
                 )
                 break
         out.result = prev
+        if checkpointed and inp.checkpoints is not None:
+            await inp.checkpoints.clear(inp.scope_id)
         if secrets:  # a secret read by a task never leaves the pipeline in what it reports
             out.result = redact(out.result, secrets)
             out.error = redact(out.error, secrets)

@@ -31,6 +31,7 @@ from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.results import ResultStore, inline_limit, is_ref
 from noetl_stream.natsconn import ContinuousPuller
@@ -351,6 +352,8 @@ class _CommandRun:
             workbook=cmd.workbook,
             attachments=cmd.attachments,
             stop_check=lambda: self.worker.ended.get(cmd.execution_id),
+            checkpoints=KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
+            resume=self.redelivered,
         )
         run_id = cmd.step_run_id
         if cmd.keychain:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -23,6 +24,7 @@ from noetl_stream.control.intake import Intake
 from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import Effects, PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
@@ -60,7 +62,9 @@ class Controller:
         self._snapshot_at: dict[str, float] = {}
         self._snapshots: SnapshotStore[ExecutionState] | None = None
         self._puller: ContinuousPuller | None = None
-        self.intake = Intake(nc, topology)
+        self.intake = Intake(nc, topology, self.states)
+        self.observer: Callable[[Event, list[Event], ExecutionState | None], None] | None = None
+        """Called with each folded input event and the events the reducer wrote for it (metrics)."""
         self.poison = PoisonHandler(nc, topology)
         self.results = ResultStore(self.js, topology)
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -168,6 +172,8 @@ class Controller:
             except Exception as exc:  # a reducer bug must not wedge the execution or the controller
                 log.exception("controller.reducer_error", execution_id=eid, event=event.name)
                 state, fx = self._internal_failure(state, event, seq, exc)
+            if self.observer is not None:
+                self.observer(event, fx.events, state)
             for ev in fx.events:
                 data = encode(ev)
                 if len(data) > SAFE_MESSAGE_BYTES and "result" in ev.payload:
@@ -342,8 +348,25 @@ class Controller:
 
     async def _write_snapshot(self, state: ExecutionState) -> None:
         assert self._snapshots is not None
+        store = self._snapshots
         try:
-            await self._snapshots.put(state.execution_id, state)
+            await store.put(state.execution_id, state)
+        except StateConflictError:
+            # Someone wrote it since we last did (we restarted, or lost ownership). Keep the newer one.
+            current = await store.get(state.execution_id)
+            if current is not None and current.last_seq > state.last_seq:
+                log.warning(
+                    "controller.snapshot_superseded",
+                    execution_id=state.execution_id,
+                    ours=state.last_seq,
+                    theirs=current.last_seq,
+                )
+                self.states.pop(state.execution_id, None)
+                return
+            try:
+                await store.put(state.execution_id, state)
+            except Exception as exc:
+                log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
         except Exception as exc:  # the stream is the truth; a missed snapshot costs only replay time
             log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
 

@@ -6,9 +6,10 @@ from typing import Generic, TypeVar
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from noetl_stream.errors import StateConflictError
 from noetl_stream.subjects import Topology
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -37,8 +38,25 @@ class SnapshotStore(Generic[S]):
         return self._decoder.decode(entry.value)
 
     async def put(self, execution_id: str, state: S) -> None:
-        rev = await self.kv.put(execution_id, msgspec.json.encode(state))
+        """Compare-and-set: create the key, or update it from the revision this store last saw.
+
+        Raises ``StateConflictError`` when someone else wrote since (a controller that lost ownership
+        of the execution cannot overwrite the owner's snapshot).
+        """
+        data = msgspec.json.encode(state)
+        last = self.revisions.get(execution_id)
+        try:
+            if last is None:
+                rev = await self.kv.create(execution_id, data)
+            else:
+                rev = await self.kv.update(execution_id, data, last=last)
+        except KeyWrongLastSequenceError:
+            raise StateConflictError(f"snapshot of {execution_id} changed since revision {last}") from None
         self.revisions[execution_id] = rev
+
+    async def put_any(self, execution_id: str, state: S) -> None:
+        """Unconditional write (tests and tools only)."""
+        self.revisions[execution_id] = await self.kv.put(execution_id, msgspec.json.encode(state))
 
     def forget(self, execution_id: str) -> None:
         self.revisions.pop(execution_id, None)

@@ -163,8 +163,15 @@ def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, objec
 )
 @click.option("--workers", default=1, show_default=True, help="In-process workers.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
+@prefix_option
 def run(
-    file: Path, payload: str | None, sets: tuple[str, ...], nats_url: str | None, workers: int, as_json: bool
+    file: Path,
+    payload: str | None,
+    sets: tuple[str, ...],
+    nats_url: str | None,
+    workers: int,
+    as_json: bool,
+    prefix: str,
 ) -> None:
     """Run a playbook end to end and print its outcome (exit 0 success, 1 failed, 2 invalid)."""
 
@@ -184,12 +191,13 @@ def run(
     if result.playbook is None:
         sys.exit(EXIT_INVALID)
     data = _load_payload(payload, sets)
+    topology = _topology(prefix)
     progress = None if as_json else Progress()
 
     async def go() -> object:
         from noetl_stream.local import local_runtime
 
-        async with local_runtime(nats_url, workers=workers) as rt:
+        async with local_runtime(nats_url, topology=topology, workers=workers) as rt:
             return await rt.run_playbook(text, str(file), data, progress.on_event if progress else None)
 
     from noetl_stream.loop import run_event_loop
@@ -236,13 +244,42 @@ def _run_async(coro: Coroutine[Any, Any, T]) -> T:
 )
 @click.option("--grace", default=30.0, show_default=True, help="Seconds to finish in-flight work on SIGTERM.")
 @click.option("--log-level", default="info", show_default=True)
-def controller(nats_url: str, prefix: str, pools: tuple[str, ...], grace: float, log_level: str) -> None:
+@click.option(
+    "--http", "http", default=None, metavar="HOST:PORT", help="Serve the REST API and /metrics here."
+)
+@click.option(
+    "--api-token",
+    "api_tokens",
+    multiple=True,
+    help="A bearer token the REST API accepts (repeat; also NOETL_API_TOKENS, comma-separated).",
+)
+def controller(
+    nats_url: str,
+    prefix: str,
+    pools: tuple[str, ...],
+    grace: float,
+    log_level: str,
+    http: str | None,
+    api_tokens: tuple[str, ...],
+) -> None:
     """Run the control plane (consumes boundary events and requests, schedules steps)."""
+    from noetl_stream.api import parse_listen, tokens_from
+    from noetl_stream.api.app import check_tokens
+    from noetl_stream.errors import ConfigurationError
     from noetl_stream.logs import configure
     from noetl_stream.services import run_controller
 
     configure(log_level)
-    _run_async(run_controller(nats_url, _topology(prefix), pools, grace))
+    listen: tuple[str, int] | None = None
+    tokens: tuple[str, ...] = ()
+    if http is not None:
+        try:
+            listen = parse_listen(http)
+            tokens = check_tokens(tokens_from(api_tokens))
+        except ConfigurationError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_INVALID)
+    _run_async(run_controller(nats_url, _topology(prefix), pools, grace, listen, tokens))
 
 
 @main.command()
@@ -647,18 +684,15 @@ def _control(action: str, execution_id: str, reason: str | None, nats_url: str, 
             reply: dict[str, Any] = msgspec.json.decode(msg.data) if msg.data else {}
             if msg.headers and msg.headers.get("Nats-Service-Error"):
                 reply.setdefault("error", msg.headers["Nats-Service-Error"])
+                reply.setdefault("detail", msg.headers["Nats-Service-Error"])
             return reply
         finally:
             await nc.close()
 
     reply = _run_async(go())
     if "error" in reply:
-        click.echo(f"error: {reply['error']}", err=True)
-        sys.exit(
-            EXIT_INVALID
-            if "no execution" in str(reply["error"]) or "bad request" in str(reply["error"])
-            else EXIT_FAILED
-        )
+        click.echo(f"error: {reply.get('detail') or reply['error']}", err=True)
+        sys.exit(EXIT_INVALID if reply["error"] in ("not_found", "bad_request") else EXIT_FAILED)
     click.echo(f"{action}: {execution_id}")
 
 
@@ -732,3 +766,8 @@ def retry(
     summary = msgspec.to_builtins(out)
     click.echo(msgspec.json.encode(summary).decode())
     sys.exit(EXIT_OK if summary.get("status") == "success" else EXIT_FAILED)
+
+
+# --- catalog, executions, ctx (cli_catalog.py registers them on `main`) -------------------------------
+
+import noetl_stream.cli_catalog  # noqa: E402, F401

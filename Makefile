@@ -29,8 +29,8 @@ stress: $(STAMP) ## Randomized fault runs (500+ executions, kills): tests marked
 	$(BIN)/pytest -q -m stress
 
 lint: $(STAMP) ## ruff + mypy --strict + import boundaries
-	$(BIN)/ruff check noetl_stream tests bench
-	$(BIN)/ruff format --check noetl_stream tests bench
+	$(BIN)/ruff check noetl_stream tests bench deploy
+	$(BIN)/ruff format --check noetl_stream tests bench deploy
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

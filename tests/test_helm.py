@@ -1,0 +1,300 @@
+"""deploy/helm/noetl-stream: linted and rendered by Helm's own Go SDK (helm-python-sdk), offline.
+
+Rendered manifests are validated against the Kubernetes OpenAPI schemas (kubernetes-validate, strict:
+no unknown fields) and checked for what an operator relies on: one Deployment (and autoscaler) per
+pool naming its consumer, the NATS/keychain wiring, probes, the security context, graceful termination.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+from ruamel.yaml import YAML
+
+CHART = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "noetl-stream"
+KUBE_VERSION = "1.30"
+CRDS = {"ScaledObject", "ServiceMonitor"}  # not in the Kubernetes schemas
+
+
+def load_values(name: str) -> dict[str, Any]:
+    values: dict[str, Any] = YAML(typ="safe").load((CHART / "ci" / name).read_text())
+    return values
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+class Manifests:
+    def __init__(self, rendered: dict[str, str]) -> None:
+        self.notes = next((text for path, text in rendered.items() if path.endswith("NOTES.txt")), "")
+        self.objects: list[dict[str, Any]] = []
+        for path, text in sorted(rendered.items()):
+            if path.endswith(".yaml"):
+                self.objects += [doc for doc in YAML(typ="safe").load_all(text) if doc]
+
+    def of(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {o["metadata"]["name"]: o for o in self.objects if o["kind"] == kind}
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        found = self.of(kind)
+        assert name in found, f"no {kind} {name}; have {sorted(found)}"
+        return found[name]
+
+
+def render(chart: helm.Chart, values: dict[str, Any] | None = None) -> Manifests:
+    manifests = Manifests(chart.render(values, name="noetl", namespace="noetl"))
+    for obj in manifests.objects:
+        if obj["kind"] not in CRDS:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    return manifests
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def arg(c: dict[str, Any], flag: str) -> list[str]:
+    args = c["args"]
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def lint_problems(values: dict[str, Any] | None) -> list[str]:
+    report = helm.lint(CHART, values, strict=True, namespace="noetl", kube_version="v1.30.0")
+    return report["errors"] + [m["error"] for m in report["messages"] if m["severity"] >= 2]
+
+
+# --- lint ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_file", [None, "keda-values.yaml", "hpa-values.yaml"])
+def test_lint_is_clean_in_strict_mode(values_file: str | None) -> None:
+    assert lint_problems(load_values(values_file) if values_file else None) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "where"),
+    [
+        ({"pools": [{"name": "GPU_pool"}]}, "/pools/0/name"),
+        ({"pools": []}, "/pools"),
+        ({"controller": {"replicas": 2}}, "/controller/replicas"),
+        ({"workerDefaults": {"concurrency": 0}}, "/workerDefaults/concurrency"),
+        ({"jetstream": {"commandMaxDeliver": 0}}, "/jetstream/commandMaxDeliver"),
+        ({"nats": {"url": "nats://user:secret@nats:4222"}}, "/nats/url"),
+        ({"prefix": "Noetl"}, "/prefix"),
+        ({"workers": {"replicas": 3}}, "additional properties 'workers'"),
+    ],
+)
+def test_bad_values_fail_schema_validation(chart: helm.Chart, bad: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=where):
+        chart.validate_schema(chart.merge_values(bad))
+    assert lint_problems(bad), "lint accepted values the schema rejects"
+
+
+def test_contradicting_values_fail_with_a_message(chart: helm.Chart) -> None:
+    both = {
+        "pools": [{"name": "default", "autoscaling": {"keda": {"enabled": True}, "hpa": {"enabled": True}}}]
+    }
+    with pytest.raises(
+        helm.HelmRenderError, match=re.escape("enable autoscaling.keda or autoscaling.hpa, not both")
+    ):
+        chart.render(both, name="noetl", namespace="noetl")
+    no_password = {"nats": {"auth": {"existingSecret": ""}}}
+    with pytest.raises(helm.HelmRenderError, match=re.escape("nats.auth.controller.password is required")):
+        chart.render(no_password, name="noetl", namespace="noetl")
+    twice = {"pools": [{"name": "a"}, {"name": "a"}]}
+    with pytest.raises(helm.HelmRenderError, match='"a" is listed twice'):
+        chart.render(twice, name="noetl", namespace="noetl")
+
+
+# --- default values ------------------------------------------------------------------------------------
+
+
+def test_default_install(chart: helm.Chart) -> None:
+    m = render(chart)
+    assert sorted(m.of("Deployment")) == [
+        "noetl-noetl-stream-controller",
+        "noetl-noetl-stream-worker-default",
+    ]
+    assert not m.of("ScaledObject") and not m.of("HorizontalPodAutoscaler")
+    assert not m.of("Service") and not m.of("Ingress") and not m.of("ServiceMonitor")  # REST API: later
+    assert m.get("Deployment", "noetl-noetl-stream-worker-default")["spec"]["replicas"] == 2
+
+    controller = m.get("Deployment", "noetl-noetl-stream-controller")
+    assert controller["spec"]["replicas"] == 1
+    assert controller["spec"]["strategy"] == {"type": "Recreate"}  # never two controllers at once
+    c = container(controller)
+    assert c["args"][0] == "controller" and arg(c, "--pool") == ["default"] and arg(c, "--grace") == ["30"]
+    assert "--http" not in c["args"] and "ports" not in c
+    assert controller["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30 + 15
+
+    job = m.get("Job", "noetl-noetl-stream-provision")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade,pre-rollback"
+    assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+    jc = job["spec"]["template"]["spec"]["containers"][0]
+    assert jc["args"] == ["provision", "--pool", "default"]
+    assert env(jc)["NOETL_NATS_USER"]["value"] == "admin"
+    assert env(jc)["NOETL_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "noetl-nats-users",
+        "key": "admin",
+    }
+
+
+def test_every_component_gets_the_same_nats_and_jetstream_settings(chart: helm.Chart) -> None:
+    m = render(chart, {"prefix": "acme", "jetstream": {"replicas": 1, "commandAckWaitSeconds": 2.5}})
+    settings = m.get("ConfigMap", "noetl-noetl-stream")["data"]
+    assert settings == {
+        "NOETL_PREFIX": "acme",
+        "NOETL_REPLICAS": "1",
+        "NOETL_STORAGE": "file",
+        "NOETL_EVENTS_MAX_AGE_S": "2592000",
+        "NOETL_COMMAND_ACK_WAIT_S": "2.5",
+        "NOETL_COMMAND_MAX_DELIVER": "5",
+    }
+    job = container(m.get("Job", "noetl-noetl-stream-provision"))
+    assert {k: v["value"] for k, v in env(job).items() if k in settings} == settings  # provisions the same
+    for name, role in (
+        ("noetl-noetl-stream-controller", "controller"),
+        ("noetl-noetl-stream-worker-default", "worker"),
+    ):
+        c = container(m.get("Deployment", name))
+        assert c["envFrom"] == [{"configMapRef": {"name": "noetl-noetl-stream"}}]
+        e = env(c)
+        assert e["NOETL_NATS_USER"]["value"] == role
+        assert e["NOETL_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "noetl-nats-users",
+            "key": role,
+        }
+        # The kubelet expands $(VAR) from the variables defined before it.
+        names = list(e)
+        assert names.index("NOETL_NATS_URL") > names.index("NOETL_NATS_PASSWORD")
+        assert e["NOETL_NATS_URL"]["value"] == (
+            "nats://$(NOETL_NATS_USER):$(NOETL_NATS_PASSWORD)@nats.nats.svc.cluster.local:4222"
+        )
+
+
+def test_probes_security_context_and_writable_tmp(chart: helm.Chart) -> None:
+    m = render(chart)
+    for deployment in m.of("Deployment").values():
+        pod = deployment["spec"]["template"]["spec"]
+        c = container(deployment)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["exec"]["command"] == ["noetl-probe"], probe
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+        assert pod["automountServiceAccountToken"] is False
+    job = m.get("Job", "noetl-noetl-stream-provision")["spec"]["template"]["spec"]
+    assert job["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+# --- several pools, KEDA ---------------------------------------------------------------------------------
+
+
+def test_every_pool_gets_a_deployment_and_a_scaled_object_naming_its_consumer(chart: helm.Chart) -> None:
+    m = render(chart, load_values("keda-values.yaml"))
+    pools = ["default", "gpu", "io"]
+    workers = {n: d for n, d in m.of("Deployment").items() if "-worker-" in n}
+    assert sorted(workers) == [f"noetl-noetl-stream-worker-{p}" for p in pools]
+    scaled = m.of("ScaledObject")
+    assert sorted(scaled) == sorted(workers)
+    for pool in pools:
+        name = f"noetl-noetl-stream-worker-{pool}"
+        deployment = workers[name]
+        assert "replicas" not in deployment["spec"], "KEDA owns the replica count"
+        c = container(deployment)
+        assert c["args"][:3] == ["worker", "--pool", pool]
+        so = scaled[name]["spec"]
+        assert so["scaleTargetRef"] == {"name": name}
+        (trigger,) = so["triggers"]
+        assert trigger["type"] == "nats-jetstream"
+        assert trigger["metadata"]["stream"] == "NOETL_COMMANDS"
+        assert trigger["metadata"]["consumer"] == f"pool-{pool}"
+        assert trigger["metadata"]["account"] == "NOETL"
+        assert (
+            trigger["metadata"]["natsServerMonitoringEndpoint"] == "nats-headless.nats.svc.cluster.local:8222"
+        )
+        assert all(isinstance(v, str) for v in trigger["metadata"].values())  # KEDA metadata is strings
+        assert m.get("PodDisruptionBudget", name)["spec"]["selector"]["matchLabels"]["noetl.io/pool"] == pool
+    gpu = workers["noetl-noetl-stream-worker-gpu"]
+    gc = container(gpu)
+    assert arg(gc, "--concurrency") == ["2"] and arg(gc, "--grace") == ["600"]
+    assert gpu["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600 + 15
+    assert gpu["spec"]["template"]["spec"]["nodeSelector"] == {"accelerator": "nvidia"}
+    assert gpu["spec"]["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert gc["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert scaled["noetl-noetl-stream-worker-gpu"]["spec"]["minReplicaCount"] == 0
+    assert scaled["noetl-noetl-stream-worker-gpu"]["spec"]["triggers"][0]["metadata"]["lagThreshold"] == "2"
+    assert arg(container(workers["noetl-noetl-stream-worker-io"]), "--concurrency") == ["128"]
+    # The controller knows every pool (the first is the default), the Job provisions every consumer.
+    assert arg(container(m.get("Deployment", "noetl-noetl-stream-controller")), "--pool") == pools
+    job = m.get("Job", "noetl-noetl-stream-provision")["spec"]["template"]["spec"]["containers"][0]
+    assert arg(job, "--pool") == pools
+
+
+def test_workers_read_the_keychain_key_from_the_secret(chart: helm.Chart) -> None:
+    m = render(chart, load_values("keda-values.yaml"))
+    worker = m.get("Deployment", "noetl-noetl-stream-worker-default")
+    c = container(worker)
+    path = env(c)["NOETL_KEYCHAIN_KEY_FILE"]["value"]
+    mount = next(v for v in c["volumeMounts"] if path.startswith(v["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    volume = next(v for v in worker["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "noetl-keychain"
+    assert volume["secret"]["items"] == [{"key": "fernet", "path": path.rsplit("/", 1)[1]}]
+    assert "NOETL_KEYCHAIN_KEY" not in env(c)  # the key itself is never in the pod spec
+    # The controller does not decrypt credentials.
+    assert "NOETL_KEYCHAIN_KEY_FILE" not in env(
+        container(m.get("Deployment", "noetl-noetl-stream-controller"))
+    )
+
+
+# --- HPA, inline credentials, REST service ------------------------------------------------------------
+
+
+def test_hpa_alternative_inline_secrets_and_optional_service(chart: helm.Chart) -> None:
+    m = render(chart, load_values("hpa-values.yaml"))
+    assert not m.of("ScaledObject")
+    (hpa,) = m.of("HorizontalPodAutoscaler").values()  # pool batch turned it off
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "noetl-noetl-stream-worker-default"
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    assert "replicas" not in m.get("Deployment", "noetl-noetl-stream-worker-default")["spec"]
+    assert m.get("Deployment", "noetl-noetl-stream-worker-batch")["spec"]["replicas"] == 1
+
+    secret = m.get("Secret", "noetl-noetl-stream-nats")
+    assert set(secret["stringData"]) == {"controller", "worker"}  # no admin password for the runtime
+    hook_secret = m.get("Secret", "noetl-noetl-stream-provision")
+    assert set(hook_secret["stringData"]) == {"admin"}
+    assert "hook-succeeded" in hook_secret["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    assert int(hook_secret["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0  # before the Job
+    c = container(m.get("Deployment", "noetl-noetl-stream-controller"))
+    assert env(c)["NOETL_NATS_URL"]["value"].startswith("tls://$(NOETL_NATS_USER):")
+    assert env(c)["SSL_CERT_FILE"]["value"] == "/etc/noetl/nats-ca/ca.crt"
+    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert arg(c, "--http") == ["0.0.0.0:8080"]  # the REST API listens where the Service points
+    assert env(c)["NOETL_API_TOKENS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "noetl-api-tokens",
+        "key": "tokens",
+    }
+    service = m.get("Service", "noetl-noetl-stream-controller")
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    rule = m.get("Ingress", "noetl-noetl-stream")["spec"]["rules"][0]
+    assert rule["http"]["paths"][0]["backend"]["service"]["name"] == "noetl-noetl-stream-controller"
+    assert m.get("ServiceMonitor", "noetl-noetl-stream")["spec"]["endpoints"][0]["port"] == "http"

@@ -12,6 +12,7 @@ import msgspec
 
 from noetl_stream import __version__
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.errors import ConfigurationError
 from noetl_stream.subjects import Topology
 
 T = TypeVar("T")
@@ -229,6 +230,9 @@ def _run_async(coro: Coroutine[Any, Any, T]) -> T:
     except ConnectionError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_FAILED)
+    except ConfigurationError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
 
 
 @main.command()

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Iterable
 from typing import NamedTuple
 
 import msgspec
+import nats.errors
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 from nats.js.manager import JetStreamManager
@@ -349,6 +350,12 @@ class _Provisioner:
             await aw
         except APIError as e:
             raise ProvisionError(f"cannot {what} {label}: {e.description} (err_code {e.err_code})") from e
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError) as e:
+            raise ProvisionError(
+                f"cannot {what} {label}: no answer from the JetStream API ({type(e).__name__}); this NATS user "
+                "may not be allowed to change JetStream objects: provision as an admin user "
+                "(`noetl-stream provision`) and check the server's permissions"
+            ) from e
 
 
 async def provision(

@@ -305,6 +305,19 @@ def worker(
 
     configure(log_level)
     _run_async(run_worker(nats_url, _topology(prefix), pool, concurrency, grace, name))
+    _exit_now_if_tools_still_run()
+
+
+def _exit_now_if_tools_still_run() -> None:
+    """After the grace period, a tool still running in a thread (python, duckdb) must not keep the process
+    alive: its command was left unacknowledged and will be redelivered. Exit without joining it."""
+    import os
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @main.command()

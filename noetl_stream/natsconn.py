@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import inspect
+import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
@@ -103,6 +104,11 @@ async def connect(
     }
     if "reconnect_to_server_handler" in inspect.signature(NATS.connect).parameters:
         opts["reconnect_to_server_handler"] = _pick_server
+    # Per-identity settings from the environment (deploy/: each role has its own NATS user).
+    if os.environ.get("NOETL_NATS_CREDS"):
+        opts["user_credentials"] = os.environ["NOETL_NATS_CREDS"]
+    if os.environ.get("NOETL_NATS_INBOX_PREFIX"):
+        opts["inbox_prefix"] = os.environ["NOETL_NATS_INBOX_PREFIX"].encode()
     opts.update(options)
     servers = [url] if isinstance(url, str) else list(url)
     try:

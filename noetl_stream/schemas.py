@@ -1,4 +1,5 @@
-"""JSON Schemas of the wire types, published in ``schemas/`` (a test keeps them in sync).
+"""JSON Schemas of the wire types and of the operator API's bodies, published in ``schemas/`` and
+``schemas/api/`` (a test keeps them in sync).
 
 python -m noetl_stream.schemas schemas/
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from noetl_stream import operations as ops
 from noetl_stream.wire import Command, Event, ExecutionRequest
 
 WIRE_SCHEMAS: dict[str, type[msgspec.Struct]] = {
@@ -21,10 +23,43 @@ WIRE_SCHEMAS: dict[str, type[msgspec.Struct]] = {
 }
 
 
+# Request and reply bodies of the `noetl` micro service endpoints (and the REST routes), by name.
+API_SCHEMAS: dict[str, type[msgspec.Struct]] = {
+    t.__name__: t
+    for t in (
+        ops.ErrorReply,
+        ops.ExecuteReply,
+        ops.ControlRequest,
+        ops.ControlAccepted,
+        ops.ExecutionRef,
+        ops.ExecutionSummary,
+        ops.ListExecutions,
+        ops.ExecutionList,
+        ops.EventsRequest,
+        ops.EventsPage,
+        ops.CtxReply,
+        ops.CatalogRegister,
+        ops.CatalogEntryInfo,
+        ops.CatalogListRequest,
+        ops.CatalogList,
+        ops.CatalogRef,
+        ops.CatalogPlaybook,
+        ops.CatalogDeleted,
+    )
+}
+
+
 def wire_schema(name: str) -> dict[str, Any]:
     schema = msgspec.json.schema(WIRE_SCHEMAS[name])
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://noetl.io/schemas/noetl-stream/{name}.schema.json"
+    return schema
+
+
+def api_schema(name: str) -> dict[str, Any]:
+    schema = msgspec.json.schema(API_SCHEMAS[name])
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://noetl.io/schemas/noetl-stream/api/{name}.schema.json"
     return schema
 
 
@@ -38,6 +73,11 @@ def write_all(directory: Path) -> list[Path]:
     for name in WIRE_SCHEMAS:
         path = directory / f"{name}.schema.json"
         path.write_text(render(wire_schema(name)), encoding="utf-8")
+        written.append(path)
+    (directory / "api").mkdir(exist_ok=True)
+    for name in API_SCHEMAS:
+        path = directory / "api" / f"{name}.schema.json"
+        path.write_text(render(api_schema(name)), encoding="utf-8")
         written.append(path)
     return written
 

@@ -26,15 +26,32 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
-async def run_controller(url: str, topology: Topology, pools: tuple[str, ...], grace_s: float) -> None:
+async def run_controller(
+    url: str,
+    topology: Topology,
+    pools: tuple[str, ...],
+    grace_s: float,
+    http: tuple[str, int] | None = None,
+    api_tokens: tuple[str, ...] = (),
+) -> None:
+    """Run a controller until SIGTERM/SIGINT; with ``http`` (host, port) it also serves the REST API."""
+    from noetl_stream.api import ApiServer
+
     nc = await connect(url, name="noetl-controller", connect_wait_s=None)
     try:
         await provision(nc.jetstream(), topology, pools)
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        async with Controller(nc, topology, default_pool=pools[0]):
-            await stop.wait()
-            log.info("controller.stopping", grace_s=grace_s)
+        async with Controller(nc, topology, default_pool=pools[0]) as controller:
+            api = ApiServer(controller, http[0], http[1], api_tokens) if http is not None else None
+            if api is not None:
+                await api.start()
+            try:
+                await stop.wait()
+                log.info("controller.stopping", grace_s=grace_s)
+            finally:
+                if api is not None:
+                    await api.stop()
     finally:
         await nc.drain()
 

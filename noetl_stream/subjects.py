@@ -130,6 +130,10 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         """All events of one execution: ``noetl.events.<id>.>``."""
         return f"{self.prefix}.events.{check_token(execution_id, 'execution id')}.>"
 
+    def any_execution_filter(self, event_name: str) -> str:
+        """One event name of every execution: ``noetl.events.*.task.done``."""
+        return f"{self.prefix}.events.*.{_check_event_name(event_name)}"
+
     @property
     def controller_event_filters(self) -> tuple[str, ...]:
         """One filter per controller input event, any execution (sorted, so configs are stable)."""
@@ -228,5 +232,6 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.prefix}.api"
 
     def api_subject(self, endpoint: str) -> str:
-        """``noetl.api.<endpoint>``."""
-        return f"{self.api_prefix}.{check_token(endpoint, 'API endpoint')}"
+        """``noetl.api.<endpoint>``; a dotted endpoint is several tokens (``catalog.register``)."""
+        tokens = endpoint.split(".") if isinstance(endpoint, str) else [endpoint]
+        return f"{self.api_prefix}." + ".".join(check_token(t, "API endpoint") for t in tokens)

@@ -240,7 +240,7 @@ async def test_execute_endpoint_answers_a_malformed_request_with_an_error(
     assert headers.get("Nats-Service-Error-Code") == "400"
     assert message in headers.get("Nats-Service-Error", "")
     body = json.loads(reply.data)
-    assert message in body["error"]
+    assert message in body["detail"]
     summary = await follow(runtime.nc, runtime.topology, body["execution_id"], timeout=10)
     assert summary.status == "rejected"
 
@@ -256,7 +256,7 @@ async def test_execute_endpoint_answers_an_invalid_playbook_with_an_error(
     headers = reply.headers or {}
     assert headers.get("Nats-Service-Error-Code") == "400", (headers, reply.data)
     body = json.loads(reply.data)
-    assert "bad.yaml:" in body["error"]
+    assert "bad.yaml:" in body["detail"]
     summary = await follow(runtime.nc, runtime.topology, body["execution_id"], timeout=10)
     assert summary.status == "rejected"
 

@@ -5,10 +5,15 @@ message redelivered after a crash) and records ``playbook.execution.requested``;
 the reducer does the rest when that event comes back through the controller's
 consumer. A malformed request is answered with ``playbook.request.rejected`` and a
 ``playbook.processed`` for its id: nothing is left half-started.
+
+A request naming a catalog ``path`` (and ``version``, default latest) is resolved here: the
+requested event carries the resolved text in ``request.playbook`` and ``catalog: {path, version,
+content_hash}``, so the execution (and any replay of it) runs exactly that content.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -22,9 +27,14 @@ from nats.micro.service import EndpointConfig, Service, ServiceConfig
 
 from noetl_stream import __version__
 from noetl_stream import events as E
+from noetl_stream.control.endpoints import ApiError, QueryEndpoints, decode, respond_error
+from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.reducer import invalid_playbook_error, rejection_events
+from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.compiler import compile_playbook
+from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.natsconn import ContinuousPuller
+from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import SubjectError, Topology, check_token
 from noetl_stream.wire import (
@@ -55,11 +65,6 @@ def parse_request(raw: bytes) -> ExecutionRequest:
         raise RequestError(f"request is not valid JSON: {exc}") from None
     if request.playbook is None and request.path is None:
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (a catalog path)")
-    if request.playbook is None:
-        raise RequestError(
-            f"unknown playbook path '{request.path}': the catalog is not available in this "
-            "version; send the playbook text in 'playbook'"
-        )
     if request.execution_id is not None:
         try:
             check_token(request.execution_id, "execution id")
@@ -78,11 +83,6 @@ CONTROL_ENDPOINTS = {
     "pause": E.EXECUTION_PAUSE_REQUESTED,
     "resume": E.EXECUTION_RESUME_REQUESTED,
 }
-
-
-class ControlRequest(msgspec.Struct, forbid_unknown_fields=True):
-    execution_id: str
-    reason: str | None = None
 
 
 def control_event(execution_id: str, name: str, reason: str | None = None) -> Event:
@@ -117,10 +117,14 @@ def _claimed_id(raw: bytes) -> str | None:
 
 
 class Intake:
-    def __init__(self, nc: NATS, topology: Topology) -> None:
+    def __init__(
+        self, nc: NATS, topology: Topology, live: Mapping[str, ExecutionState] | None = None
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.topology = topology
+        self.catalog = Catalog(self.js, topology)
+        self.inspector = Inspector(self.js, topology, live)
         self._puller: ContinuousPuller | None = None
         self._service: Service | None = None
         self._checked: dict[str, dict[str, Any] | None] = {}
@@ -145,7 +149,13 @@ class Intake:
         )
         await self._service.add_endpoint(
             EndpointConfig(
-                name="execute", handler=self._on_execute, subject=self.topology.api_subject("execute")
+                name="execute",
+                handler=self._on_execute,
+                subject=self.topology.api_subject("execute"),
+                metadata={
+                    "request_schema": "schemas/request.schema.json",
+                    "reply_schema": "schemas/api/ExecuteReply.schema.json",
+                },
             )
         )
         for name, event_name in CONTROL_ENDPOINTS.items():
@@ -154,8 +164,13 @@ class Intake:
                     name=name,
                     handler=self._control_handler(event_name),
                     subject=self.topology.api_subject(name),
+                    metadata={
+                        "request_schema": "schemas/api/ControlRequest.schema.json",
+                        "reply_schema": "schemas/api/ControlAccepted.schema.json",
+                    },
                 )
             )
+        await QueryEndpoints(self.inspector, self.catalog, self.topology).add_to(self._service)
 
     async def stop(self) -> None:
         if self._service is not None:
@@ -172,34 +187,43 @@ class Intake:
         await msg.ack()
 
     async def _on_execute(self, req: Request) -> None:
-        execution_id, error = await self.submit(req.data, new_execution_id())
-        body: dict[str, Any] = {"execution_id": execution_id}
+        execution_id, error = await self.admit(req.data, new_execution_id())
         if error is not None:
-            body["error"] = error
-            await req.respond_error("400", error, msgspec.json.encode(body))
+            detail = str(error.get("message"))
+            reply = ErrorReply(
+                error=str(error.get("kind") or "bad_request"),
+                detail=detail,
+                execution_id=execution_id,
+                diagnostics=[str(d) for d in error.get("diagnostics") or []],
+            )
+            await req.respond_error("400", detail, msgspec.json.encode(reply))
         else:
-            await req.respond(msgspec.json.encode(body))
+            await req.respond(msgspec.json.encode(ExecuteReply(execution_id=execution_id)))
 
     def _control_handler(self, name: str) -> Any:
         async def handle(req: Request) -> None:
             try:
-                ctl = msgspec.json.decode(req.data, type=ControlRequest)
-                ev = control_event(ctl.execution_id, name, ctl.reason)
-            except (msgspec.DecodeError, msgspec.ValidationError, SubjectError) as exc:
-                await req.respond_error(
-                    "400", f"bad request: {exc}", msgspec.json.encode({"error": str(exc)})
-                )
+                ctl = decode(req.data, ControlRequest)
+                reply = await self.control(ctl.execution_id, name, ctl.reason)
+            except ApiError as err:
+                await respond_error(req, err)
                 return
-            if not await self._exists(ctl.execution_id):
-                error = f"no execution {ctl.execution_id}"
-                await req.respond_error("404", error, msgspec.json.encode({"error": error}))
-                return
-            outbox = Outbox(self.js, self.topology)
-            outbox.event(ev)
-            await outbox.flush()
-            await req.respond(msgspec.json.encode({"execution_id": ctl.execution_id, "accepted": name}))
+            await req.respond(msgspec.json.encode(reply))
 
         return handle
+
+    async def control(self, execution_id: str, name: str, reason: str | None = None) -> ControlAccepted:
+        """Record an operator action (``execution.cancel.requested``, ...) for an existing execution."""
+        try:
+            ev = control_event(execution_id, name, reason)
+        except SubjectError as exc:
+            raise ApiError(400, "bad_request", f"bad request: {exc}") from None
+        if not await self._exists(execution_id):
+            raise ApiError(404, "not_found", f"no execution {execution_id}")
+        outbox = Outbox(self.js, self.topology)
+        outbox.event(ev)
+        await outbox.flush()
+        return ControlAccepted(execution_id=execution_id, accepted=name)
 
     async def _exists(self, execution_id: str) -> bool:
         subject = self.topology.event_subject(execution_id, E.EXECUTION_REQUESTED)
@@ -210,16 +234,37 @@ class Intake:
         return True
 
     async def submit(self, raw: bytes, default_id: str) -> tuple[str, str | None]:
-        """Record the request (or its rejection). Returns ``(execution_id, error or None)``."""
+        """Record the request (or its rejection). Returns ``(execution_id, error message or None)``."""
+        execution_id, error = await self.admit(raw, default_id)
+        return execution_id, None if error is None else str(error.get("message"))
+
+    async def admit(self, raw: bytes, default_id: str) -> tuple[str, dict[str, Any] | None]:
+        """Record the request (or its rejection). Returns ``(execution_id, error or None)``; the error's
+        ``kind`` is ``bad_request``, ``unknown_playbook`` or ``invalid_playbook``."""
         outbox = Outbox(self.js, self.topology)
         try:
             request = parse_request(raw)
         except RequestError as exc:
             execution_id = _claimed_id(raw) or default_id
-            self._reject(outbox, execution_id, {"kind": "bad_request", "message": str(exc)})
+            rejection = {"kind": "bad_request", "message": str(exc)}
+            self._reject(outbox, execution_id, rejection)
             await outbox.flush()
-            return execution_id, str(exc)
+            return execution_id, rejection
         execution_id = request.execution_id or default_id
+        pinned: dict[str, Any] = {}
+        if request.playbook is None:
+            assert request.path is not None
+            try:
+                entry, text = await self.catalog.resolve(request.path, request.version)
+            except (CatalogNotFoundError, CatalogError) as exc:
+                kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
+                unknown = {"kind": kind, "message": str(exc)}
+                self._reject(outbox, execution_id, unknown, request.path, request.trace_id)
+                await outbox.flush()
+                return execution_id, unknown
+            request = msgspec.structs.replace(request, playbook=text, version=entry.version)
+            pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
+            pinned = {"catalog": pin}
         error = self._check_playbook(request)
         outbox.event(
             Event(
@@ -231,7 +276,11 @@ class Intake:
                 entity_id=request.path or request.file or "<playbook>",
                 status="in_progress",
                 timestamp=now_iso(),
-                payload={"request": msgspec.to_builtins(request), **({"rejected": error} if error else {})},
+                payload={
+                    "request": msgspec.to_builtins(request),
+                    **pinned,
+                    **({"rejected": error} if error else {}),
+                },
                 trace_id=request.trace_id,
             )
         )
@@ -242,7 +291,7 @@ class Intake:
                 outbox, execution_id, error, request.file or request.path or "<playbook>", request.trace_id
             )
             await outbox.flush()
-            return execution_id, str(error["message"])
+            return execution_id, error
         await outbox.flush()
         return execution_id, None
 

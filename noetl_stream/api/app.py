@@ -1,0 +1,117 @@
+"""The aiohttp application: bearer-token authentication, JSON errors, the routes of `ROUTES`.
+
+Every route but ``/health`` needs ``Authorization: Bearer <token>`` with one of the configured tokens
+(401 otherwise). Every refusal is a 4xx (503 when NATS or the keychain key is unavailable) with a
+``{error, detail}`` body; an unexpected failure is a 500 with the same shape, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+import nats.errors
+import structlog
+from aiohttp import web
+
+from noetl_stream.api.http import CONTEXT, ApiContext, ApiError, Handler, Route, error_response, reply
+from noetl_stream.api.routes import ROUTES
+from noetl_stream.control.inspect import QueryError
+from noetl_stream.errors import ConfigurationError
+
+__all__ = ["MAX_BODY_BYTES", "build_app", "check_tokens"]
+
+log = structlog.get_logger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+_PUBLIC = frozenset(r.path for r in ROUTES if not r.auth)
+_REASONS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "unprocessable",
+}
+_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError)
+
+
+def check_tokens(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    tokens = tuple(t.strip() for t in tokens if t and t.strip())
+    if not tokens:
+        raise ConfigurationError(
+            "the HTTP API needs at least one bearer token: --api-token or NOETL_API_TOKENS (comma-separated)"
+        )
+    return tokens
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return reply(err.reply, err.code)
+    except QueryError as exc:
+        return error_response(400, "bad_request", str(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, _REASONS.get(exc.status, "http_error"), exc.reason)
+    except _UNAVAILABLE as exc:
+        return error_response(503, "unavailable", f"NATS did not answer: {type(exc).__name__}")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("api.internal_error", path=request.path, method=request.method)
+        return error_response(
+            500, "internal", f"{type(exc).__name__}: the server could not handle this request"
+        )
+
+
+def _auth(tokens: tuple[str, ...]) -> Any:
+    encoded = [t.encode() for t in tokens]
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in _PUBLIC:
+            return await handler(request)
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        candidate = given.strip().encode()
+        # compare with every token, so the time taken does not tell which one nearly matched
+        matched = [hmac.compare_digest(candidate, t) for t in encoded]
+        if scheme.lower() != "bearer" or not candidate or not any(matched):
+            return error_response(
+                401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required"
+            )
+        return await handler(request)
+
+    return auth
+
+
+def _strict(route: Route) -> Handler:
+    """The route's handler, refusing query parameters it does not document (a typo is not ignored)."""
+    allowed = frozenset(p.name for p in route.params if p.where == "query")
+    handler = route.handler
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        unknown = sorted(set(request.query) - allowed)
+        if unknown:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise ApiError(400, "bad_request", f"unknown query parameter(s) {unknown} (known: {known})")
+        return await handler(request)
+
+    return handle
+
+
+def build_app(context: ApiContext) -> web.Application:
+    """The REST API of one controller process (``ROUTES``), with authentication and JSON errors."""
+    tokens = check_tokens(context.tokens)
+    app = web.Application(middlewares=[_errors, _auth(tokens)], client_max_size=MAX_BODY_BYTES)
+    app[CONTEXT] = context
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, _strict(route), name=route.operation_id)
+    return app

@@ -1,0 +1,167 @@
+"""Execution routes: submit, list, status, events (paged or live as server-sent events), ctx, controls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgspec
+from aiohttp import web
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from noetl_stream import events as E
+from noetl_stream.api.http import ApiError, Handler, context, query_flag, query_int, read_json, reply
+from noetl_stream.control.intake import CONTROL_ENDPOINTS, RequestError, parse_request
+from noetl_stream.operations import MAX_PAGE, ControlRequest, ErrorReply, ExecuteReply, ListExecutions
+from noetl_stream.wire import decode_event, new_execution_id
+
+KEEPALIVE_S = 15.0
+_REJECTION_STATUS = {"bad_request": 400, "unknown_playbook": 404, "invalid_playbook": 422}
+
+
+class ControlBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    reason: str | None = None
+
+
+def _execution_id(request: web.Request) -> str:
+    return context(request).inspector.check_id(request.match_info["execution_id"])
+
+
+async def submit(request: web.Request) -> web.StreamResponse:
+    """Validate the body first (a malformed one writes nothing), then record it like any request."""
+    raw = await request.read()
+    try:
+        parse_request(raw)
+    except RequestError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    execution_id, error = await context(request).intake.admit(raw, new_execution_id())
+    if error is not None:
+        kind = str(error.get("kind") or "bad_request")
+        body = ErrorReply(
+            error=kind,
+            detail=str(error.get("message")),
+            execution_id=execution_id,
+            diagnostics=[str(d) for d in error.get("diagnostics") or []],
+        )
+        return reply(body, _REJECTION_STATUS.get(kind, 400))
+    location = f"/api/executions/{execution_id}"
+    return reply(ExecuteReply(execution_id=execution_id), 201, {"Location": location})
+
+
+async def list_executions(request: web.Request) -> web.StreamResponse:
+    q = request.query
+    query = ListExecutions(
+        status=q.get("status"),
+        playbook=q.get("playbook"),
+        since=q.get("since"),
+        until=q.get("until"),
+        offset=query_int(request, "offset", 0, 0),
+        limit=query_int(request, "limit", 50, 1, MAX_PAGE),
+    )
+    return reply(await context(request).inspector.executions(query))
+
+
+async def show(request: web.Request) -> web.StreamResponse:
+    execution_id = _execution_id(request)
+    summary = await context(request).inspector.status(execution_id)
+    if summary is None:
+        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    return reply(summary)
+
+
+async def ctx(request: web.Request) -> web.StreamResponse:
+    execution_id = _execution_id(request)
+    body = await context(request).inspector.ctx(execution_id)
+    if body is None:
+        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    return reply(body)
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    execution_id = _execution_id(request)
+    after = query_int(request, "after", 0, 0)
+    if request.headers.get("Last-Event-ID", "").isdigit():
+        after = max(after, int(request.headers["Last-Event-ID"]))
+    limit = query_int(request, "limit", 100, 1, MAX_PAGE)
+    if query_flag(request, "follow"):
+        return await _follow(request, execution_id, after)
+    page = await context(request).inspector.events(execution_id, after, limit)
+    if page is None:
+        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    return reply(page)
+
+
+async def _follow(request: web.Request, execution_id: str, after: int) -> web.StreamResponse:
+    """Server-sent events: every event after ``after`` (``id:`` is its stream sequence, so a client
+    resumes with ``Last-Event-ID``), then the stream ends after ``playbook.processed``."""
+    ctx_ = context(request)
+    if not await ctx_.inspector.exists(execution_id):
+        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    topology = ctx_.topology
+    js = ctx_.nc.jetstream()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    try:
+        last = await js.get_last_msg(
+            topology.events_stream, topology.event_subject(execution_id, E.PLAYBOOK_PROCESSED)
+        )
+        if last.seq is not None and last.seq <= after:
+            await response.write_eof()
+            return response  # finished before the client's position: nothing more will come
+    except NotFoundError:
+        pass
+    queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+
+    async def on_msg(msg: object) -> None:
+        meta = msg.metadata  # type: ignore[attr-defined]
+        await queue.put((meta.sequence.stream, msg.data))  # type: ignore[attr-defined]
+
+    config = api.ConsumerConfig(
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after else api.DeliverPolicy.ALL,
+        opt_start_seq=after + 1 if after else None,
+    )
+    sub = await js.subscribe(
+        topology.events_filter(execution_id),
+        stream=topology.events_stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        config=config,
+    )
+    try:
+        while True:
+            try:
+                seq, data = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                await response.write(b": keepalive\n\n")
+                continue
+            try:
+                name = decode_event(data).name
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            await response.write(b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name.encode(), data))
+            if name == E.PLAYBOOK_PROCESSED:
+                break
+    except (ConnectionResetError, asyncio.CancelledError):
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        raise
+    await sub.unsubscribe()
+    await response.write_eof()
+    return response
+
+
+def control(action: str) -> Handler:
+    event_name = CONTROL_ENDPOINTS[action]
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        execution_id = _execution_id(request)
+        body = await read_json(request, ControlBody, optional=True)
+        accepted = await context(request).intake.control(execution_id, event_name, body.reason)
+        return reply(accepted, 202)
+
+    handle.__name__ = f"{action}_execution"
+    return handle
+
+
+__all__ = ["ControlBody", "ControlRequest", "control", "ctx", "events", "list_executions", "show", "submit"]

@@ -1,0 +1,135 @@
+"""What every route shares: the request context, JSON replies, parameter parsing, the route table type."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+from nats.aio.client import Client as NATS
+
+from noetl_stream.control.endpoints import ApiError
+from noetl_stream.control.inspect import Inspector
+from noetl_stream.control.intake import Intake
+from noetl_stream.control.metrics import Metrics
+from noetl_stream.kv.catalog import Catalog
+from noetl_stream.kv.keychain import Keychain
+from noetl_stream.operations import ErrorReply
+from noetl_stream.subjects import Topology
+
+__all__ = ["CONTEXT", "ApiContext", "ApiError", "Param", "Route", "query_int", "read_json", "reply"]
+
+S = TypeVar("S", bound=msgspec.Struct)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+JSON = "application/json"
+
+
+@dataclass
+class ApiContext:
+    """The controller-process components the routes use."""
+
+    nc: NATS
+    topology: Topology
+    intake: Intake
+    tokens: tuple[str, ...]
+    metrics: Metrics | None = None
+    keychain: Keychain | None = None
+
+    @property
+    def inspector(self) -> Inspector:
+        return self.intake.inspector
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.intake.catalog
+
+
+CONTEXT = web.AppKey("noetl_api_context", ApiContext)
+
+
+def context(request: web.Request) -> ApiContext:
+    return request.app[CONTEXT]
+
+
+def reply(
+    body: msgspec.Struct | None, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    if body is None:
+        return web.Response(status=status, headers=headers)
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON, headers=headers)
+
+
+def error_response(status: int, error: str, detail: str, **extra: Any) -> web.Response:
+    body = ErrorReply(error=error, detail=detail, **extra)
+    headers = {"WWW-Authenticate": 'Bearer realm="noetl"'} if status == 401 else None
+    return reply(body, status, headers)
+
+
+def query_int(request: web.Request, name: str, default: int, low: int, high: int | None = None) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(
+            400, "bad_request", f"query parameter '{name}' must be an integer, got {raw!r}"
+        ) from None
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ApiError(400, "bad_request", f"query parameter '{name}' must be {bound}")
+    return value
+
+
+def query_flag(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "0")
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ApiError(400, "bad_request", f"query parameter '{name}' must be 1 or 0, got {raw!r}")
+
+
+async def read_json(request: web.Request, type_: type[S], *, optional: bool = False) -> S:
+    raw = await request.read()
+    if not raw.strip() and optional:
+        raw = b"{}"
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ApiError(400, "bad_request", f"bad request body: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Param:
+    """A path or query parameter (for the OpenAPI document)."""
+
+    name: str
+    where: str = "query"
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: its handler and what the OpenAPI document says about it."""
+
+    method: str
+    path: str
+    handler: Handler
+    operation_id: str
+    summary: str
+    reply: type[msgspec.Struct] | None = None
+    status: int = 200
+    params: tuple[Param, ...] = ()
+    body: type[msgspec.Struct] | None = None
+    body_required: bool = True
+    text_body: str | None = None
+    """A second request content type whose body is plain text (``application/yaml``)."""
+    errors: tuple[int, ...] = (400,)
+    auth: bool = True
+    content_type: str = JSON
+    stream: str | None = None
+    """An alternative 200 content type (``text/event-stream``)."""
+    tags: tuple[str, ...] = ()

@@ -1,0 +1,271 @@
+"""The route table: what the app serves and what ``schemas/openapi.yaml`` documents, in one place."""
+
+from __future__ import annotations
+
+from noetl_stream.api import executions as ex
+from noetl_stream.api import probes
+from noetl_stream.api import resources as res
+from noetl_stream.api.http import Param, Route
+from noetl_stream.control.inspect import STATUSES
+from noetl_stream.operations import (
+    MAX_PAGE,
+    CatalogDeleted,
+    CatalogEntryInfo,
+    CatalogList,
+    CatalogPlaybook,
+    CatalogRegister,
+    ControlAccepted,
+    CtxReply,
+    EventsPage,
+    ExecuteReply,
+    ExecutionList,
+    ExecutionSummary,
+    HealthReply,
+    KeychainItem,
+    KeychainList,
+    KeychainPut,
+    ReadyReply,
+)
+from noetl_stream.wire import ExecutionRequest
+
+__all__ = ["ROUTES"]
+
+_ID = Param(
+    "execution_id",
+    "path",
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
+    "Execution id (letters, digits, '_' or '-')",
+    required=True,
+)
+_NAME = Param("name", "path", {"type": "string"}, "Keychain entry name", required=True)
+_PAGE = (
+    Param("offset", schema={"type": "integer", "minimum": 0, "default": 0}),
+    Param("limit", schema={"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50}),
+)
+_STATUSES = list(STATUSES)
+_CATALOG_REF = (
+    Param("path", schema={"type": "string", "minLength": 1}, description="Playbook path", required=True),
+    Param("version", schema={"type": "string"}, description="A version or 'latest' (default)"),
+)
+
+
+def _control_route(action: str, summary: str) -> Route:
+    return Route(
+        "POST",
+        f"/api/executions/{{execution_id}}/{action}",
+        ex.control(action),
+        f"{action}Execution",
+        summary,
+        ControlAccepted,
+        202,
+        (_ID,),
+        body=ex.ControlBody,
+        body_required=False,
+        errors=(400, 404),
+        tags=("executions",),
+    )
+
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/api/executions",
+        ex.submit,
+        "startExecution",
+        "Start an execution from playbook text or a catalog path (+ version)",
+        ExecuteReply,
+        201,
+        body=ExecutionRequest,
+        errors=(400, 404, 422),
+        tags=("executions",),
+    ),
+    Route(
+        "GET",
+        "/api/executions",
+        ex.list_executions,
+        "listExecutions",
+        "List executions (newest update first), filtered by status, playbook and update time",
+        ExecutionList,
+        params=(
+            Param("status", schema={"type": "string", "enum": _STATUSES}),
+            Param("playbook", description="Playbook metadata.path or metadata.name"),
+            Param(
+                "since", schema={"type": "string", "format": "date-time"}, description="Updated at or after"
+            ),
+            Param(
+                "until", schema={"type": "string", "format": "date-time"}, description="Updated at or before"
+            ),
+            *_PAGE,
+        ),
+        tags=("executions",),
+    ),
+    Route(
+        "GET",
+        "/api/executions/{execution_id}",
+        ex.show,
+        "getExecution",
+        "An execution's status, step by step",
+        ExecutionSummary,
+        params=(_ID,),
+        errors=(400, 404),
+        tags=("executions",),
+    ),
+    Route(
+        "GET",
+        "/api/executions/{execution_id}/events",
+        ex.events,
+        "listExecutionEvents",
+        "An execution's events in stream order: a page, or with follow=1 a server-sent event stream "
+        "that ends after playbook.processed (resume with Last-Event-ID)",
+        EventsPage,
+        params=(
+            _ID,
+            Param(
+                "after", schema={"type": "integer", "minimum": 0, "default": 0}, description="Stream sequence"
+            ),
+            Param("limit", schema={"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100}),
+            Param(
+                "follow", schema={"type": "string", "enum": ["0", "1"]}, description="1: server-sent events"
+            ),
+        ),
+        errors=(400, 404),
+        stream="text/event-stream",
+        tags=("executions",),
+    ),
+    Route(
+        "GET",
+        "/api/executions/{execution_id}/ctx",
+        ex.ctx,
+        "getExecutionCtx",
+        "An execution's ctx and its revision",
+        CtxReply,
+        params=(_ID,),
+        errors=(400, 404),
+        tags=("executions",),
+    ),
+    _control_route("cancel", "Cancel an execution: nothing new is scheduled, running steps stop"),
+    _control_route("pause", "Pause an execution: running steps finish, nothing new starts"),
+    _control_route("resume", "Resume a paused execution"),
+    Route(
+        "GET",
+        "/api/catalog",
+        res.catalog_list,
+        "listCatalog",
+        "Registered playbooks (every version), optionally of one path",
+        CatalogList,
+        params=(Param("path", description="Only the versions of this path"),),
+        tags=("catalog",),
+    ),
+    Route(
+        "POST",
+        "/api/catalog",
+        res.catalog_register,
+        "registerPlaybook",
+        "Register a playbook under its metadata.path and version (201 new, 200 already registered)",
+        CatalogEntryInfo,
+        201,
+        body=CatalogRegister,
+        text_body="application/yaml",
+        errors=(400, 409),
+        tags=("catalog",),
+    ),
+    Route(
+        "GET",
+        "/api/catalog/playbook",
+        res.catalog_show,
+        "getPlaybook",
+        "One registered version with its text",
+        CatalogPlaybook,
+        params=_CATALOG_REF,
+        errors=(400, 404),
+        tags=("catalog",),
+    ),
+    Route(
+        "DELETE",
+        "/api/catalog/playbook",
+        res.catalog_delete,
+        "deletePlaybook",
+        "Delete one version, or every version when none is given",
+        CatalogDeleted,
+        params=_CATALOG_REF,
+        errors=(400, 404),
+        tags=("catalog",),
+    ),
+    Route(
+        "GET",
+        "/api/keychain",
+        res.keychain_list,
+        "listKeychain",
+        "Credential names and kinds (never values)",
+        KeychainList,
+        errors=(503,),
+        tags=("keychain",),
+    ),
+    Route(
+        "GET",
+        "/api/keychain/{name}",
+        res.keychain_show,
+        "getKeychainEntry",
+        "A credential's name and kind (never values)",
+        KeychainItem,
+        params=(_NAME,),
+        errors=(400, 404, 503),
+        tags=("keychain",),
+    ),
+    Route(
+        "PUT",
+        "/api/keychain/{name}",
+        res.keychain_put,
+        "putKeychainEntry",
+        "Create or replace a credential (write-only; 503 when this process has no keychain key)",
+        KeychainItem,
+        params=(_NAME,),
+        body=KeychainPut,
+        errors=(400, 503),
+        tags=("keychain",),
+    ),
+    Route(
+        "DELETE",
+        "/api/keychain/{name}",
+        res.keychain_delete,
+        "deleteKeychainEntry",
+        "Delete a credential",
+        None,
+        204,
+        params=(_NAME,),
+        errors=(400, 404, 503),
+        tags=("keychain",),
+    ),
+    Route(
+        "GET",
+        "/health",
+        probes.health,
+        "health",
+        "The process is up (no authentication)",
+        HealthReply,
+        errors=(),
+        auth=False,
+        tags=("probes",),
+    ),
+    Route(
+        "GET",
+        "/ready",
+        probes.ready,
+        "ready",
+        "NATS is reachable and the streams exist (503 if not)",
+        ReadyReply,
+        errors=(503,),
+        tags=("probes",),
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        probes.metrics,
+        "metrics",
+        "Prometheus metrics (text exposition format)",
+        None,
+        errors=(404,),
+        content_type="text/plain",
+        tags=("probes",),
+    ),
+)

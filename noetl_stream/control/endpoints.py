@@ -1,0 +1,189 @@
+"""Query and catalog endpoints of the ``noetl`` micro service (execute/cancel/pause/resume are intake's).
+
+Every endpoint takes and answers JSON (``schemas/api/<endpoint>.request|reply.schema.json``); a
+refusal is a service error (``Nats-Service-Error-Code`` 400 or 404) whose body is ``{error, detail}``::
+
+    nats req noetl.api.status '{"execution_id": "..."}'
+    nats req noetl.api.events '{"execution_id": "...", "after": 0, "limit": 100}'
+    nats req noetl.api.ctx '{"execution_id": "..."}'
+    nats req noetl.api.executions '{"status": "failed", "limit": 20}'
+    nats req noetl.api.catalog.register '{"playbook": "<yaml text>"}'
+    nats req noetl.api.catalog.list '{}'
+    nats req noetl.api.catalog.show '{"path": "examples/hello", "version": "2"}'
+    nats req noetl.api.catalog.delete '{"path": "examples/hello", "version": "2"}'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from nats.micro.request import Request
+from nats.micro.service import EndpointConfig, Service
+
+from noetl_stream.control.inspect import Inspector, QueryError
+from noetl_stream.kv.catalog import Catalog, CatalogConflictError, CatalogError, CatalogNotFoundError
+from noetl_stream.operations import (
+    CatalogDeleted,
+    CatalogList,
+    CatalogListRequest,
+    CatalogPlaybook,
+    CatalogRef,
+    CatalogRegister,
+    ErrorReply,
+    EventsRequest,
+    ExecutionRef,
+    ListExecutions,
+)
+from noetl_stream.subjects import Topology
+
+__all__ = ["ENDPOINTS", "ApiError", "QueryEndpoints", "respond_error"]
+
+Req = TypeVar("Req", bound=msgspec.Struct)
+
+
+class ApiError(Exception):
+    """A refusal with a status code (``400``, ``404``, ``409``) and an ``{error, detail}`` body."""
+
+    def __init__(self, code: int, error: str, detail: str, diagnostics: list[str] | None = None) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.reply = ErrorReply(error=error, detail=detail, diagnostics=diagnostics or [])
+
+
+async def respond_error(req: Request, err: ApiError) -> None:
+    await req.respond_error(str(err.code), err.reply.detail, msgspec.json.encode(err.reply))
+
+
+def decode(raw: bytes, type_: type[Req]) -> Req:
+    try:
+        return msgspec.json.decode(raw or b"{}", type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ApiError(400, "bad_request", f"bad request: {exc}") from None
+
+
+def catalog_error(exc: Exception) -> ApiError:
+    if isinstance(exc, CatalogNotFoundError):
+        return ApiError(404, "not_found", str(exc))
+    if isinstance(exc, CatalogConflictError):
+        return ApiError(409, "conflict", str(exc))
+    if isinstance(exc, CatalogError):
+        return ApiError(400, "invalid_playbook", str(exc), exc.diagnostics)
+    raise exc
+
+
+ENDPOINTS: dict[str, tuple[str, type[msgspec.Struct], str]] = {
+    # micro endpoint name -> (subject suffix after <prefix>.api., request type, reply type name)
+    "status": ("status", ExecutionRef, "ExecutionSummary"),
+    "events": ("events", EventsRequest, "EventsPage"),
+    "ctx": ("ctx", ExecutionRef, "CtxReply"),
+    "executions": ("executions", ListExecutions, "ExecutionList"),
+    "catalog-register": ("catalog.register", CatalogRegister, "CatalogEntryInfo"),
+    "catalog-list": ("catalog.list", CatalogListRequest, "CatalogList"),
+    "catalog-show": ("catalog.show", CatalogRef, "CatalogPlaybook"),
+    "catalog-delete": ("catalog.delete", CatalogRef, "CatalogDeleted"),
+}
+
+
+class QueryEndpoints:
+    def __init__(self, inspector: Inspector, catalog: Catalog, topology: Topology) -> None:
+        self.inspector = inspector
+        self.catalog = catalog
+        self.topology = topology
+
+    async def add_to(self, service: Service) -> None:
+        handlers: dict[str, Callable[[bytes], Awaitable[msgspec.Struct]]] = {
+            "status": self.status,
+            "events": self.events,
+            "ctx": self.ctx,
+            "executions": self.executions,
+            "catalog-register": self.catalog_register,
+            "catalog-list": self.catalog_list,
+            "catalog-show": self.catalog_show,
+            "catalog-delete": self.catalog_delete,
+        }
+        for name, (suffix, request_type, reply_type) in ENDPOINTS.items():
+            await service.add_endpoint(
+                EndpointConfig(
+                    name=name,
+                    subject=self.topology.api_subject(suffix),
+                    handler=self._wrap(handlers[name]),
+                    metadata={
+                        "request_schema": f"schemas/api/{request_type.__name__}.schema.json",
+                        "reply_schema": f"schemas/api/{reply_type}.schema.json",
+                    },
+                )
+            )
+
+    @staticmethod
+    def _wrap(handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Any:
+        async def handle(req: Request) -> None:
+            try:
+                reply = await handler(req.data)
+            except ApiError as err:
+                await respond_error(req, err)
+                return
+            except QueryError as exc:
+                await respond_error(req, ApiError(400, "bad_request", f"bad request: {exc}"))
+                return
+            await req.respond(msgspec.json.encode(reply))
+
+        return handle
+
+    # -- executions -----------------------------------------------------------------------------
+    async def status(self, raw: bytes) -> msgspec.Struct:
+        ref = decode(raw, ExecutionRef)
+        summary = await self.inspector.status(ref.execution_id)
+        if summary is None:
+            raise ApiError(404, "not_found", f"no execution {ref.execution_id}")
+        return summary
+
+    async def events(self, raw: bytes) -> msgspec.Struct:
+        query = decode(raw, EventsRequest)
+        page = await self.inspector.events(query.execution_id, query.after, query.limit)
+        if page is None:
+            raise ApiError(404, "not_found", f"no execution {query.execution_id}")
+        return page
+
+    async def ctx(self, raw: bytes) -> msgspec.Struct:
+        ref = decode(raw, ExecutionRef)
+        reply = await self.inspector.ctx(ref.execution_id)
+        if reply is None:
+            raise ApiError(404, "not_found", f"no execution {ref.execution_id}")
+        return reply
+
+    async def executions(self, raw: bytes) -> msgspec.Struct:
+        return await self.inspector.executions(decode(raw, ListExecutions))
+
+    # -- catalog --------------------------------------------------------------------------------
+    async def catalog_register(self, raw: bytes) -> msgspec.Struct:
+        body = decode(raw, CatalogRegister)
+        try:
+            entry, _ = await self.catalog.register(body.playbook)
+        except (CatalogError, CatalogConflictError) as exc:
+            raise catalog_error(exc) from None
+        return entry
+
+    async def catalog_list(self, raw: bytes) -> msgspec.Struct:
+        query = decode(raw, CatalogListRequest)
+        try:
+            return CatalogList(items=await self.catalog.list(query.path))
+        except CatalogError as exc:
+            raise catalog_error(exc) from None
+
+    async def catalog_show(self, raw: bytes) -> msgspec.Struct:
+        ref = decode(raw, CatalogRef)
+        try:
+            entry, text = await self.catalog.resolve(ref.path, ref.version)
+        except (CatalogError, CatalogNotFoundError) as exc:
+            raise catalog_error(exc) from None
+        return CatalogPlaybook(entry=entry, playbook=text)
+
+    async def catalog_delete(self, raw: bytes) -> msgspec.Struct:
+        ref = decode(raw, CatalogRef)
+        try:
+            versions = await self.catalog.delete(ref.path, ref.version)
+        except (CatalogError, CatalogNotFoundError) as exc:
+            raise catalog_error(exc) from None
+        return CatalogDeleted(path=ref.path, versions=versions)

@@ -1,0 +1,270 @@
+"""Read-only views of executions for the operator API: status, ctx, events pages, the list.
+
+The controller's live projection answers first (it is the newest), then the KV snapshot, then the
+events stream itself (an execution requested but not folded yet is ``pending``; one rejected at
+intake has only its ``playbook.processed``). Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, Literal, cast
+
+import msgspec
+from nats.js.client import JetStreamContext
+from nats.js.errors import NoKeysError, NotFoundError
+from nats.js.kv import KeyValue
+
+from noetl_stream import events as E
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.history import read_events
+from noetl_stream.operations import (
+    MAX_PAGE,
+    CtxReply,
+    EventRecord,
+    EventsPage,
+    ExecutionList,
+    ExecutionSummary,
+    ListExecutions,
+)
+from noetl_stream.subjects import Topology, check_token
+from noetl_stream.wire import decode_event, now_iso
+
+__all__ = ["Inspector", "QueryError", "summarize"]
+
+
+class QueryError(ValueError):
+    """A malformed query (bad id, filter or page)."""
+
+
+class _Head(msgspec.Struct):
+    """The fields of a snapshot a summary needs (decoding skips the rest: results, loops, ...)."""
+
+    execution_id: str
+    status: str = "running"
+    content_hash: str = ""
+    name: str = ""
+    path: str = ""
+    file: str = ""
+    step_status: dict[str, str] = {}
+    error: dict[str, Any] | None = None
+    parent_execution_id: str | None = None
+    last_seq: int = 0
+    events_applied: int = 0
+    paused: bool = False
+
+
+_head_decoder = msgspec.json.Decoder(_Head)
+
+
+def summarize(
+    state: ExecutionState | _Head,
+    source: Literal["live", "snapshot", "stream"] = "snapshot",
+    updated_at: str | None = None,
+) -> ExecutionSummary:
+    return ExecutionSummary(
+        execution_id=state.execution_id,
+        status=state.status,
+        source=source,
+        name=state.name,
+        path=state.path,
+        file=state.file,
+        content_hash=state.content_hash,
+        paused=state.paused,
+        steps=dict(state.step_status),
+        error=state.error,
+        parent_execution_id=state.parent_execution_id,
+        last_seq=state.last_seq,
+        events_applied=state.events_applied,
+        updated_at=updated_at,
+    )
+
+
+def _iso(when: datetime.datetime | None) -> str | None:
+    if when is None:
+        return None
+    return when.astimezone(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _parse_time(value: str | None, what: str) -> datetime.datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise QueryError(f"'{what}' is not an ISO-8601 time: {value!r}") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
+STATUSES = ("pending", "running", "success", "failed", "cancelled", "rejected")
+
+
+def check_page(offset: int, limit: int) -> None:
+    if offset < 0:
+        raise QueryError("'offset' must be >= 0")
+    if not 1 <= limit <= MAX_PAGE:
+        raise QueryError(f"'limit' must be between 1 and {MAX_PAGE}")
+
+
+class Inspector:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        topology: Topology,
+        live: Mapping[str, ExecutionState] | None = None,
+    ) -> None:
+        self.js = js
+        self.topology = topology
+        self.live: Mapping[str, ExecutionState] = live if live is not None else {}
+        self._kv: KeyValue | None = None
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self.js.key_value(self.topology.executions_bucket)
+        return self._kv
+
+    @staticmethod
+    def check_id(execution_id: str) -> str:
+        try:
+            return check_token(execution_id, "execution id")
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
+
+    async def _snapshot(self, execution_id: str) -> tuple[bytes, str | None] | None:
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(execution_id)
+        except NotFoundError:
+            return None
+        if not entry.value:
+            return None
+        created: Any = entry.created
+        return entry.value, _iso(created) if isinstance(created, datetime.datetime) else None
+
+    async def _last(self, execution_id: str, name: str) -> dict[str, Any] | None:
+        try:
+            msg = await self.js.get_last_msg(
+                self.topology.events_stream, self.topology.event_subject(execution_id, name)
+            )
+        except NotFoundError:
+            return None
+        if not msg.data:
+            return None
+        return msgspec.to_builtins(decode_event(msg.data))  # type: ignore[no-any-return]
+
+    async def exists(self, execution_id: str) -> bool:
+        if self.check_id(execution_id) in self.live:
+            return True
+        for name in (E.EXECUTION_REQUESTED, E.PLAYBOOK_PROCESSED):
+            if await self._last(execution_id, name) is not None:
+                return True
+        return False
+
+    async def status(self, execution_id: str) -> ExecutionSummary | None:
+        state = self.live.get(self.check_id(execution_id))
+        if state is not None:
+            return summarize(state, "live", now_iso())
+        snap = await self._snapshot(execution_id)
+        if snap is not None:
+            return summarize(_head_decoder.decode(snap[0]), "snapshot", snap[1])
+        processed = await self._last(execution_id, E.PLAYBOOK_PROCESSED)
+        if processed is not None:
+            payload = processed.get("payload") or {}
+            return ExecutionSummary(
+                execution_id=execution_id,
+                status=str(payload.get("status") or "failed"),
+                source="stream",
+                error=payload.get("error"),
+                updated_at=processed.get("timestamp"),
+            )
+        requested = await self._last(execution_id, E.EXECUTION_REQUESTED)
+        if requested is not None:
+            return ExecutionSummary(
+                execution_id=execution_id,
+                status="pending",
+                source="stream",
+                file=str(requested.get("entity_id") or ""),
+                updated_at=requested.get("timestamp"),
+            )
+        return None
+
+    async def ctx(self, execution_id: str) -> CtxReply | None:
+        state = self.live.get(self.check_id(execution_id))
+        if state is None:
+            snap = await self._snapshot(execution_id)
+            if snap is not None:
+                state = msgspec.json.decode(snap[0], type=ExecutionState)
+        if state is not None:
+            return CtxReply(execution_id=execution_id, ctx=dict(state.ctx), revision=state.ctx_revision)
+        if await self.exists(execution_id):
+            return CtxReply(execution_id=execution_id, ctx={}, revision=0)
+        return None
+
+    async def events(self, execution_id: str, after: int = 0, limit: int = 100) -> EventsPage | None:
+        """One page of an execution's events in stream order (None: no such execution)."""
+        self.check_id(execution_id)
+        check_page(after, limit)
+        records: list[EventRecord] = []
+        more = False
+        reader = cast(
+            AsyncGenerator[tuple[int, Any], None],
+            read_events(self.js, self.topology, execution_id, after_seq=after, batch=min(limit + 1, 500)),
+        )
+        async with contextlib.aclosing(reader) as stream:
+            async for seq, event in stream:
+                if len(records) == limit:
+                    more = True
+                    break
+                records.append(EventRecord(seq=seq, event=event))
+        if not records and after == 0 and not await self.exists(execution_id):
+            return None
+        return EventsPage(
+            execution_id=execution_id, events=records, next_after=records[-1].seq if more else None
+        )
+
+    async def executions(self, query: ListExecutions) -> ExecutionList:
+        """Snapshots (overlaid with the live projections), newest update first, filtered and paged."""
+        check_page(query.offset, query.limit)
+        if query.status is not None and query.status not in STATUSES:
+            raise QueryError(f"'status' must be one of {', '.join(STATUSES)}, not {query.status!r}")
+        since = _parse_time(query.since, "since")
+        until = _parse_time(query.until, "until")
+        rows: dict[str, tuple[str, ExecutionSummary]] = {}
+        kv = await self._bucket()
+        with contextlib.suppress(NoKeysError):
+            watcher = await kv.watchall(ignore_deletes=True)
+            try:
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    if not entry.value:
+                        continue
+                    created: Any = entry.created
+                    when = _iso(created) if isinstance(created, datetime.datetime) else None
+                    try:
+                        head = _head_decoder.decode(entry.value)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        continue
+                    rows[head.execution_id] = (when or "", summarize(head, "snapshot", when))
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+        now = now_iso()
+        for state in list(self.live.values()):
+            rows[state.execution_id] = (now, summarize(state, "live", now))
+        items = [s for _, s in sorted(rows.values(), key=lambda r: r[0], reverse=True)]
+        if query.status is not None:
+            items = [s for s in items if s.status == query.status]
+        if query.playbook is not None:
+            items = [s for s in items if query.playbook in (s.path, s.name)]
+        if since is not None or until is not None:
+            kept = []
+            for s in items:
+                at = _parse_time(s.updated_at, "updated_at") if s.updated_at else None
+                if at is None or (since is not None and at < since) or (until is not None and at > until):
+                    continue
+                kept.append(s)
+            items = kept
+        page = items[query.offset : query.offset + query.limit]
+        return ExecutionList(items=page, total=len(items), offset=query.offset, limit=query.limit)

@@ -1,0 +1,394 @@
+"""The REST API as a client uses it: a real aiohttp server on the controller of a real runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from apiserver import OTHER_TOKEN, TOKEN, Api, serve, sse
+from helpers import playbook
+
+from noetl_stream.api.routes import ROUTES
+from noetl_stream.client import follow
+from noetl_stream.kv.history import read_events
+from noetl_stream.local import Runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
+
+SLOW = playbook(
+    """
+    - step: start
+      tool:
+        - name: nap
+          kind: python
+          code: |
+            import time
+            time.sleep(0.4)
+            result = 1
+        - name: again
+          kind: python
+          code: |
+            import time
+            time.sleep(0.4)
+            result = 2
+      next:
+        arcs: [{step: after}]
+    - step: after
+      tool: {kind: noop, result: done}
+    """,
+    name="slow",
+)
+
+RETRIES = playbook(
+    """
+    - step: start
+      tool:
+        - name: flaky
+          kind: python
+          args: {attempt: "{{ _attempt }}"}
+          code: |
+            if attempt < 3:
+                raise ConnectionError(f"attempt {attempt}")
+            result = attempt
+          spec:
+            policy:
+              rules:
+                - when: "{{ outcome.status == 'error' }}"
+                  then: {do: retry, attempts: 3, delay: 0}
+    """,
+    name="flaky",
+)
+
+
+@pytest.fixture
+async def api(runtime: Runtime) -> Any:
+    async with serve(runtime) as client:
+        yield client
+
+
+async def start(api: Api, body: dict[str, Any]) -> str:
+    reply = await api.json("POST", "/api/executions", 201, json=body)
+    return str(reply["execution_id"])
+
+
+async def finish(api: Api, rt: Runtime, execution_id: str) -> dict[str, Any]:
+    await follow(rt.nc, rt.topology, execution_id, timeout=30)
+    for _ in range(200):  # the terminal snapshot / live state follows the processed event closely
+        status = await api.json("GET", f"/api/executions/{execution_id}")
+        if status["status"] not in ("pending", "running"):
+            return dict(status)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{execution_id} did not finish: {status}")
+
+
+def concrete(path: str) -> str:
+    return path.replace("{execution_id}", "some-id").replace("{name}", "some-name")
+
+
+# -- authentication ---------------------------------------------------------------------------------
+
+
+async def test_health_needs_no_token_and_every_other_route_answers_401_without_one(api: Api) -> None:
+    async with api.session.get(api.url + "/health") as resp:
+        assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+    for route in ROUTES:
+        if not route.auth:
+            continue
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+            async with api.session.request(
+                route.method, api.url + concrete(route.path), headers=headers
+            ) as resp:
+                body = await resp.json()
+                assert resp.status == 401, (route.method, route.path, headers, body)
+                assert body["error"] == "unauthorized" and body["detail"]
+                assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_any_configured_token_is_accepted(api: Api) -> None:
+    for token in (TOKEN, OTHER_TOKEN):
+        async with api.session.get(api.url + "/ready", headers={"Authorization": f"Bearer {token}"}) as resp:
+            assert resp.status == 200
+            body = await resp.json()
+            assert body["status"] == "ready" and all(body["streams"].values())
+
+
+# -- executions -------------------------------------------------------------------------------------
+
+
+async def test_start_then_status_ctx_list_and_paged_events(api: Api, runtime: Runtime) -> None:
+    async with api.request(
+        "POST", "/api/executions", json={"playbook": HELLO, "payload": {"who": "rest"}}
+    ) as resp:
+        assert resp.status == 201
+        execution_id = (await resp.json())["execution_id"]
+        assert resp.headers["Location"] == f"/api/executions/{execution_id}"
+    status = await finish(api, runtime, execution_id)
+    assert status["status"] == "success"
+    assert status["steps"] == {"start": "done", "stats": "done", "report": "done"}
+    assert status["path"] == "examples/hello" and len(status["content_hash"]) == 64
+
+    ctx = await api.json("GET", f"/api/executions/{execution_id}/ctx")
+    assert ctx["ctx"] == {"total": 31} and ctx["revision"] >= 1
+
+    stored = [
+        (seq, ev.name)
+        async for seq, ev in read_events(runtime.nc.jetstream(), runtime.topology, execution_id)
+    ]
+    pages, after = [], 0
+    while True:
+        page = await api.json("GET", f"/api/executions/{execution_id}/events?limit=4&after={after}")
+        pages.append(page)
+        if page.get("next_after") is None:
+            break
+        after = page["next_after"]
+    got = [(r["seq"], r["event"]["name"]) for p in pages for r in p["events"]]
+    assert got == stored and len(pages) == -(-len(stored) // 4)
+
+    listed = await api.json("GET", "/api/executions?status=success&playbook=examples/hello")
+    assert execution_id in [s["execution_id"] for s in listed["items"]]
+    assert (await api.json("GET", "/api/executions?status=failed"))["items"] == []
+    future = await api.json("GET", "/api/executions?since=2999-01-01T00:00:00Z")
+    assert future == {"items": [], "total": 0, "offset": 0, "limit": 50}
+    one = await api.json("GET", "/api/executions?limit=1&offset=0")
+    assert len(one["items"]) == 1 and one["total"] >= 1
+
+
+async def test_start_by_catalog_path_and_unknown_path(api: Api, runtime: Runtime) -> None:
+    entry = await api.json("POST", "/api/catalog", 201, json={"playbook": HELLO})
+    execution_id = await start(api, {"path": "examples/hello"})
+    status = await finish(api, runtime, execution_id)
+    assert status["status"] == "success" and status["content_hash"] == entry["content_hash"]
+
+    missing = await api.json("POST", "/api/executions", 404, json={"path": "examples/nowhere"})
+    assert missing["error"] == "unknown_playbook"
+    assert "unknown playbook path 'examples/nowhere'" in missing["detail"]
+    assert (await api.json("GET", f"/api/executions/{missing['execution_id']}"))["status"] == "rejected"
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[]", "Expected `object`"),
+        (json.dumps({"payload": {}}).encode(), "give 'playbook'"),
+        (json.dumps({"playbook": HELLO, "surprise": 1}).encode(), "unknown field `surprise`"),
+        (json.dumps({"playbook": HELLO, "execution_id": "a.b"}).encode(), "execution id"),
+    ],
+)
+async def test_a_malformed_start_is_a_400_that_records_nothing(
+    api: Api, runtime: Runtime, body: bytes, fragment: str
+) -> None:
+    before = (await runtime.nc.jetstream().stream_info(runtime.topology.events_stream)).state.messages
+    reply = await api.json("POST", "/api/executions", 400, data=body)
+    assert reply["error"] == "bad_request" and fragment in reply["detail"]
+    after = (await runtime.nc.jetstream().stream_info(runtime.topology.events_stream)).state.messages
+    assert after == before
+
+
+async def test_an_invalid_playbook_is_a_422_with_diagnostics_and_a_complete_rejection(
+    api: Api, runtime: Runtime
+) -> None:
+    bad = playbook("- step: start\n  tool: {kind: noop}\n  retries: 3\n", name="bad")
+    reply = await api.json("POST", "/api/executions", 422, json={"playbook": bad, "file": "bad.yaml"})
+    assert reply["error"] == "invalid_playbook" and "bad.yaml:" in reply["detail"]
+    assert any("retries" in d for d in reply["diagnostics"])
+    summary = await follow(runtime.nc, runtime.topology, reply["execution_id"], timeout=10)
+    assert summary.status == "rejected"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "error"),
+    [
+        ("GET", "/api/executions/a.b", 400, "bad_request"),
+        ("GET", "/api/executions/no-such-run", 404, "not_found"),
+        ("GET", "/api/executions/no-such-run/events", 404, "not_found"),
+        ("GET", "/api/executions/no-such-run/events?follow=1", 404, "not_found"),
+        ("GET", "/api/executions/no-such-run/ctx", 404, "not_found"),
+        ("POST", "/api/executions/no-such-run/cancel", 404, "not_found"),
+        ("POST", "/api/executions/no-such-run/pause", 404, "not_found"),
+        ("GET", "/api/executions/x/events?limit=0", 400, "bad_request"),
+        ("GET", "/api/executions/x/events?after=-1", 400, "bad_request"),
+        ("GET", "/api/executions/x/events?follow=maybe", 400, "bad_request"),
+        ("GET", "/api/executions?limit=abc", 400, "bad_request"),
+        ("GET", "/api/executions?limit=100000", 400, "bad_request"),
+        ("GET", "/api/executions?since=yesterday", 400, "bad_request"),
+        ("GET", "/api/catalog/playbook", 400, "bad_request"),
+        ("GET", "/api/catalog/playbook?path=none/such", 404, "not_found"),
+        ("DELETE", "/api/catalog/playbook?path=none/such", 404, "not_found"),
+        ("GET", "/api/keychain/bad%20name", 400, "bad_request"),
+        ("GET", "/api/keychain/nothing", 404, "not_found"),
+        ("DELETE", "/api/keychain/nothing", 404, "not_found"),
+        ("PUT", "/api/keychain/x", 400, "bad_request"),
+        ("GET", "/api/nowhere", 404, "not_found"),
+        ("DELETE", "/api/executions", 405, "method_not_allowed"),
+    ],
+)
+async def test_refusals_are_4xx_with_error_and_detail(
+    api: Api, method: str, path: str, status: int, error: str
+) -> None:
+    reply = await api.json(method, path, status)
+    assert reply["error"] == error and isinstance(reply["detail"], str) and reply["detail"]
+
+
+async def test_control_body_must_be_an_object_with_known_fields(api: Api, runtime: Runtime) -> None:
+    execution_id = await start(api, {"playbook": HELLO})
+    await api.json("POST", f"/api/executions/{execution_id}/cancel", 400, data=b"[1]")
+    await api.json("POST", f"/api/executions/{execution_id}/cancel", 400, json={"why": "x"})
+    await follow(runtime.nc, runtime.topology, execution_id, timeout=30)
+
+
+async def test_follow_streams_server_sent_events_until_the_execution_ends(api: Api, runtime: Runtime) -> None:
+    execution_id = await start(api, {"playbook": SLOW})
+    async with api.request("GET", f"/api/executions/{execution_id}/events?follow=1") as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+        events = await asyncio.wait_for(sse(resp), 30)
+    names = [e["event"] for e in events]
+    assert names[0] == "playbook.execution.requested" and names[-1] == "playbook.processed"
+    assert "task.done" in names
+    ids = [int(e["id"]) for e in events]
+    assert ids == sorted(ids)
+    assert [json.loads(e["data"])["name"] for e in events] == names
+
+    # resuming after the last id: the execution is over, the stream ends at once and empty
+    headers = {"Last-Event-ID": str(ids[-1])}
+    async with api.request("GET", f"/api/executions/{execution_id}/events?follow=1", headers=headers) as resp:
+        assert resp.status == 200
+        assert await asyncio.wait_for(sse(resp), 5) == []
+    # resuming from the middle gives the rest
+    async with api.request("GET", f"/api/executions/{execution_id}/events?follow=1&after={ids[2]}") as resp:
+        rest = await asyncio.wait_for(sse(resp), 10)
+    assert [int(e["id"]) for e in rest] == ids[3:]
+
+
+async def test_cancel_pause_and_resume_through_rest(api: Api, runtime: Runtime) -> None:
+    paused = await start(api, {"playbook": SLOW})
+    reply = await api.json("POST", f"/api/executions/{paused}/pause", 202)
+    assert reply == {"execution_id": paused, "accepted": "execution.pause.requested"}
+    await api.json("POST", f"/api/executions/{paused}/resume", 202, data=b"")
+    assert (await finish(api, runtime, paused))["status"] == "success"
+
+    cancelled = await start(api, {"playbook": SLOW})
+    await api.json("POST", f"/api/executions/{cancelled}/cancel", 202, json={"reason": "operator"})
+    status = await finish(api, runtime, cancelled)
+    assert status["status"] == "cancelled"
+    assert "operator" in json.dumps(status["error"])
+
+
+# -- catalog ------------------------------------------------------------------------------------------
+
+
+async def test_catalog_routes(api: Api) -> None:
+    text = playbook("- step: start\n  tool: {kind: noop, result: 1}\n", name="cat")
+    first = await api.json("POST", "/api/catalog", 201, json={"playbook": text})
+    assert (first["path"], first["version"], first["latest"]) == ("tests/cat", "1", True)
+    again = await api.json(
+        "POST", "/api/catalog", 200, data=text.encode(), headers={"Content-Type": "application/yaml"}
+    )
+    assert again["version"] == "1"
+    second_text = text.replace("result: 1", "result: 2")
+    second = await api.json(
+        "POST", "/api/catalog", 201, data=second_text.encode(), headers={"Content-Type": "application/yaml"}
+    )
+    assert second["version"] == "2"
+
+    listed = await api.json("GET", "/api/catalog?path=tests/cat")
+    assert [(e["version"], e.get("latest", False)) for e in listed["items"]] == [("1", False), ("2", True)]
+    shown = await api.json("GET", "/api/catalog/playbook?path=tests/cat&version=1")
+    assert shown["playbook"] == text and shown["entry"]["content_hash"] == first["content_hash"]
+    assert (await api.json("GET", "/api/catalog/playbook?path=tests/cat"))["entry"]["version"] == "2"
+
+    pinned = text.replace(
+        "metadata: {name: cat, path: tests/cat}", "metadata: {name: cat, path: tests/cat, version: '2'}"
+    )
+    conflict = await api.json("POST", "/api/catalog", 409, json={"playbook": pinned})
+    assert conflict["error"] == "conflict" and "tests/cat@2" in conflict["detail"]
+    invalid = await api.json("POST", "/api/catalog", 400, json={"playbook": "kind: nothing"})
+    assert invalid["error"] == "invalid_playbook" and invalid["diagnostics"]
+    await api.json("POST", "/api/catalog", 400, json={"text": text})
+
+    deleted = await api.json("DELETE", "/api/catalog/playbook?path=tests/cat&version=2")
+    assert deleted == {"path": "tests/cat", "versions": ["2"]}
+    assert (await api.json("GET", "/api/catalog/playbook?path=tests/cat"))["entry"]["version"] == "1"
+    await api.json("GET", "/api/catalog/playbook?path=tests/cat&version=2", 404)
+    assert (await api.json("DELETE", "/api/catalog/playbook?path=tests/cat"))["versions"] == ["1"]
+    assert (await api.json("GET", "/api/catalog"))["items"] == []
+
+
+# -- metrics ------------------------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of the exposition (0 if absent)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        m = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)", line)
+        if m is None or m.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(m.group(3))
+    return 0.0
+
+
+async def test_metrics_after_runs(api: Api, runtime: Runtime) -> None:
+    ok = await start(api, {"playbook": HELLO})
+    flaky = await start(api, {"playbook": RETRIES})
+    bad = playbook("- step: start\n  tool: {kind: python, code: 'raise ValueError(1)'}\n", name="boom")
+    failed = await start(api, {"playbook": bad})
+    for eid in (ok, flaky, failed):
+        await finish(api, runtime, eid)
+    async with api.request("GET", "/metrics") as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+        text = await resp.text()
+    assert metric(text, "noetl_executions_started_total", playbook="examples/hello") == 1
+    assert metric(text, "noetl_executions_finished_total", playbook="examples/hello", status="success") == 1
+    assert metric(text, "noetl_executions_finished_total", playbook="tests/flaky", status="success") == 1
+    assert metric(text, "noetl_executions_finished_total", playbook="tests/boom", status="failed") == 1
+    assert metric(text, "noetl_executions_running") == 0
+    assert metric(text, "noetl_step_duration_seconds_count", kind="python") == 5
+    assert metric(text, "noetl_task_duration_seconds_count", kind="python") >= 7  # 3 + 3 attempts + 1
+    assert metric(text, "noetl_task_retries_total", kind="python") == 2
+    assert metric(text, "noetl_controller_events_total", direction="folded") == 8  # 3 requests, 5 boundaries
+    assert metric(text, "noetl_commands_pending", pool="default") == 0
+    assert "noetl_commands_in_flight" in text
+    stored = metric(text, "noetl_events_stream_last_seq")
+    assert stored > 20
+    async with api.request("GET", "/metrics") as resp:
+        assert "noetl_events_per_second" in await resp.text()
+
+
+# -- the document ---------------------------------------------------------------------------------------
+
+
+async def test_unknown_routes_and_methods_are_json(api: Api) -> None:
+    async with api.request("GET", "/nothing/here") as resp:
+        assert resp.status == 404 and (await resp.json())["error"] == "not_found"
+    async with api.session.get(api.url + "/nothing/here") as resp:  # no token: 401 before routing
+        assert resp.status == 401
+
+
+def test_the_app_needs_a_token() -> None:
+    from noetl_stream.api.app import check_tokens
+    from noetl_stream.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="bearer token"):
+        check_tokens(("", " "))
+    assert check_tokens((" a ", "b")) == ("a", "b")
+
+
+async def test_a_client_that_goes_away_mid_stream_leaves_the_server_serving(
+    api: Api, runtime: Runtime
+) -> None:
+    execution_id = await start(api, {"playbook": SLOW})
+    async with api.request("GET", f"/api/executions/{execution_id}/events?follow=1") as resp:
+        await resp.content.readline()
+    async with aiohttp.ClientSession() as other, other.get(api.url + "/health") as resp:
+        assert resp.status == 200
+    await finish(api, runtime, execution_id)

@@ -1,0 +1,113 @@
+"""Reading the events stream across many executions: counts per execution, events by name, completion.
+
+Fault tests judge a run by what is stored in JetStream (the source of truth), not by what a client
+happened to see: a client subscription misses messages while its server restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Iterable
+
+import nats.errors
+from nats.js import JetStreamContext, api
+
+from noetl_stream import events as E
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event, decode_event
+
+
+def any_execution(topology: Topology, name: str) -> str:
+    """The subject of event `name` of every execution: ``<prefix>.events.*.<name>``."""
+    return topology.event_subject("x", name).replace(".x.", ".*.", 1)
+
+
+async def count_by_execution(js: JetStreamContext, topology: Topology, name: str) -> dict[str, int]:
+    """How many `name` events each execution has in the stream (one server request)."""
+    info = await js.stream_info(topology.events_stream, subjects_filter=any_execution(topology, name))
+    out: dict[str, int] = {}
+    for subject, n in (info.state.subjects or {}).items():
+        out[subject.split(".")[2]] = n
+    return out
+
+
+async def total(js: JetStreamContext, topology: Topology, name: str) -> int:
+    return sum((await count_by_execution(js, topology, name)).values())
+
+
+async def read_named(js: JetStreamContext, topology: Topology, *names: str) -> list[tuple[int, Event]]:
+    """Every stored event with one of `names`, of every execution, in stream order."""
+    filters = [any_execution(topology, n) for n in names]
+    config = api.ConsumerConfig(
+        ack_policy=api.AckPolicy.NONE,
+        deliver_policy=api.DeliverPolicy.ALL,
+        inactive_threshold=30.0,
+        mem_storage=True,
+        filter_subjects=filters if len(filters) > 1 else None,
+        filter_subject=filters[0] if len(filters) == 1 else None,
+    )
+    sub = await js.pull_subscribe(
+        filters[0] if len(filters) == 1 else "", stream=topology.events_stream, config=config
+    )
+    out: list[tuple[int, Event]] = []
+    name = None
+    try:
+        info = await sub.consumer_info()
+        name = info.name
+        remaining = info.num_pending or 0
+        while remaining > 0:
+            try:
+                msgs = await sub.fetch(min(1000, remaining), timeout=5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            for msg in msgs:
+                remaining -= 1
+                out.append((msg.metadata.sequence.stream, decode_event(msg.data)))
+    finally:
+        try:
+            await sub.unsubscribe()
+            if name:
+                await js.delete_consumer(topology.events_stream, name)
+        except Exception:
+            pass
+    return out
+
+
+async def wait_processed(
+    js: JetStreamContext,
+    topology: Topology,
+    execution_ids: Iterable[str],
+    timeout: float,
+    *,
+    tolerate_disconnects: bool = False,
+) -> dict[str, int]:
+    """Poll the stream until every execution has a ``playbook.processed``; return the counts.
+
+    Raises `TimeoutError` naming how many executions are still unfinished.
+    """
+    wanted = set(execution_ids)
+    deadline = time.monotonic() + timeout
+    counts: dict[str, int] = {}
+    while True:
+        try:
+            counts = await count_by_execution(js, topology, E.PLAYBOOK_PROCESSED)
+        except (nats.errors.Error, TimeoutError, OSError):
+            if not tolerate_disconnects:
+                raise
+        missing = wanted - counts.keys()
+        if not missing:
+            return counts
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{len(missing)} of {len(wanted)} executions have no playbook.processed "
+                f"after {timeout:.0f}s, e.g. {sorted(missing)[:3]}"
+            )
+        await asyncio.sleep(0.2)
+
+
+def scheduled_twice(scheduled: Iterable[Event]) -> dict[tuple[str, str], int]:
+    """``(execution_id, step_run_id)`` pairs with more than one ``step.scheduled`` event."""
+    runs = collections.Counter((e.execution_id, e.step_run_id or "") for e in scheduled)
+    return {k: n for k, n in runs.items() if n > 1}

@@ -27,10 +27,11 @@ MSG_ID = "Nats-Msg-Id"
 
 
 class Outbox:
-    __slots__ = ("_commands", "_events", "js", "nc", "topology")
+    __slots__ = ("_commands", "_events", "ack_timeout_s", "js", "nc", "topology")
 
-    def __init__(self, js: JetStreamContext, topology: Topology) -> None:
+    def __init__(self, js: JetStreamContext, topology: Topology, ack_timeout_s: float = 10.0) -> None:
         self.js = js
+        self.ack_timeout_s = ack_timeout_s
         self.nc = js._nc
         self.topology = topology
         self._events: list[tuple[str, bytes, str]] = []
@@ -71,7 +72,9 @@ class Outbox:
         first_error: BaseException | None = None
         for fut in futures:  # all were sent already: awaiting them one by one costs no extra round trip
             try:
-                await fut
+                # A publish the server never answers (it died mid-request) must not hang the handler:
+                # after the timeout the caller does not ack, and the input is redelivered.
+                await asyncio.wait_for(fut, self.ack_timeout_s)
             except Exception as exc:
                 first_error = first_error or exc
         if first_error is not None:

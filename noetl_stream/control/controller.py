@@ -309,7 +309,15 @@ class Controller:
     async def _replay(
         self, execution_id: str, state: ExecutionState | None, after: int, before: int
     ) -> ExecutionState | None:
-        """Fold the input events stored after the snapshot (their effects were already published)."""
+        """Fold the input events stored after the snapshot.
+
+        Events at or below the consumer's ack floor were handled, so their effects are stored. An event
+        above it may never have been handled (a controller died holding it while newer ones of the same
+        execution were delivered): its effects are published again — their ids are deterministic, so
+        those that were stored already are dropped by the server as duplicates.
+        """
+        ack_floor = await self._ack_floor()
+        outbox = Outbox(self.js, self.topology)
         count = 0
         async for seq, event in read_events(
             self.js,
@@ -319,11 +327,28 @@ class Controller:
             after_seq=after,
             before_seq=before,
         ):
-            state, _ = self.reducer.apply(state, event, seq)
+            state, fx = self.reducer.apply(state, event, seq)
             count += 1
+            if seq > ack_floor:
+                for ev in fx.events:
+                    outbox.event(ev)
+                for cmd in fx.commands:
+                    outbox.command(cmd)
+        await outbox.flush()
         if count:
             log.info("controller.resumed", execution_id=execution_id, replayed=count)
         return state
+
+    async def _ack_floor(self) -> int:
+        """The events stream sequence up to which the controller consumer acked everything."""
+        try:
+            info = await self.js.consumer_info(
+                self.topology.events_stream, self.topology.controller_events_consumer
+            )
+        except Exception:
+            return 0  # unknown: republish everything replayed (deduplicated by id)
+        floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+        return int(floor or 0)
 
     def _remember(self, state: ExecutionState) -> None:
         self.states[state.execution_id] = state

@@ -165,6 +165,11 @@ async def run_pipeline(
                     "do": then.do,
                     "rule": rule,
                 }
+                if "stdout" in outcome.meta or "stderr" in outcome.meta:
+                    payload["output"] = {
+                        "stdout": outcome.meta.get("stdout", ""),
+                        "stderr": outcome.meta.get("stderr", ""),
+                    }
                 on_task(
                     "task.done",
                     task,
@@ -345,5 +350,5 @@ async def _run_task(
                 outcome = Outcome.fail(
                     type(exc).__name__, f"tool '{task.kind}' raised {type(exc).__name__}: {exc}"
                 )
-    outcome.meta = {"attempt": attempt, "duration_s": round(time.monotonic() - started, 6)}
+    outcome.meta = {**outcome.meta, "attempt": attempt, "duration_s": round(time.monotonic() - started, 6)}
     return outcome

@@ -1,4 +1,4 @@
-"""Reading the events stream across many executions: counts per execution, events by name, completion.
+"""Reading what a run left in JetStream: counts per execution, events by name, completion, replay checks.
 
 Fault tests judge a run by what is stored in JetStream (the source of truth), not by what a client
 happened to see: a client subscription misses messages while its server restarts.
@@ -10,11 +10,16 @@ import asyncio
 import collections
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import nats.errors
 from nats.js import JetStreamContext, api
 
 from noetl_stream import events as E
+from noetl_stream.control import replay
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.history import read_events
+from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, decode_event
 
@@ -111,3 +116,67 @@ def scheduled_twice(scheduled: Iterable[Event]) -> dict[tuple[str, str], int]:
     """``(execution_id, step_run_id)`` pairs with more than one ``step.scheduled`` event."""
     runs = collections.Counter((e.execution_id, e.step_run_id or "") for e in scheduled)
     return {k: n for k, n in runs.items() if n > 1}
+
+
+async def history(js: JetStreamContext, topology: Topology, execution_id: str) -> list[Event]:
+    return [ev async for _, ev in read_events(js, topology, execution_id)]
+
+
+async def processed(js: JetStreamContext, topology: Topology) -> dict[str, Event]:
+    """Each execution's ``playbook.processed`` (asserting there is exactly one)."""
+    out: dict[str, Event] = {}
+    for _, ev in await read_named(js, topology, E.PLAYBOOK_PROCESSED):
+        assert ev.execution_id not in out, f"second playbook.processed for {ev.execution_id}"
+        out[ev.execution_id] = ev
+    return out
+
+
+async def replay_differences(
+    js: JetStreamContext, topology: Topology, ids: list[str]
+) -> dict[str, list[str]]:
+    """Executions whose replay differs from the live snapshot (the check behind ``replay --verify``)."""
+    out = {}
+    for eid in ids:
+        diffs, _ = await replay.verify(js, topology, eid)
+        if diffs:
+            out[eid] = diffs
+    return out
+
+
+async def post_mortem(
+    js: JetStreamContext,
+    topology: Topology,
+    stuck: list[str],
+    kind_of: dict[str, str],
+    timeline: list[str],
+    path: Path,
+) -> Path:
+    """Write what a stuck run looks like: kills, consumer state, each stuck execution's events and snapshot."""
+    snapshots = await SnapshotStore.open(js, topology, ExecutionState)
+    with path.open("w") as f:
+        f.write("\n".join(timeline) + "\n")
+        for stream, consumer in (
+            (topology.events_stream, topology.controller_events_consumer),
+            (topology.commands_stream, topology.pool_consumer("default")),
+        ):
+            info = await js.consumer_info(stream, consumer)
+            f.write(
+                f"consumer {consumer}: pending={info.num_pending} ack_pending={info.num_ack_pending} "
+                f"redelivered={info.num_redelivered} ack_floor={info.ack_floor}\n"
+            )
+        for eid in stuck:
+            f.write(f"=== {eid} {kind_of[eid]}\n")
+            async for seq, ev in read_events(js, topology, eid):
+                error = ev.payload.get("error")
+                index = ev.payload.get("index")
+                f.write(f"{seq} {ev.timestamp} {ev.name} {ev.step_run_id} {index} {ev.worker} {error}\n")
+            snap = await snapshots.get(eid)
+            if snap is None:
+                f.write("snapshot: none\n")
+            else:
+                runs = {
+                    k: (r.status, r.loop and (r.loop.next_index, r.loop.in_flight))
+                    for k, r in snap.runs.items()
+                }
+                f.write(f"snapshot: last_seq={snap.last_seq} status={snap.status} runs={runs}\n")
+    return path

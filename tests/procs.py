@@ -178,3 +178,11 @@ async def run_cli(env: dict[str, str], *args: str, timeout: float = 60.0) -> tup
         raise TimeoutError(f"noetl-stream {' '.join(args)} did not finish within {timeout}s") from None
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def replay_verify(env: dict[str, str], ids: list[str]) -> None:
+    """``noetl-stream replay ID --verify`` exits 0 for each of `ids`."""
+    for eid in ids:
+        code, out, err = await run_cli(env, "replay", eid, "--verify", timeout=30)
+        assert code == 0, f"replay --verify {eid}: exit {code}\n{out}{err}"
+        assert "replay matches the live projection" in out

@@ -68,6 +68,8 @@ class Controller:
         self.poison = PoisonHandler(nc, topology)
         self.results = ResultStore(self.js, topology)
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._replays = asyncio.Semaphore(16)
+        """Replays read history with ephemeral consumers: bound them (JetStream caps consumers per stream)."""
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
 
@@ -163,12 +165,16 @@ class Controller:
     async def _fold(self, eid: str, batch: list[tuple[Msg, Event, int]]) -> None:
         first = batch[0][1]
         state = await self._load(eid, batch[0][2], first.name == E.EXECUTION_REQUESTED)
+        if state is not None and not state.terminal:
+            await self._ensure_plan(state)  # the plan cache may have evicted it
         outbox = Outbox(self.js, self.topology)
         for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
                 continue  # already applied (a redelivery after a crash)
             try:
                 state, fx = self.reducer.apply(state, event, seq)
+            except LookupError:
+                raise  # not applied: the batch is not acked and comes back
             except Exception as exc:  # a reducer bug must not wedge the execution or the controller
                 log.exception("controller.reducer_error", execution_id=eid, event=event.name)
                 state, fx = self._internal_failure(state, event, seq, exc)
@@ -299,12 +305,33 @@ class Controller:
             return None  # a request starts a new execution (a redelivered one re-derives the same effects)
         assert self._snapshots is not None
         state = await self._snapshots.get(execution_id)
+        if state is not None and not state.terminal:
+            await self._ensure_plan(state)
         after = state.last_seq if state is not None else 0
         if seq and seq - 1 > after:
-            state = await self._replay(execution_id, state, after, seq)
+            async with self._replays:
+                state = await self._replay(execution_id, state, after, seq)
         if state is not None:
             self._remember(state)
         return state
+
+    async def _ensure_plan(self, state: ExecutionState) -> None:
+        """A state resumed from a snapshot needs its compiled playbook: compile the exact text its request
+        recorded (read with a direct get, no consumer)."""
+        if not state.content_hash or self.reducer.plans.get(state.content_hash) is not None:
+            return
+        subject = self.topology.event_subject(state.execution_id, E.EXECUTION_REQUESTED)
+        raw = await self.js.get_last_msg(self.topology.events_stream, subject)
+        event = decode_event(raw.data or b"")
+        text = (event.payload.get("request") or {}).get("playbook")
+        if not isinstance(text, str):
+            raise RuntimeError(f"execution {state.execution_id}: its request has no playbook text")
+        plan, diagnostics = self.reducer.plans.load(text, state.file)
+        if plan is None or plan.content_hash != state.content_hash:
+            raise RuntimeError(
+                f"execution {state.execution_id}: cannot rebuild its playbook ({len(diagnostics)} "
+                "diagnostics or a different content hash)"
+            )
 
     async def _replay(
         self, execution_id: str, state: ExecutionState | None, after: int, before: int

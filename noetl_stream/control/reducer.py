@@ -89,8 +89,10 @@ class Reducer:
             return state, fx
         else:
             plan = self.plans.get(state.content_hash)
-            if plan is None:
-                return state, fx
+            if plan is None:  # the controller loads it before folding; never ack an event we could not apply
+                raise LookupError(
+                    f"execution {state.execution_id}: playbook {state.content_hash[:12]} not loaded"
+                )
             _Run(self, state, plan, fx).on_event(event)
         if state is not None:
             state.events_applied += 1

@@ -8,8 +8,13 @@ import nats.errors
 from nats.js import api
 from nats.js.client import JetStreamContext
 
+from noetl_stream.errors import NoetlError
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, decode_event
+
+
+class HistoryReadError(NoetlError):
+    """An execution's history could not be read completely (never mistaken for a shorter history)."""
 
 
 async def read_events(
@@ -35,7 +40,7 @@ async def read_events(
         ack_policy=api.AckPolicy.NONE,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after_seq else api.DeliverPolicy.ALL,
         opt_start_seq=after_seq + 1 if after_seq else None,
-        inactive_threshold=30.0,
+        inactive_threshold=5.0,
         mem_storage=True,
         filter_subjects=filters if len(filters) > 1 else None,
         filter_subject=filters[0] if len(filters) == 1 else None,
@@ -52,7 +57,9 @@ async def read_events(
             try:
                 msgs = await sub.fetch(min(batch, remaining), timeout=5)
             except (TimeoutError, nats.errors.TimeoutError):
-                break
+                raise HistoryReadError(
+                    f"execution {execution_id}: {remaining} events could not be read from {topology.events_stream}"
+                ) from None
             for msg in msgs:
                 remaining -= 1
                 seq = msg.metadata.sequence.stream

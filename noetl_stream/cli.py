@@ -83,9 +83,17 @@ def main() -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print diagnostics as a JSON list.")
-def validate(files: tuple[Path, ...], as_json: bool) -> None:
+@click.option("--legacy", is_flag=True, help="Translate legacy DSL forms (000/004, 002) before validating.")
+@click.option(
+    "--show-canonical",
+    is_flag=True,
+    help="Print the canonical expansion (after legacy translation and sugar).",
+)
+def validate(
+    files: tuple[Path, ...], as_json: bool, legacy: bool = False, show_canonical: bool = False
+) -> None:
     """Compile playbooks and report every problem as FILE:LINE:COL: message."""
-    extensions: tuple[str, ...] = ()
+    extensions: tuple[str, ...] = ("legacy",) if legacy else ()
     all_diags: list[dict[str, object]] = []
     invalid = False
     for path in files:
@@ -115,6 +123,8 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
             all_diags.append(msgspec.to_builtins(d))
             if not as_json:
                 click.echo(d.format(), err=d.severity == "error")
+        if show_canonical and not as_json:
+            _show_canonical(text, str(path), extensions)
         if not as_json and not result.errors:
             name = result.playbook.metadata.name if result.playbook else "?"
             click.echo(
@@ -164,6 +174,9 @@ def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, objec
 )
 @click.option("--workers", default=1, show_default=True, help="In-process workers.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
+@click.option(
+    "--legacy", is_flag=True, help="Translate legacy DSL forms (000/004, 002); runs the migrated form."
+)
 @prefix_option
 def run(
     file: Path,
@@ -173,6 +186,7 @@ def run(
     workers: int,
     as_json: bool,
     prefix: str,
+    legacy: bool = False,
 ) -> None:
     """Run a playbook end to end and print its outcome (exit 0 success, 1 failed, 2 invalid)."""
 
@@ -186,11 +200,13 @@ def run(
     except (OSError, UnicodeDecodeError) as exc:
         click.echo(f"{file}: cannot read: {exc}", err=True)
         sys.exit(EXIT_INVALID)
-    result = compile_playbook(text, str(file))
+    result = compile_playbook(text, str(file), extensions=("legacy",) if legacy else ())
     for d in result.diagnostics:
         click.echo(d.format(), err=True)
     if result.playbook is None:
         sys.exit(EXIT_INVALID)
+    if legacy:
+        text = _migrated(text, str(file))
     data = _load_payload(payload, sets)
     topology = _topology(prefix)
     progress = None if as_json else Progress()
@@ -788,3 +804,72 @@ def retry(
 # --- catalog, executions, ctx (cli_catalog.py registers them on `main`) -------------------------------
 
 import noetl_stream.cli_catalog  # noqa: E402, F401
+
+# --- legacy DSL: `validate --legacy/--show-canonical`, `run --legacy`, `migrate` (noetl_stream/migrate.py) ---
+
+
+def _show_canonical(text: str, file: str, extensions: tuple[str, ...]) -> None:
+    from noetl_stream.dsl.canonical import dump_yaml, expand
+    from noetl_stream.dsl.diagnostics import PlaybookError
+    from noetl_stream.dsl.source import load_yaml
+
+    try:
+        data, smap = load_yaml(text, file)
+    except PlaybookError:
+        return
+    click.echo(f"# {file}: canonical form")
+    click.echo(dump_yaml(expand(data, smap, extensions).data), nl=False)
+
+
+def _migrated(text: str, file: str) -> str:
+    """The canonical text a controller compiles without extensions (``run --legacy``)."""
+    from noetl_stream.migrate import migrate_text
+
+    migration = migrate_text(text, file)
+    if migration.text is None:
+        for d in migration.errors:
+            click.echo(d.format(), err=True)
+        sys.exit(EXIT_INVALID)
+    return migration.text
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), help="Write the result here."
+)
+@click.option("--in-place", is_flag=True, help="Rewrite FILE itself.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not list the translated constructs.")
+def migrate(file: Path, out: Path | None, in_place: bool, quiet: bool) -> None:
+    """Rewrite a legacy playbook in the canonical v10 form (keeps comments and key order where it can).
+
+    Prints the result unless -o or --in-place is given; writes nothing when the playbook has a
+    construct without a faithful translation (exit 2, with the reason) or when the result would not
+    validate.
+    """
+    from noetl_stream.migrate import migrate_text
+
+    if out is not None and in_place:
+        raise click.BadParameter("give -o or --in-place, not both", param_hint="--in-place")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        click.echo(f"{file}: cannot read: {exc.strerror if isinstance(exc, OSError) else exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    migration = migrate_text(text, str(file))
+    for d in migration.diagnostics:
+        if d.severity == "error" or not quiet:
+            click.echo(d.format(), err=True)
+    if migration.text is None:
+        sys.exit(EXIT_INVALID)
+    target = file if in_place else out
+    if target is None:
+        click.echo(migration.text, nl=False)
+        return
+    try:
+        target.write_text(migration.text, encoding="utf-8")
+    except OSError as exc:
+        click.echo(f"{target}: cannot write: {exc.strerror}", err=True)
+        sys.exit(EXIT_FAILED)
+    n = sum(1 for d in migration.diagnostics if d.severity == "warning")
+    click.echo(f"{target}: migrated ({n} legacy constructs translated)", err=True)

@@ -47,7 +47,7 @@ def test_the_schema_uses_the_validators_vocabulary() -> None:
     schema = playbook_schema()
     defs = schema["$defs"]
     assert list(schema["properties"]) == list(V.ROOT_KEYS)
-    assert set(defs["step"]["properties"]) == set(V.STEP_KEYS)
+    assert set(defs["step"]["properties"]) == set(V.STEP_KEYS) | set(V.DIALECT_KEYS)
     assert set(defs["loop"]["properties"]) == set(V.LOOP_KEYS)
     assert set(defs["router"]["properties"]) == set(V.NEXT_KEYS)
     assert set(defs["arc"]["properties"]) == set(V.ARC_KEYS)
@@ -56,7 +56,7 @@ def test_the_schema_uses_the_validators_vocabulary() -> None:
     assert set(defs["stepPolicy"]["properties"]) == set(V.STEP_POLICY_KEYS)
     assert defs["then"]["properties"]["do"]["enum"] == list(V.DO_VALUES)
     assert defs["task"]["properties"]["kind"]["enum"] == list(known_kinds())
-    assert set(defs["task"]["properties"]) == set(COMMON_TASK_KEYS)
+    assert set(defs["task"]["properties"]) == set(COMMON_TASK_KEYS) | set(V.DIALECT_KEYS)
 
 
 @pytest.mark.parametrize("path", PLAYBOOKS, ids=[p.name for p in PLAYBOOKS])

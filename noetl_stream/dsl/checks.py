@@ -139,7 +139,9 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
         name = item.get("step") if isinstance(item, dict) else None
         step = by_name.get(name) if isinstance(name, str) else None
         if step is not None:
-            labels_by_index[i] = {t.name for t in step.tasks}
+            labels_by_index[i] = {t.name for t in step.tasks} | (
+                {"input"} if step.input is not None else set()
+            )
     base = V.SCOPE_NAMES | V.JINJA_GLOBALS | workload_keys | step_names | set(playbook.workbook)
     roots: list[tuple[Path, Any]] = [(("workflow",), raw_steps), (("workbook",), data.get("workbook"))]
     for root, node in roots:

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from noetl_stream.dsl import vocabulary as V
+from noetl_stream.dsl.canonical import LEGACY, declared_extensions, expand
 from noetl_stream.dsl.checks import check_graph, check_names, check_templates
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
 from noetl_stream.dsl.model import Executor, KeychainEntry, Metadata, Playbook, Step, Task
@@ -51,6 +52,11 @@ class Compiler:
             self.smap.diagnostic(path, message, severity="warning", at_key=at_key, code=code)
         )
 
+    @property
+    def legacy_hint(self) -> str:
+        """What to add after "not part of v10": how to get it translated, or that it cannot be."""
+        return V.LEGACY_UNTRANSLATED if LEGACY in self.extensions else V.LEGACY_HINT
+
     @staticmethod
     def is_template(value: Any) -> bool:
         return isinstance(value, str) and has_template(value)
@@ -89,7 +95,7 @@ class Compiler:
             if k in V.DEPRECATED_ROOT:
                 self.error(
                     (k,),
-                    f"root '{k}' {V.NOT_V10}; {V.DEPRECATED_ROOT[k]}{V.LEGACY_HINT}",
+                    f"root '{k}' {V.NOT_V10}; {V.DEPRECATED_ROOT[k]}{self.legacy_hint}",
                     at_key=True,
                     code="deprecated",
                 )
@@ -265,12 +271,6 @@ class Compiler:
                             ("executor", "spec", "extensions", i),
                             f"executor: unknown extension '{e}' (known: {', '.join(V.EXTENSIONS)})",
                         )
-                    elif e == "legacy":
-                        self.error(
-                            ("executor", "spec", "extensions", i),
-                            "executor: the 'legacy' extension (translation of older DSL forms) is not "
-                            "available in this version yet; rewrite the constructs as the other messages say",
-                        )
         pool = spec.get("pool")
         if pool is not None and not V.is_identifier(str(pool).replace("-", "_")):
             self.error(("executor", "spec", "pool"), f"executor: pool name {pool!r} must be a simple name")
@@ -385,8 +385,12 @@ def compile_playbook(text: str, file: str = "<playbook>", *, extensions: Iterabl
 
 
 def compile_data(data: Any, smap: SourceMap, *, extensions: Iterable[str] = ()) -> CompileResult:
-    compiler = Compiler(smap, extensions)
-    playbook = compiler.compile(data)
+    """Compile authored data: legacy translation (when enabled), sugar and dialect first, then validation."""
+    exts = set(extensions) | declared_extensions(data)
+    pre = expand(data, smap, exts)
+    compiler = Compiler(pre.smap, exts)
+    compiler.diagnostics.extend(pre.diagnostics)
+    playbook = compiler.compile(pre.data)
     unique = list(dict.fromkeys(compiler.diagnostics))
     diags = tuple(sorted(unique, key=lambda d: (d.line, d.col, d.severity)))
     if any(d.severity == "error" for d in diags):

@@ -102,6 +102,9 @@ class Step(msgspec.Struct, frozen=True, omit_defaults=True):
     next: Next | None = None
     failure_mode: FailureMode = "fail_fast"
     timeout_s: float | None = None
+    input: dict[str, Any] | None = None
+    """The step's own inputs (dialect ``input:``): rendered before its tasks run, readable as
+    ``input.<name>`` and merged over the token's ``args``."""
     line: int = 0
     col: int = 0
 

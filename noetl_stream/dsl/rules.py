@@ -18,7 +18,7 @@ def _split_rule(c: Compiler, raw: Any, path: Path, who: str) -> tuple[Any, Any, 
         c.error(path, f"{who}: a rule must be a mapping with 'when' and 'then' (or 'else' and 'then')")
         return None
     if "expr" in raw:
-        c.error((*path, "expr"), f"{who}: 'expr' {V.NOT_V10}; use 'when'{V.LEGACY_HINT}", at_key=True)
+        c.error((*path, "expr"), f"{who}: 'expr' {V.NOT_V10}; use 'when'{c.legacy_hint}", at_key=True)
         return None
     extra = [k for k in raw if k not in V.RULE_KEYS]
     for k in extra:
@@ -143,7 +143,7 @@ def _task_then(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]
     for k in raw:
         if k in V.DEPRECATED_THEN:
             c.error(
-                (*path, k), f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_THEN[k]}{V.LEGACY_HINT}", at_key=True
+                (*path, k), f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_THEN[k]}{c.legacy_hint}", at_key=True
             )
             ok = False
         elif k == "allow":

@@ -80,6 +80,8 @@ def _task(kinds: tuple[str, ...]) -> Schema:
         "desc": {"type": "string"},
         "spec": _ref("taskSpec"),
         "args": {"type": ["object", "string"], "description": "values bound for the tool (rendered)"},
+        "input": {"type": "object", "description": "the task's inputs: another name for 'args' (dialect)"},
+        "set": _ref("scopedSet"),
     }
     per_kind: list[Schema] = []
     for kind in kinds:
@@ -184,6 +186,11 @@ def _defs(kinds: tuple[str, ...]) -> Schema:
                     "loop": _ref("loop"),
                     "tool": _ref("pipeline"),
                     "next": _ref("router"),
+                    "input": {
+                        "type": "object",
+                        "description": "the step's own inputs, rendered before its tasks (dialect)",
+                    },
+                    "set": _ref("scopedSet"),
                 },
                 required=("step",),
                 description="a workflow step: admission (spec.policy.admit), loop, pipeline, router",
@@ -237,8 +244,53 @@ def _defs(kinds: tuple[str, ...]) -> Schema:
         ),
         "maxInFlight": {"oneOf": [{"type": "integer", "minimum": 1}, _ref("template")]},
         "pipeline": {
-            "oneOf": [_ref("task"), {"type": "array", "minItems": 1, "items": _ref("task")}],
+            "oneOf": [_ref("pipelineItem"), {"type": "array", "minItems": 1, "items": _ref("pipelineItem")}],
             "description": "one task, or the ordered list of tasks (003 §7)",
+        },
+        "pipelineItem": {"oneOf": [_ref("task"), _ref("choose"), _ref("while"), _ref("until")]},
+        "body": {"oneOf": [_ref("pipelineItem"), {"type": "array", "items": _ref("pipelineItem")}]},
+        "choose": _obj(
+            {
+                "name": {"type": "string", "pattern": IDENTIFIER},
+                "choose": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "oneOf": [
+                            _obj(
+                                {"when": _ref("condition"), "then": _ref("body")}, required=("when", "then")
+                            ),
+                            _obj({"else": _ref("body")}, required=("else",)),
+                        ]
+                    },
+                },
+            },
+            required=("choose",),
+            description="authoring sugar (003 §14): a when/then/else ladder, compiled to jumps",
+        ),
+        "while": _obj(
+            {
+                "name": {"type": "string", "pattern": IDENTIFIER},
+                "while": _ref("condition"),
+                "do": _ref("body"),
+            },
+            required=("while", "do"),
+            description="authoring sugar (003 §14): a loop that checks before each run of its body",
+        ),
+        "until": _obj(
+            {
+                "name": {"type": "string", "pattern": IDENTIFIER},
+                "until": _ref("condition"),
+                "do": _ref("body"),
+            },
+            required=("until", "do"),
+            description="authoring sugar (003 §14): a loop that checks after each run of its body",
+        ),
+        "scopedSet": {
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {"pattern": r"^(ctx|iter)(\.[A-Za-z_][A-Za-z0-9_]*)?$"},
+            "description": "patches applied when the task/step completes: ctx.<name> or iter.<name> (dialect)",
         },
         "task": _task(kinds),
         "workbook": {

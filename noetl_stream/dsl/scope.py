@@ -49,6 +49,8 @@ def names_read_by_step(step: Step) -> frozenset[str]:
     """Top-level names the step's tasks and loop read (to ship only the results a worker needs)."""
     names: set[str] = set()
     parts: list[Any] = []
+    if step.input:
+        parts.append(step.input)
     if step.loop is not None:
         parts.append(step.loop.in_)
         parts.append(step.loop.spec.max_in_flight)

@@ -40,7 +40,7 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
         if k in V.DEPRECATED_STEP:
             c.error(
                 (*path, k),
-                f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_STEP[k]}{V.LEGACY_HINT}",
+                f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_STEP[k]}{c.legacy_hint}",
                 at_key=True,
                 code="deprecated",
             )
@@ -84,6 +84,10 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
     if loop is not None and "tool" not in raw:
         c.error((*path, "loop"), f"{who}: a loop needs a 'tool' pipeline to run for each item", at_key=True)
         ok = False
+    step_input = raw.get("input")
+    if "input" in raw and not isinstance(step_input, dict):
+        c.error((*path, "input"), f"{who}: 'input' must be a mapping of names to values (templates)")
+        ok = False
     if not ok:
         return None
     line, col = c.smap.value(path)
@@ -97,6 +101,7 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
         next=nxt,
         failure_mode=failure_mode,  # type: ignore[arg-type]
         timeout_s=timeout_s,
+        input=step_input,
         line=line,
         col=col,
     )
@@ -109,7 +114,7 @@ def _step_spec(
     if "next_mode" in spec:
         c.error(
             (*path, "next_mode"),
-            f"{who}: 'spec.next_mode' {V.NOT_V10}; use next.spec.mode{V.LEGACY_HINT}",
+            f"{who}: 'spec.next_mode' {V.NOT_V10}; use next.spec.mode{c.legacy_hint}",
             at_key=True,
             code="deprecated",
         )

@@ -183,7 +183,7 @@ def parse_task(
         if k in V.DEPRECATED_TASK:
             c.error(
                 (*path, k),
-                f"{twho}: '{k}' {V.NOT_V10}; {V.DEPRECATED_TASK[k]}{V.LEGACY_HINT}",
+                f"{twho}: '{k}' {V.NOT_V10}; {V.DEPRECATED_TASK[k]}{c.legacy_hint}",
                 at_key=True,
                 code="deprecated",
             )

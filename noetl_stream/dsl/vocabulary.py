@@ -26,7 +26,9 @@ ROOT_KEYS: Final = (
 METADATA_KEYS: Final = ("name", "path", "version", "description", "labels")
 EXECUTOR_KEYS: Final = ("kind", "spec")
 KEYCHAIN_REQUIRED: Final = ("name", "kind")
-STEP_KEYS: Final = ("step", "desc", "spec", "loop", "tool", "next")
+STEP_KEYS: Final = ("step", "desc", "spec", "loop", "tool", "next", "input")
+DIALECT_KEYS: Final = ("set", "input")
+"""Keys of the deployed NoETL dialect accepted on steps and tasks (``dsl/dialect.py`` normalizes them)."""
 LOOP_KEYS: Final = ("in", "iterator", "spec")
 LOOP_SPEC_TYPED: Final = ("mode", "max_in_flight", "policy")
 LOOP_POLICY_KEYS: Final = (
@@ -94,6 +96,7 @@ ITER_RESERVED: Final = frozenset({"index", "parent", "item_id"})
 EXTENSIONS: Final = ("legacy", "custom_kinds")
 
 LEGACY_HINT: Final = " (enable legacy extensions to translate it)"
+LEGACY_UNTRANSLATED: Final = " (the legacy extension has no translation for this form)"
 NOT_V10: Final = "is not part of noetl.io/v2 (v10)"
 
 # Deprecated keys -> the canonical replacement, per place.

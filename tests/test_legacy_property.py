@@ -1,0 +1,110 @@
+"""Property tests: mutated legacy (and sugar, dialect) playbooks never crash the translation, the
+compiler or ``migrate``; what ``migrate`` writes always validates without extensions."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from ruamel.yaml import YAML
+from test_dsl_property import SETTINGS, _dump, _mutate, check
+
+from noetl_stream.dsl import compile_playbook
+from noetl_stream.migrate import migrate_text
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "spec" / "examples"
+EXTRA = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+name: extra
+path: tests/extra
+executor: {spec: {extensions: [legacy]}}
+workload: {url: "http://x", items: [1, 2]}
+workflow:
+  - step: start
+    next: [a, b]
+  - step: a
+    loop: {in: "{{ workload.items }}", iterator: item, mode: sequential}
+    tool: {kind: http, endpoint: "{{ workload.url }}/{{ item }}", params: {page: 1}}
+    case:
+      - when: "{{ event.name == 'step.enter' and workload.skip }}"
+        then: {skip: true}
+      - when: "{{ event.name == 'step.enter' }}"
+        then: {set: {ctx: {pages: []}}}
+      - when: "{{ event.name == 'call.done' and response is defined and response.more }}"
+        then:
+          collect: {from: response.data, into: pages, mode: extend}
+          call: {params: {page: "{{ response.page + 1 }}"}}
+          sink: {tool: {kind: postgres, table: t}, args: {n: "{{ _retry.index }}"}}
+      - when: "{{ event.name == 'call.error' }}"
+        then: {retry: {max_attempts: 2, backoff_multiplier: 1.5}, next: [b]}
+      - when: "{{ event.name == 'step.exit' and result }}"
+        then:
+          sink: {tool: {kind: postgres, auth: pg, command: "INSERT INTO t VALUES ({{ n }})"}, args: {n: 1}}
+          next: [{step: b, args: {pages: "{{ pages }}"}}]
+    vars: {count: "{{ result | length }}"}
+  - step: b
+    tool:
+      - name: x
+        kind: python
+        code: "result = 1"
+        set: {ctx.total: "{{ x }}", iter.n: 1}
+        eval:
+          - expr: "{{ outcome.status == 'success' }}"
+            do: continue
+            set_vars: {seen: true}
+            set_prev: "{{ vars.seen }}"
+          - else: {do: fail}
+      - choose:
+          - when: "{{ iter.n }}"
+            then: [{kind: noop}]
+          - else:
+              - while: "{{ false }}"
+                do: [{kind: noop, input: {a: 1}}]
+    input: {q: 1}
+    set: {ctx.done: true}
+"""
+
+
+def _load(text: str) -> Any:
+    return YAML(typ="safe", pure=True).load(text)
+
+
+def _wrapped_002() -> str:
+    fragment = textwrap.indent((EXAMPLES / "002_legacy_eval_step.yaml").read_text(), "  ")
+    return (
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: w, path: w}\n"
+        "executor: {spec: {extensions: [legacy]}}\nworkload: {api_url: u, endpoints: []}\nworkflow:\n"
+        "  - step: start\n    next: fetch_transform_store\n" + fragment + "  - step: validate_results\n"
+        "    tool: {kind: noop}\n  - step: cleanup\n    tool: {kind: noop}\n"
+    )
+
+
+BASES = [
+    (EXAMPLES / "000_004_legacy_case.yaml")
+    .read_text()
+    .replace("kind: Playbook\n", "kind: Playbook\nexecutor: {spec: {extensions: [legacy]}}\n", 1),
+    _wrapped_002(),
+    EXTRA,
+]
+BASE_DATA = [_load(text) for text in BASES]
+
+
+def test_the_unmutated_bases_compile() -> None:
+    for text in BASES:
+        result = compile_playbook(text, "base.yaml")
+        assert result.playbook is not None, [d.format() for d in result.errors]
+
+
+@SETTINGS
+@given(st.data())
+def test_mutated_legacy_playbooks_never_crash_the_compiler_or_migrate(data: st.DataObject) -> None:
+    mutated = _mutate(data.draw(st.sampled_from(BASE_DATA)), data.draw)
+    text = _dump(mutated, data.draw(st.booleans()))
+    check(text)
+    migration = migrate_text(text, "fuzz.yaml")
+    if migration.text is not None:
+        assert compile_playbook(migration.text, "out.yaml").errors == ()

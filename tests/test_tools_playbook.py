@@ -156,3 +156,26 @@ async def test_python_module_tasks_stdout_capture_and_timeout(
         sys.path.remove(str(tmp_path))
     assert summary.status == "success", summary.error
     assert summary.ctx == {"out": "value is 5\n"}
+
+
+async def test_step_input_is_rendered_before_the_tasks_and_merged_over_args(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    text = playbook(
+        """
+        - step: start
+          next: {arcs: [{step: work, args: {base: 1}}]}
+        - step: work
+          input:
+            doubled: "{{ workload.n * 2 }}"
+          tool:
+            kind: python
+            args: {x: "{{ input.doubled }}", y: "{{ args.doubled }}", b: "{{ args.base }}"}
+            code: "result = x + y + b"
+        """,
+        workload={"n": 5},
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        summary = await rt.run_playbook(text, "input.yaml", timeout=20)
+    assert summary.status == "success", summary.error
+    assert summary.result == 21

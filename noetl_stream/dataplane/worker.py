@@ -376,6 +376,23 @@ class _CommandRun:
                 return
             scope["keychain"] = resolved
             base = replace(base, secrets=frozenset(secrets))
+        if step.input:
+            # The step's own inputs (dialect `input:`), rendered once per step run before anything else.
+            try:
+                rendered = render_value(step.input, scope, f"step '{step.name}' input")
+            except RenderError as exc:
+                self.event(
+                    E.STEP_FAILED,
+                    "step",
+                    run_id,
+                    "error",
+                    run_id,
+                    {"error": {"kind": "template_error", "retryable": False, "message": str(exc)}},
+                )
+                return
+            scope["input"] = rendered
+            if isinstance(rendered, dict):
+                scope["args"] = {**scope.get("args", {}), **rendered}
         if cmd.iteration is not None:
             await self.distributed_iteration(base)
             return

@@ -179,3 +179,27 @@ async def test_step_input_is_rendered_before_the_tasks_and_merged_over_args(
         summary = await rt.run_playbook(text, "input.yaml", timeout=20)
     assert summary.status == "success", summary.error
     assert summary.result == 21
+
+
+async def test_a_child_playbook_from_the_catalog(nats_server: EmbeddedNats, topology: Topology) -> None:
+    from noetl_stream.kv.catalog import Catalog
+
+    child = CHILD.replace("path: tests/child", "path: lib/child")
+    parent = playbook(
+        """
+        - step: start
+          tool:
+            kind: playbook
+            path: lib/child
+            args: {base: 1}
+        """,
+        name="cat_parent",
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        await Catalog(rt.nc.jetstream(), topology).register(child, "child.yaml")
+        ok = await rt.run_playbook(parent, "parent.yaml", timeout=30)
+        missing = await rt.run_playbook(parent.replace("lib/child", "lib/nope"), "parent.yaml", timeout=30)
+    assert ok.status == "success", ok.error
+    assert ok.result == 202
+    assert missing.status == "failed" and missing.error is not None
+    assert missing.error["kind"] == "child_failed" and "lib/nope" in missing.error["message"]

@@ -13,13 +13,10 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     path = config.get("path")
     if not isinstance(path, str) or not path:
         return Outcome.fail("config_error", "playbook task needs 'path'")
+    # A path shipped with the parent (a file next to it) runs that text; any other path is looked up in
+    # the catalog by the controller's intake (with `version`, or the latest).
     text = ctx.attachments.get(path)
-    if text is None:
-        return Outcome.fail(
-            "config_error",
-            f"child playbook '{path}' is not available: submit the parent with `noetl-stream run/submit`, which "
-            "attaches playbooks referenced by a path relative to the parent file",
-        )
+    version = config.get("version")
     runner = ctx.services.children if ctx.services is not None else None
     if runner is None:
         return Outcome.fail("config_error", "this worker cannot start child executions")
@@ -29,6 +26,8 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     child_id = derived_execution_id(ctx.execution_id, ctx.scope_id, ctx.task, ctx.attempt)
     request = ExecutionRequest(
         playbook=text,
+        path=None if text is not None else path,
+        version=None if text is not None or version is None else str(version),
         file=path,
         payload=payload,
         execution_id=child_id,

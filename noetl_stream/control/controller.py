@@ -164,7 +164,10 @@ class Controller:
 
     async def _fold(self, eid: str, batch: list[tuple[Msg, Event, int]]) -> None:
         first = batch[0][1]
-        state = await self._load(eid, batch[0][2], first.name == E.EXECUTION_REQUESTED)
+        # A request delivered for the first time starts a new execution. A redelivered one may belong to an
+        # execution whose later events a previous controller already handled: rebuild it from the stream.
+        new = first.name == E.EXECUTION_REQUESTED and batch[0][0].metadata.num_delivered == 1
+        state = await self._load(eid, batch[0][2], new)
         if state is not None and not state.terminal:
             await self._ensure_plan(state)  # the plan cache may have evicted it
         outbox = Outbox(self.js, self.topology)
@@ -308,9 +311,12 @@ class Controller:
         if state is not None and not state.terminal:
             await self._ensure_plan(state)
         after = state.last_seq if state is not None else 0
-        if seq and seq - 1 > after:
+        if seq and seq - 1 > after or state is None:
+            # Fold everything stored after the snapshot, up to the end of the stream (not just up to this
+            # message): events a dead controller held or acked out of order are all applied once; the
+            # messages of them still to come are then skipped as already applied.
             async with self._replays:
-                state = await self._replay(execution_id, state, after, seq)
+                state = await self._replay(execution_id, state, after, None)
         if state is not None:
             self._remember(state)
         return state
@@ -334,7 +340,7 @@ class Controller:
             )
 
     async def _replay(
-        self, execution_id: str, state: ExecutionState | None, after: int, before: int
+        self, execution_id: str, state: ExecutionState | None, after: int, before: int | None
     ) -> ExecutionState | None:
         """Fold the input events stored after the snapshot.
 

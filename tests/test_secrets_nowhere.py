@@ -16,6 +16,7 @@ from procs import NOETL_STREAM, Processes
 
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
 
@@ -53,6 +54,11 @@ async def test_a_secret_is_in_no_event_log_or_output(
 ) -> None:
     pb = tmp_path / "leak.yaml"
     pb.write_text(PLAYBOOK)
+    nc = await connect(nats_server.url, name="pytest-leak-setup", connect_wait_s=10)
+    try:
+        await provision(nc.jetstream(), topology)  # before the processes start: `submit` needs the streams
+    finally:
+        await nc.close()
     os.environ["NOETL_TEST_LEAK_TOKEN"] = SECRET
     try:
         with Processes(nats_server.url, topology, tmp_path / "logs") as procs:
@@ -80,6 +86,7 @@ async def test_a_secret_is_in_no_event_log_or_output(
     finally:
         del os.environ["NOETL_TEST_LEAK_TOKEN"]
     assert out.returncode == 1, out.stderr.decode()
+    assert out.stdout, out.stderr.decode()
     summary = msgspec.json.decode(out.stdout)
     assert summary["status"] == "failed" and summary["error"]["kind"] == "RuntimeError"
     assert "***" in summary["error"]["message"]

@@ -311,7 +311,7 @@ class Controller:
         if state is not None and not state.terminal:
             await self._ensure_plan(state)
         after = state.last_seq if state is not None else 0
-        if seq and seq - 1 > after or state is None:
+        if (seq and seq - 1 > after) or state is None:
             # Fold everything stored after the snapshot, up to the end of the stream (not just up to this
             # message): events a dead controller held or acked out of order are all applied once; the
             # messages of them still to come are then skipped as already applied.

@@ -1,0 +1,75 @@
+"""CLI operator controls: cancel, pause and resume (through the controller's micro endpoints)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import msgspec
+
+from noetl_stream.cli import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    _run_async,
+    _topology,
+    main,
+    nats_option,
+    prefix_option,
+)
+
+
+def _control(action: str, execution_id: str, reason: str | None, nats_url: str, prefix: str) -> None:
+    from noetl_stream.natsconn import connect
+
+    topology = _topology(prefix)
+
+    async def go() -> dict[str, Any]:
+        nc = await connect(nats_url, name=f"noetl-{action}", connect_wait_s=10.0, max_reconnect_attempts=0)
+        try:
+            body = {"execution_id": execution_id, **({"reason": reason} if reason else {})}
+            try:
+                msg = await nc.request(topology.api_subject(action), msgspec.json.encode(body), timeout=10)
+            except Exception as exc:
+                return {"error": f"no controller answered on {topology.api_subject(action)}: {exc}"}
+            reply: dict[str, Any] = msgspec.json.decode(msg.data) if msg.data else {}
+            if msg.headers and msg.headers.get("Nats-Service-Error"):
+                reply.setdefault("error", msg.headers["Nats-Service-Error"])
+                reply.setdefault("detail", msg.headers["Nats-Service-Error"])
+            return reply
+        finally:
+            await nc.close()
+
+    reply = _run_async(go())
+    if "error" in reply:
+        click.echo(f"error: {reply.get('detail') or reply['error']}", err=True)
+        sys.exit(EXIT_INVALID if reply["error"] in ("not_found", "bad_request") else EXIT_FAILED)
+    click.echo(f"{action}: {execution_id}")
+
+
+@main.command()
+@click.argument("execution_id")
+@click.option("--reason", default=None, help="Recorded in the execution's error.")
+@nats_option
+@prefix_option
+def cancel(execution_id: str, reason: str | None, nats_url: str, prefix: str) -> None:
+    """Cancel an execution: nothing new is scheduled, running steps stop at their next task."""
+    _control("cancel", execution_id, reason, nats_url, prefix)
+
+
+@main.command()
+@click.argument("execution_id")
+@nats_option
+@prefix_option
+def pause(execution_id: str, nats_url: str, prefix: str) -> None:
+    """Pause an execution: running steps finish, nothing new is scheduled until `resume`."""
+    _control("pause", execution_id, None, nats_url, prefix)
+
+
+@main.command()
+@click.argument("execution_id")
+@nats_option
+@prefix_option
+def resume(execution_id: str, nats_url: str, prefix: str) -> None:
+    """Resume a paused execution where it was."""
+    _control("resume", execution_id, None, nats_url, prefix)

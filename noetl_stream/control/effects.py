@@ -1,0 +1,102 @@
+"""What the reducer asks the controller to publish, and the server events it mints."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from noetl_stream import events as E
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.dsl.diagnostics import Diagnostic
+from noetl_stream.wire import (
+    Command,
+    Event,
+    event_id,
+    now_iso,
+)
+
+
+@dataclass
+class Effects:
+    events: list[Event] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+
+
+def invalid_playbook_error(diagnostics: tuple[Diagnostic, ...] | list[Diagnostic]) -> dict[str, Any]:
+    """The error of a request whose playbook does not compile (the same from intake and reducer)."""
+    errors = [d for d in diagnostics if d.severity == "error"]
+    first = errors[0].format() if errors else "invalid playbook"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return {
+        "kind": "invalid_playbook",
+        "message": f"invalid playbook: {first}{more}",
+        "diagnostics": [d.format() for d in diagnostics],
+    }
+
+
+def rejection_events(
+    execution_id: str, entity_id: str, error: dict[str, Any], trace_id: str | None
+) -> list[Event]:
+    """``playbook.request.rejected`` then ``playbook.processed`` (status ``rejected``)."""
+    out = []
+    for name, payload in (
+        (E.REQUEST_REJECTED, {"error": error}),
+        (E.PLAYBOOK_PROCESSED, {"status": "rejected", "error": error}),
+    ):
+        out.append(
+            Event(
+                event_id=event_id(execution_id, "execution", name),
+                execution_id=execution_id,
+                name=name,
+                source="server",
+                entity_type="playbook",
+                entity_id=entity_id,
+                status="error",
+                timestamp=now_iso(),
+                payload=payload,
+                trace_id=trace_id,
+            )
+        )
+    return out
+
+
+def _plain(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A routing event dict as plain data (``event.name`` is a str subclass while routing)."""
+    if value is None:
+        return None
+    return {k: (str(v) if k == "name" else v) for k, v in value.items()}
+
+
+def _epoch(timestamp: str) -> float:
+    try:
+        return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _server_event(
+    state: ExecutionState,
+    name: str,
+    entity_type: str,
+    entity_id: str,
+    status: str,
+    scope: str,
+    payload: dict[str, Any],
+    step: str | None = None,
+    step_run_id: str | None = None,
+) -> Event:
+    return Event(
+        event_id=event_id(state.execution_id, scope, name),
+        execution_id=state.execution_id,
+        name=name,
+        source="server",
+        entity_type=entity_type,  # type: ignore[arg-type]
+        entity_id=entity_id,
+        status=status,  # type: ignore[arg-type]
+        timestamp=now_iso(),
+        payload=payload,
+        step=step,
+        step_run_id=step_run_id,
+        trace_id=state.trace_id,
+    )

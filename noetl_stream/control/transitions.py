@@ -1,0 +1,497 @@
+"""The reducer's work on one event of one execution: tokens, joins, loops, routing, completion."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from noetl_stream import events as E
+from noetl_stream.control.effects import Effects, _plain, _server_event
+from noetl_stream.control.plan import Plan
+from noetl_stream.control.routing import EventName
+from noetl_stream.control.state import ExecutionState, JoinState, LoopRun, StepRun
+from noetl_stream.dsl.model import Step
+from noetl_stream.dsl.policy import admit, route
+from noetl_stream.dsl.scope import build_scope
+from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.wire import (
+    Command,
+    Event,
+    Iteration,
+    KeychainDecl,
+    now_iso,
+)
+
+if TYPE_CHECKING:
+    from noetl_stream.control.reducer import Reducer
+
+
+class Run:
+    """The reducer's work on one event of one execution (keeps signatures short)."""
+
+    def __init__(self, reducer: Reducer, state: ExecutionState, plan: Plan, fx: Effects) -> None:
+        self.reducer = reducer
+        self.state = state
+        self.plan = plan
+        self.fx = fx
+
+    # -- dispatch ---------------------------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        if event.name in E.BOUNDARY_EVENTS:
+            self.on_boundary(event)
+        elif event.name in (E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED):
+            self.on_iteration(event)
+        elif event.name == E.EXECUTION_CANCEL_REQUESTED:
+            self.stop(
+                "cancelled", {"kind": "cancelled", "message": str(event.payload.get("reason") or "cancelled")}
+            )
+        elif event.name == E.EXECUTION_DEADLINE_EXCEEDED:
+            self.stop(
+                "failed",
+                {
+                    "kind": "deadline_exceeded",
+                    "message": "the execution did not finish before its "
+                    f"deadline ({self.state.deadline_s} s)",
+                },
+            )
+        elif event.name == E.EXECUTION_PAUSE_REQUESTED:
+            self.pause(event)
+        elif event.name == E.EXECUTION_RESUME_REQUESTED:
+            self.resume(event)
+        self.check_complete()
+
+    def emit(
+        self,
+        name: str,
+        entity_type: str,
+        entity_id: str,
+        status: str,
+        scope: str,
+        payload: dict[str, Any],
+        step: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.fx.events.append(
+            _server_event(self.state, name, entity_type, entity_id, status, scope, payload, step, run_id)
+        )
+
+    def scope(
+        self, args: dict[str, Any] | None = None, event: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        s = self.state
+        extra = {"event": event} if event is not None else None
+        return build_scope(
+            workload=s.workload,
+            ctx=s.ctx,
+            execution_id=s.execution_id,
+            args=args,
+            results=s.results,
+            extra=extra,
+        )
+
+    def new_run_id(self, step: str) -> str:
+        n = self.state.step_runs.get(step, 0) + 1
+        self.state.step_runs[step] = n
+        return f"{step}-{n}"
+
+    # -- tokens -----------------------------------------------------------------------------------
+    def deliver(
+        self,
+        target: str,
+        *,
+        pred: str | None,
+        taken: bool,
+        args: dict[str, Any],
+        cause: dict[str, Any] | None,
+    ) -> None:
+        """A predecessor resolved: ``taken`` carries a token to ``target``; otherwise it says "not coming"."""
+        graph = self.plan.graph
+        if pred is not None and graph.is_join(target) and graph.is_forward(pred, target):
+            join = self.state.joins.setdefault(target, JoinState())
+            join.resolved[pred] = join.resolved.get(pred, False) or taken
+            if taken:
+                join.args.update(args)
+            if all(p in join.resolved for p in graph.predecessors[target]):
+                del self.state.joins[target]
+                if any(join.resolved.values()):
+                    self.schedule(target, join.args, cause)
+                else:
+                    self.dead(target)
+            return
+        if taken:
+            self.schedule(target, args, cause)
+        elif pred is None or graph.is_forward(pred, target):
+            self.dead(target)
+
+    def dead(self, step: str) -> None:
+        """No token will reach ``step`` on this path: tell its successors, so joins never wait forever."""
+        for succ in self.plan.graph.successors.get(step, ()):
+            self.deliver(succ, pred=step, taken=False, args={}, cause=None)
+
+    def schedule(self, name: str, args: dict[str, Any], cause: dict[str, Any] | None) -> None:
+        if self.state.paused:
+            self.state.deferred.append({"step": name, "args": args, "cause": _plain(cause)})
+            return
+        step = self.plan.steps[name]
+        run_id = self.new_run_id(name)
+        needs_scope = step.admit is not None or (
+            step.loop is not None and step.loop.spec.exec == "distributed"
+        )
+        scope = self.scope(args, cause) if needs_scope else {}
+        try:
+            allowed = admit(step.admit, scope, f"step '{name}' spec.policy")
+        except RenderError as exc:
+            error = {"kind": "template_error", "message": str(exc)}
+            self.emit(
+                E.STEP_SKIPPED,
+                "step",
+                run_id,
+                "error",
+                run_id,
+                {"reason": "admission_error", "error": error},
+                name,
+                run_id,
+            )
+            self.state.step_status[name] = "failed"
+            self.state.unhandled.append({"step": name, "step_run_id": run_id, "error": error})
+            self.dead(name)
+            return
+        if not allowed:
+            self.emit(
+                E.STEP_SKIPPED,
+                "step",
+                run_id,
+                "skipped",
+                run_id,
+                {"reason": "admission_denied"},
+                name,
+                run_id,
+            )
+            self.state.step_status[name] = "skipped"
+            self.dead(name)
+            return
+        run = StepRun(step=name, run_id=run_id, status="scheduled", args=args)
+        self.state.runs[run_id] = run
+        if step.is_router:
+            run.status = "routing"
+            self.emit(
+                E.STEP_DONE, "step", run_id, "success", run_id, {"result": None, "router": True}, name, run_id
+            )
+            return
+        if step.loop is not None and step.loop.spec.exec == "distributed":
+            self.start_distributed_loop(step, run, scope)
+            return
+        self.emit(
+            E.STEP_SCHEDULED,
+            "step",
+            run_id,
+            "in_progress",
+            run_id,
+            {"pool": self.pool(step), "args": args},
+            name,
+            run_id,
+        )
+        self.fx.commands.append(self.command(step, run, None))
+
+    def pool(self, step: Step) -> str:
+        return str(step.spec.get("pool") or self.plan.pool)
+
+    def command(self, step: Step, run: StepRun, iteration: Iteration | None) -> Command:
+        s = self.state
+        reads = self.plan.reads.get(step.name, frozenset())
+        suffix = f".{iteration.index}" if iteration is not None else ""
+        return Command(
+            command_id=f"{s.execution_id}:{run.run_id}{suffix}",
+            execution_id=s.execution_id,
+            step=step.name,
+            step_run_id=run.run_id,
+            pool=self.pool(step),
+            step_def=step,
+            workload=s.workload,
+            ctx=s.ctx,
+            args=run.args,
+            results={k: s.results[k] for k in reads if k in s.results},
+            executor_spec=self.plan.playbook.executor.spec,
+            iteration=iteration,
+            trace_id=s.trace_id,
+            issued_at=now_iso(),
+            workbook={n: self.plan.playbook.workbook[n] for n in self.plan.workbook_refs.get(step.name, ())},
+            timeout_s=step.timeout_s,
+            keychain=[
+                KeychainDecl(name=k.name, kind=k.kind, config=k.config) for k in self.plan.playbook.keychain
+            ]
+            if step.name in self.plan.keychain_readers
+            else [],
+            attachments=s.attachments if self.plan.playbook_refs.get(step.name) else {},
+        )
+
+    # -- distributed loops ------------------------------------------------------------------------
+    def start_distributed_loop(self, step: Step, run: StepRun, scope: dict[str, Any]) -> None:
+        assert step.loop is not None
+        where = f"step '{step.name}' loop"
+        try:
+            items = render_value(step.loop.in_, scope, f"{where}.in")
+            mif_raw = render_value(step.loop.spec.max_in_flight, scope, f"{where}.spec.max_in_flight")
+        except RenderError as exc:
+            self.fail_run(run, {"kind": "template_error", "message": str(exc)})
+            return
+        if not isinstance(items, list):
+            self.fail_run(
+                run,
+                {
+                    "kind": "loop_error",
+                    "message": f"{where}: 'in' must render to a list, got {type(items).__name__}",
+                },
+            )
+            return
+        if step.loop.spec.mode == "sequential":
+            mif = 1
+        else:
+            try:
+                mif = int(mif_raw) if mif_raw is not None else len(items) or 1
+            except (TypeError, ValueError):
+                self.fail_run(
+                    run,
+                    {
+                        "kind": "loop_error",
+                        "message": f"{where}: max_in_flight must be a positive integer, got {mif_raw!r}",
+                    },
+                )
+                return
+            if mif < 1:
+                self.fail_run(run, {"kind": "loop_error", "message": f"{where}: max_in_flight must be >= 1"})
+                return
+        run.status = "looping"
+        run.loop = LoopRun(total=len(items), items=items, max_in_flight=mif)
+        self.emit(
+            E.LOOP_STARTED,
+            "loop",
+            run.run_id,
+            "in_progress",
+            run.run_id,
+            {"total": len(items), "max_in_flight": mif, "exec": "distributed", "pool": self.pool(step)},
+            step.name,
+            run.run_id,
+        )
+        self.pump_loop(step, run)
+
+    def pump_loop(self, step: Step, run: StepRun) -> None:
+        lr = run.loop
+        assert lr is not None
+        while not lr.stopping and lr.in_flight < lr.max_in_flight and lr.next_index < lr.total:
+            i = lr.next_index
+            lr.next_index += 1
+            lr.in_flight += 1
+            self.fx.commands.append(
+                self.command(step, run, Iteration(index=i, item=lr.items[i], total=lr.total))
+            )
+        if lr.in_flight == 0 and not lr.finished and (lr.stopping or lr.next_index >= lr.total):
+            lr.finished = True
+            results = [lr.results.get(i) for i in range(lr.total)]
+            if lr.stopping:
+                first = min(lr.errors) if lr.errors else None
+                error = lr.errors.get(first) if first is not None else {"kind": "loop_error"}
+                self.emit(
+                    E.STEP_FAILED,
+                    "step",
+                    run.run_id,
+                    "error",
+                    run.run_id,
+                    {"error": error, "total": lr.total, "done": lr.done, "failed": lr.failed},
+                    step.name,
+                    run.run_id,
+                )
+            else:
+                self.emit(
+                    E.LOOP_DONE,
+                    "loop",
+                    run.run_id,
+                    "success" if lr.failed == 0 else "error",
+                    run.run_id,
+                    {"result": results, "total": lr.total, "done": lr.done, "failed": lr.failed},
+                    step.name,
+                    run.run_id,
+                )
+
+    def on_iteration(self, event: Event) -> None:
+        run = self.state.runs.get(event.step_run_id or "")
+        if run is None or run.loop is None:
+            return
+        lr = run.loop
+        index = event.payload.get("index")
+        if (
+            not isinstance(index, int)
+            or index in lr.results
+            or index in lr.errors
+            or not 0 <= index < lr.total
+        ):
+            return
+        lr.in_flight = max(0, lr.in_flight - 1)
+        self.apply_ctx_patches(event, run.run_id)
+        step = self.plan.steps[run.step]
+        if event.name == E.LOOP_ITERATION_DONE:
+            lr.done += 1
+            lr.results[index] = event.payload.get("result")
+        else:
+            lr.failed += 1
+            lr.errors[index] = event.payload.get("error") or {"kind": "error"}
+            lr.results[index] = None
+            if step.failure_mode == "fail_fast":
+                lr.stopping = True
+        self.pump_loop(step, run)
+
+    # -- boundaries -------------------------------------------------------------------------------
+    def fail_run(self, run: StepRun, error: dict[str, Any]) -> None:
+        """The controller itself failed a run (e.g. a loop that cannot start): a step.failed boundary."""
+        self.emit(
+            E.STEP_FAILED, "step", run.run_id, "error", run.run_id, {"error": error}, run.step, run.run_id
+        )
+
+    def on_boundary(self, event: Event) -> None:
+        run = self.state.runs.get(event.step_run_id or "")
+        if run is None:
+            return
+        if run.loop is not None and not run.loop.finished:
+            return  # a late duplicate: a distributed loop ends only through its own boundary
+        del self.state.runs[run.run_id]
+        name = run.step
+        step = self.plan.steps[name]
+        failed = event.name == E.STEP_FAILED
+        payload = event.payload
+        self.apply_ctx_patches(event, run.run_id)
+        if not failed:
+            self.state.results[name] = payload.get("result")
+            self.state.last_step = name
+        run.status = "failed" if failed else "done"
+        self.state.step_status[name] = run.status
+        ev = dict(payload)
+        ev.update(name=EventName(event.name), status=event.status, step=name, step_run_id=run.run_id)
+        scope = self.scope(run.args, ev)
+        try:
+            fired = route(step.next, scope, f"step '{name}'")
+            arcs = [
+                (a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
+                for a in fired
+            ]
+        except RenderError as exc:
+            error = {"kind": "template_error", "message": str(exc)}
+            self.emit(
+                E.NEXT_EVALUATED, "next", run.run_id, "error", run.run_id, {"error": error}, name, run.run_id
+            )
+            self.state.unhandled.append({"step": name, "step_run_id": run.run_id, "error": error})
+            self.dead(name)
+            return
+        self.emit(
+            E.NEXT_EVALUATED,
+            "next",
+            run.run_id,
+            "success",
+            run.run_id,
+            {
+                "on": event.name,
+                "mode": step.next.mode if step.next else "exclusive",
+                "matched": [a.step for a, _ in arcs],
+            },
+            name,
+            run.run_id,
+        )
+        if failed and not arcs:
+            self.state.unhandled.append(
+                {"step": name, "step_run_id": run.run_id, "error": payload.get("error") or {"kind": "error"}}
+            )
+        taken = {a.step for a, _ in arcs}
+        # A step that routed back into a cycle (a back edge or a self-loop) has not finished with its
+        # forward successors: its later run decides for them. Only a run that leaves the cycle does.
+        looping = any(not self.plan.graph.is_forward(name, a.step) for a, _ in arcs)
+        for arc, args in arcs:
+            self.deliver(
+                arc.step,
+                pred=name,
+                taken=True,
+                args=args if isinstance(args, dict) else {"value": args},
+                cause=ev,
+            )
+        if not looping:
+            for succ in self.plan.graph.successors.get(name, ()):
+                if succ not in taken:
+                    self.deliver(succ, pred=name, taken=False, args={}, cause=None)
+
+    def apply_ctx_patches(self, event: Event, scope: str) -> None:
+        patches = event.payload.get("ctx_patches")
+        if not patches:
+            return
+        for patch in patches:
+            if isinstance(patch, dict):
+                self.state.ctx.update(patch)
+                self.state.ctx_revision += 1
+        suffix = f".{event.payload['index']}" if "index" in event.payload else ""
+        self.emit(
+            E.CTX_PATCHED,
+            "execution",
+            self.state.execution_id,
+            "success",
+            f"{scope}{suffix}",
+            {"patches": patches, "revision": self.state.ctx_revision},
+            event.step,
+            event.step_run_id,
+        )
+
+    # -- completion -------------------------------------------------------------------------------
+    def pause(self, event: Event) -> None:
+        """Schedule nothing new: tokens wait in ``deferred``; running steps finish and are routed."""
+        if not self.state.paused:
+            self.state.paused = True
+            self.emit(E.WORKFLOW_PAUSED, "workflow", self.state.path, "in_progress", event.event_id, {})
+
+    def resume(self, event: Event) -> None:
+        if not self.state.paused:
+            return
+        self.state.paused = False
+        self.emit(E.WORKFLOW_RESUMED, "workflow", self.state.path, "in_progress", event.event_id, {})
+        deferred, self.state.deferred = self.state.deferred, []
+        for token in deferred:
+            self.schedule(token["step"], token.get("args") or {}, token.get("cause"))
+
+    def stop(self, status: str, error: dict[str, Any]) -> None:
+        """End the execution now (cancel, deadline). Workers stop what still runs for it when they see
+        ``workflow.finished``; boundaries that arrive later are ignored."""
+        if self.state.terminal:
+            return
+        self.state.status = status  # type: ignore[assignment]
+        self.state.error = error
+        self.state.deferred = []
+        self.finish()
+
+    def fail_execution(self, error: dict[str, Any]) -> None:
+        self.state.unhandled.append({"step": None, "error": error})
+
+    def check_complete(self) -> None:
+        s = self.state
+        if s.terminal or s.runs or s.deferred:
+            return
+        # Nothing runs, so predecessors a join still waits for can no longer arrive (a path the
+        # graph analysis could not rule out): a join holding a token runs now, the others are dead.
+        while s.joins and not s.runs:
+            name, join = next(iter(s.joins.items()))
+            del s.joins[name]
+            if any(join.resolved.values()):
+                self.schedule(name, join.args, None)
+            else:
+                self.dead(name)
+        if s.runs or s.terminal:
+            return
+        if s.unhandled:
+            s.status = "failed"
+            first = s.unhandled[0]
+            s.error = {**(first.get("error") or {}), "step": first.get("step")}
+        else:
+            s.status = "success"
+        self.finish()
+
+    def finish(self) -> None:
+        s = self.state
+        status = "success" if s.status == "success" else "error"
+        last = s.return_step if s.return_step is not None else s.last_step
+        result = s.results.get(last) if last else None
+        summary = {"status": s.status, "result": result, "error": s.error, "steps": dict(s.step_status)}
+        self.emit(E.WORKFLOW_FINISHED, "workflow", s.path or s.file, status, "execution", summary)
+        self.emit(E.PLAYBOOK_PROCESSED, "playbook", s.path or s.file, status, "execution", summary)

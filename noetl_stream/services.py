@@ -33,16 +33,22 @@ async def run_controller(
     grace_s: float,
     http: tuple[str, int] | None = None,
     api_tokens: tuple[str, ...] = (),
+    extensions: tuple[str, ...] = (),
+    controller_id: str | None = None,
 ) -> None:
-    """Run a controller until SIGTERM/SIGINT; with ``http`` (host, port) it also serves the REST API."""
+    """Run a controller until SIGTERM/SIGINT; with ``http`` (host, port) it also serves the REST API.
+
+    ``extensions`` (``legacy``) are DSL extensions every request is compiled with."""
     from noetl_stream.api import ApiServer
 
     nc = await connect(url, name="noetl-controller", connect_wait_s=None)
     try:
-        await provision(nc.jetstream(), topology, pools)
+        await provision(nc.jetstream(), topology, pools, keep_replicas=True)
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        async with Controller(nc, topology, default_pool=pools[0]) as controller:
+        async with Controller(
+            nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
+        ) as controller:
             api = ApiServer(controller, http[0], http[1], api_tokens) if http is not None else None
             if api is not None:
                 await api.start()
@@ -59,9 +65,12 @@ async def run_controller(
 async def run_worker(
     url: str, topology: Topology, pool: str, concurrency: int, grace_s: float, name: str | None = None
 ) -> None:
+    from noetl_stream.tracing import setup_from_env
+
+    setup_from_env("noetl-stream-worker")  # OpenTelemetry spans, when installed and enabled
     nc = await connect(url, name=f"noetl-worker-{pool}", connect_wait_s=None)
     try:
-        await provision(nc.jetstream(), topology, (pool,))
+        await provision(nc.jetstream(), topology, (pool,), keep_replicas=True)
         stop = asyncio.Event()
         _stop_on_signals(stop)
         keychain = Keychain(nc.jetstream(), topology)  # key from NOETL_KEYCHAIN_KEY(_FILE), when needed

@@ -3,7 +3,8 @@
 Nothing else in the package builds a subject or stream name with an f-string; it asks a `Topology`.
 Names follow DESIGN.md §3 for the default prefix ``noetl``::
 
-    NOETL_EVENTS    noetl.events.<execution_id>.<event name with dots as tokens>
+    NOETL_EVENTS    noetl.events.<execution_id>.<event name with dots as tokens>   (published)
+                    noetl.events.<execution_id>.<partition>.<event name>           (stored)
     NOETL_COMMANDS  noetl.cmd.<pool>.<execution_id>
     NOETL_REQUESTS  noetl.exec.request
 """
@@ -29,6 +30,19 @@ _PREFIX_RE = re.compile(r"[a-z][a-z0-9_-]*")
 _EVENT_PART_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 MIN_DUPLICATE_WINDOW_S = 120.0
+MAX_PARTITIONS = 1024
+
+
+def partition_of(execution_id: str, partitions: int) -> int:
+    """The partition the events stream stores an execution's events under.
+
+    The same function as the server's ``{{partition(n,1)}}`` subject transform (FNV-1a, 32 bit, of
+    the execution id token, modulo n); a test checks the two agree against a real server.
+    """
+    h = 0x811C9DC5
+    for c in execution_id.encode():
+        h = ((h ^ c) * 0x01000193) & 0xFFFFFFFF
+    return h % partitions
 
 
 class TopologyError(ConfigurationError, ValueError):
@@ -78,6 +92,10 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
     duplicate_window_s: float = MIN_DUPLICATE_WINDOW_S
     command_ack_wait_s: float = 30.0
     command_max_deliver: int = 5
+    partitions: int = 1
+    """Executions are split into this many partitions, each owned by one controller at a time."""
+    lease_ttl_s: float = 10.0
+    """A partition lease not renewed for this long expires, and another controller takes it over."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not _PREFIX_RE.fullmatch(self.prefix):
@@ -97,6 +115,10 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
             raise TopologyError("command_ack_wait_s must be positive")
         if self.command_max_deliver < 1:
             raise TopologyError("command_max_deliver must be >= 1 (redelivery is bounded)")
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise TopologyError(f"partitions must be between 1 and {MAX_PARTITIONS}, not {self.partitions}")
+        if self.lease_ttl_s < 1.0:
+            raise TopologyError("lease_ttl_s must be >= 1 second")
 
     # --- streams --------------------------------------------------------------------------------
     @property
@@ -127,19 +149,49 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.prefix}.events.{execution_id}.{_check_event_name(event_name)}"
 
     def events_filter(self, execution_id: str) -> str:
-        """All events of one execution: ``noetl.events.<id>.>``."""
+        """All events of one execution: ``noetl.events.<id>.>`` (as published and as stored)."""
         return f"{self.prefix}.events.{check_token(execution_id, 'execution id')}.>"
 
     def any_execution_filter(self, event_name: str) -> str:
-        """One event name of every execution: ``noetl.events.*.task.done``."""
+        """One event name of every execution, as published (core subscriptions):
+        ``noetl.events.*.task.done``."""
         return f"{self.prefix}.events.*.{_check_event_name(event_name)}"
 
+    # The events stream stores each event under its execution's partition: the server's subject
+    # transform inserts it after the execution id. Reads from the stream use these filters.
     @property
-    def controller_event_filters(self) -> tuple[str, ...]:
-        """One filter per controller input event, any execution (sorted, so configs are stable)."""
-        return tuple(
-            sorted(f"{self.prefix}.events.*.{_check_event_name(n)}" for n in events.CONTROLLER_INPUT_EVENTS)
+    def events_subject_transform(self) -> tuple[str, str]:
+        """(src, dest) of the events stream's subject transform."""
+        return (
+            f"{self.prefix}.events.*.>",
+            f"{self.prefix}.events.{{{{wildcard(1)}}}}.{{{{partition({self.partitions},1)}}}}.>",
         )
+
+    def stored_event_filter(self, execution_id: str, event_name: str) -> str:
+        """One execution's events of one name, as stored: ``noetl.events.<id>.*.step.done``."""
+        check_token(execution_id, "execution id")
+        return f"{self.prefix}.events.{execution_id}.*.{_check_event_name(event_name)}"
+
+    def stored_any_execution_filter(self, event_name: str) -> str:
+        """One event name of every execution, as stored: ``noetl.events.*.*.step.done``."""
+        return f"{self.prefix}.events.*.*.{_check_event_name(event_name)}"
+
+    def partition_of(self, execution_id: str) -> int:
+        return partition_of(execution_id, self.partitions)
+
+    def controller_event_filters(self, partition: int) -> tuple[str, ...]:
+        """The controller inputs of one partition's executions (sorted, so configs are stable)."""
+        self._check_partition(partition)
+        return tuple(
+            sorted(
+                f"{self.prefix}.events.*.{partition}.{_check_event_name(n)}"
+                for n in events.CONTROLLER_INPUT_EVENTS
+            )
+        )
+
+    def _check_partition(self, partition: int) -> None:
+        if not 0 <= partition < self.partitions:
+            raise TopologyError(f"partition {partition} out of range 0..{self.partitions - 1}")
 
     @property
     def commands_subjects(self) -> str:
@@ -169,6 +221,10 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
     def controller_advisories_consumer(self) -> str:
         return "controller-advisories"
 
+    def controller_alive_subject(self, controller_id: str) -> str:
+        """Answered by the live controller with this id (a duplicate id is refused at start)."""
+        return f"{self.prefix}.controllers.{check_token(controller_id, 'controller id')}.alive"
+
     @property
     def request_subject(self) -> str:
         """Durable fire-and-forget execution requests: ``noetl.exec.request``."""
@@ -178,9 +234,10 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
     def pool_consumer(self, pool: str) -> str:
         return f"pool-{check_pool(pool)}"
 
-    @property
-    def controller_events_consumer(self) -> str:
-        return "controller"
+    def controller_events_consumer(self, partition: int = 0) -> str:
+        """The durable consumer of one partition's controller inputs: ``controller-<partition>``."""
+        self._check_partition(partition)
+        return f"controller-{partition}"
 
     @property
     def controller_requests_consumer(self) -> str:
@@ -208,6 +265,11 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.prefix}_keychain"
 
     @property
+    def leases_bucket(self) -> str:
+        """Partition leases (``partition.<n>``) and controller membership (``member.<id>``)."""
+        return f"{self.prefix}_leases"
+
+    @property
     def kv_buckets(self) -> tuple[str, ...]:
         return (
             self.executions_bucket,
@@ -215,6 +277,7 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
             self.loops_bucket,
             self.catalog_bucket,
             self.keychain_bucket,
+            self.leases_bucket,
         )
 
     @property

@@ -58,6 +58,10 @@ class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
     deadline_s: float | None = None
     """Fail the execution if it has not finished this many seconds after it was requested."""
     resume: ResumeFrom | None = None
+    extensions: list[str] = []
+    """DSL extensions to compile the playbook with (``legacy``), besides those it declares itself. The
+    controller records the ones it used (its own default included) with the request, so a resumed
+    controller or a replay compiles the playbook the same way."""
 
 
 class Event(msgspec.Struct, omit_defaults=True):
@@ -78,6 +82,9 @@ class Event(msgspec.Struct, omit_defaults=True):
     trace_id: str | None = None
     parent_id: str | None = None
     worker: str | None = None
+    controller: str | None = None
+    """The controller that wrote a server event, and the partition lease it held (fencing token)."""
+    fence: int | None = None
     v: int = WIRE_VERSION
 
 

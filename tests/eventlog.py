@@ -25,8 +25,8 @@ from noetl_stream.wire import Event, decode_event
 
 
 def any_execution(topology: Topology, name: str) -> str:
-    """The subject of event `name` of every execution: ``<prefix>.events.*.<name>``."""
-    return topology.event_subject("x", name).replace(".x.", ".*.", 1)
+    """The stored subject of event `name` of every execution: ``<prefix>.events.*.*.<name>``."""
+    return topology.stored_any_execution_filter(name)
 
 
 async def count_by_execution(js: JetStreamContext, topology: Topology, name: str) -> dict[str, int]:
@@ -156,7 +156,10 @@ async def post_mortem(
     with path.open("w") as f:
         f.write("\n".join(timeline) + "\n")
         for stream, consumer in (
-            (topology.events_stream, topology.controller_events_consumer),
+            *[
+                (topology.events_stream, topology.controller_events_consumer(p))
+                for p in range(topology.partitions)
+            ],
             (topology.commands_stream, topology.pool_consumer("default")),
         ):
             info = await js.consumer_info(stream, consumer)
@@ -179,4 +182,29 @@ async def post_mortem(
                     for k, r in snap.runs.items()
                 }
                 f.write(f"snapshot: last_seq={snap.last_seq} status={snap.status} runs={runs}\n")
+            # What the reducer makes of the whole stored history, and what its last fold would publish.
+            reducer = replay.Reducer(replay.PlanCache())
+            state: ExecutionState | None = None
+            async for seq, ev in read_events(js, topology, eid, names=E.CONTROLLER_INPUT_EVENTS):
+                state, fx = reducer.apply(state, ev, seq)
+                if fx.events or fx.commands:
+                    f.write(
+                        f"  fold {seq} {ev.name} {ev.step_run_id} {ev.payload.get('index')} -> "
+                        f"{[e.name for e in fx.events]} +{len(fx.commands)} commands\n"
+                    )
+            if state is not None:
+                loops = {
+                    k: {
+                        "next": r.loop.next_index,
+                        "in_flight": r.loop.in_flight,
+                        "done": r.loop.done,
+                        "failed": r.loop.failed,
+                        "finished": r.loop.finished,
+                        "stopping": r.loop.stopping,
+                        "have": sorted(set(r.loop.results) | set(r.loop.errors)),
+                    }
+                    for k, r in state.runs.items()
+                    if r.loop is not None
+                }
+                f.write(f"replayed: last_seq={state.last_seq} status={state.status} loops={loops}\n")
     return path

@@ -31,6 +31,9 @@ def topology_env(topology: Topology) -> dict[str, str]:
         "NOETL_COMMAND_ACK_WAIT_S": repr(topology.command_ack_wait_s),
         "NOETL_COMMAND_MAX_DELIVER": str(topology.command_max_deliver),
         "NOETL_STORAGE": topology.storage,
+        "NOETL_REPLICAS": str(topology.replicas),
+        "NOETL_PARTITIONS": str(topology.partitions),
+        "NOETL_LEASE_TTL_S": repr(topology.lease_ttl_s),
     }
 
 
@@ -118,12 +121,23 @@ class Processes:
         return proc.start()
 
     def controller(self, name: str = "controller", *, grace: float = 5.0) -> NoetlProcess:
-        return self._spawn(name, ["controller", "--grace", str(grace), "--log-level", "info"])
+        """A controller whose id is `name` (a restart is the same controller, and takes its leases back)."""
+        args = ["controller", "--grace", str(grace), "--log-level", "info", "--controller-id", name]
+        return self._spawn(name, args)
 
     def worker(
-        self, name: str, *, concurrency: int = 4, pool: str = "default", grace: float = 5.0
+        self,
+        name: str,
+        *,
+        concurrency: int = 4,
+        pool: str = "default",
+        grace: float = 5.0,
+        processes: int = 1,
     ) -> NoetlProcess:
+        """A worker; with `processes` > 1 a supervisor of that many (named ``<name>-1``, ...)."""
         args = ["worker", "--pool", pool, "--concurrency", str(concurrency), "--name", name]
+        if processes > 1:
+            args += ["--processes", str(processes)]
         return self._spawn(name, [*args, "--grace", str(grace), "--log-level", "info"])
 
     @property

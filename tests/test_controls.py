@@ -203,7 +203,7 @@ async def _child_requests(rt: Runtime, parent_id: str):  # type: ignore[no-untyp
     from noetl_stream.wire import decode_event
 
     sub = await rt.nc.jetstream().subscribe(
-        rt.topology.event_subject("x", E.EXECUTION_REQUESTED).replace(".x.", ".*.", 1),
+        rt.topology.stored_any_execution_filter(E.EXECUTION_REQUESTED),
         stream=rt.topology.events_stream,
         ordered_consumer=True,
     )

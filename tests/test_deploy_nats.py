@@ -296,8 +296,8 @@ async def test_worker_cannot_publish_commands_or_take_the_controllers_work(
 
     # Nor pull the controller's input, nor change a stream (runtime identities only read configs).
     with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
-        await worker.nc.request("$JS.API.CONSUMER.MSG.NEXT.NOETL_EVENTS.controller", b'{"batch":1}', 0.5)
-    await worker.violation("NOETL_EVENTS.controller")
+        await worker.nc.request("$JS.API.CONSUMER.MSG.NEXT.NOETL_EVENTS.controller-0", b'{"batch":1}', 0.5)
+    await worker.violation("NOETL_EVENTS.controller-0")
     config = stream_configs(Topology())[0]
     config.max_age = 1.0
     with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
@@ -307,7 +307,7 @@ async def test_worker_cannot_publish_commands_or_take_the_controllers_work(
 
     # What it needs still works: reading an event, pulling its pool.
     await provisioned.js.publish("noetl.events.e1.step.done", b"{}")
-    assert (await worker.js.get_last_msg("NOETL_EVENTS", "noetl.events.e1.step.done")).data == b"{}"
+    assert (await worker.js.get_last_msg("NOETL_EVENTS", "noetl.events.e1.*.step.done")).data == b"{}"
     assert (await worker.js.consumer_info("NOETL_COMMANDS", "pool-default")).name == "pool-default"
 
 
@@ -326,7 +326,7 @@ async def test_client_cannot_read_the_keychain(server: Server, provisioned: Sess
     # The admin (and workers) can; the client can still read what is meant for it.
     assert (await provisioned.js.get_last_msg("KV_noetl_keychain", "$KV.noetl_keychain.api")).data
     await provisioned.js.publish("noetl.events.e2.step.done", b"{}")
-    assert (await client.js.get_last_msg("NOETL_EVENTS", "noetl.events.e2.step.done")).data == b"{}"
+    assert (await client.js.get_last_msg("NOETL_EVENTS", "noetl.events.e2.*.step.done")).data == b"{}"
     executions = await client.js.key_value("noetl_executions")
     try:
         await executions.keys()  # the client may list snapshots
@@ -338,7 +338,7 @@ async def test_client_cannot_read_the_keychain(server: Server, provisioned: Sess
         ordered_consumer=True,
         deliver_policy=api.DeliverPolicy.ALL,
     )
-    assert (await sub.next_msg(timeout=2)).subject == "noetl.events.e2.step.done"
+    assert (await sub.next_msg(timeout=2)).subject == "noetl.events.e2.0.step.done"  # stored: + partition
     await sub.unsubscribe()
 
 

@@ -238,7 +238,7 @@ async def test_controller_crash_with_an_unhandled_event_and_a_newer_one_of_the_s
     controller = procs.controller()
     procs.worker("w1", concurrency=4)
     (eid,) = await submit_many(nc, topo, [(FAN, {})])
-    ctl_consumer = topo.controller_events_consumer
+    ctl_consumer = topo.controller_events_consumer(topo.partition_of(eid))
 
     async def idle() -> bool:
         info = await js.consumer_info(topo.events_stream, ctl_consumer)

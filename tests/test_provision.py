@@ -14,7 +14,7 @@ from noetl_stream.subjects import SubjectError, Topology
 async def test_provision_twice_changes_nothing(js: JetStreamContext, topology: Topology) -> None:
     first = await provision(js, topology, pools=("default", "gpu"))
     assert first.changed and not first.updated and not first.unchanged
-    assert len(first.created) == 4 + 5 + 5 + 1  # streams, consumers, KV buckets, object store
+    assert len(first.created) == 4 + 5 + 6 + 1  # streams, consumers, KV buckets, object store
 
     second = await provision(js, topology, pools=("default", "gpu"))
     assert not second.changed
@@ -36,11 +36,11 @@ async def test_streams_have_the_designed_config(js: JetStreamContext, topology: 
 
 async def test_consumers_have_the_designed_config(js: JetStreamContext, topology: Topology) -> None:
     await provision(js, topology, pools=("default", "gpu"), pool_max_ack_pending=7)
-    ctl = (await js.consumer_info(topology.events_stream, "controller")).config
+    ctl = (await js.consumer_info(topology.events_stream, "controller-0")).config
     assert ctl.ack_policy == api.AckPolicy.EXPLICIT
-    assert set(ctl.filter_subjects or ()) == set(topology.controller_event_filters)
-    assert f"{topology.prefix}.events.*.step.done" in (ctl.filter_subjects or ())
-    assert ctl.ack_wait == topology.command_ack_wait_s
+    assert set(ctl.filter_subjects or ()) == set(topology.controller_event_filters(0))
+    assert f"{topology.prefix}.events.*.0.step.done" in (ctl.filter_subjects or ())
+    assert ctl.ack_wait == topology.lease_ttl_s
     assert (ctl.max_ack_pending or 0) >= 1000
     req = (await js.consumer_info(topology.requests_stream, "controller-requests")).config
     assert req.filter_subject == topology.request_subject
@@ -63,7 +63,7 @@ async def test_messages_route_to_the_right_consumers(js: JetStreamContext, topol
     async def pending(stream: str, consumer: str) -> int:
         return (await js.consumer_info(stream, consumer)).num_pending or 0
 
-    assert await pending(topology.events_stream, "controller") == 1
+    assert await pending(topology.events_stream, "controller-0") == 1
     assert await pending(topology.commands_stream, topology.pool_consumer("gpu")) == 1
     assert await pending(topology.commands_stream, topology.pool_consumer("default")) == 0
     assert await pending(topology.requests_stream, "controller-requests") == 1
@@ -126,3 +126,36 @@ async def test_bad_pool_is_rejected_before_anything_is_created(
 def test_bad_prefix_is_rejected() -> None:
     with pytest.raises(SubjectError, match="invalid prefix"):
         Topology(prefix="noetl.prod")
+
+
+async def test_each_partition_has_its_consumer_and_the_server_partitions_like_partition_of(
+    js: JetStreamContext, topology: Topology
+) -> None:
+    """The events stream stores each event under its execution's partition (the server's
+    ``partition()`` transform), each partition's controller consumer sees exactly its executions, and
+    `partition_of` computes the same partition as the server."""
+    topo = msgspec.structs.replace(topology, partitions=4)
+    await provision(js, topo, pools=("default",))
+    ids = [f"e{i:03d}" for i in range(64)]
+    for eid in ids:
+        await js.publish(topo.event_subject(eid, events.STEP_DONE), b"{}")
+    info = await js.stream_info(
+        topo.events_stream, subjects_filter=topo.stored_any_execution_filter("step.done")
+    )
+    stored = set((info.state.subjects or {}).keys())
+    assert stored == {f"{topo.prefix}.events.{eid}.{topo.partition_of(eid)}.step.done" for eid in ids}
+    for p in range(4):
+        n = (await js.consumer_info(topo.events_stream, topo.controller_events_consumer(p))).num_pending
+        assert n == sum(1 for eid in ids if topo.partition_of(eid) == p) > 0
+
+
+async def test_a_runtime_process_keeps_the_installations_partition_count(
+    js: JetStreamContext, topology: Topology
+) -> None:
+    """A controller or worker provisions at start with its own defaults: that must not repartition."""
+    await provision(js, msgspec.structs.replace(topology, partitions=4, lease_ttl_s=3.0))
+    report = await provision(js, topology, keep_replicas=True)
+    assert not report.updated
+    info = await js.stream_info(topology.events_stream)
+    assert info.config.subject_transform is not None
+    assert "partition(4,1)" in (info.config.subject_transform.dest or "")

@@ -23,7 +23,7 @@ def test_default_names_match_the_design() -> None:
     assert t.pool_filter("gpu") == "noetl.cmd.gpu.>"
     assert t.request_subject == "noetl.exec.request"
     assert t.pool_consumer("gpu") == "pool-gpu"
-    assert t.controller_events_consumer == "controller"
+    assert t.controller_events_consumer(0) == "controller-0"
     assert t.controller_requests_consumer == "controller-requests"
     assert t.executions_bucket == "noetl_executions"
     assert (t.ctx_bucket, t.loops_bucket, t.catalog_bucket, t.keychain_bucket) == (
@@ -38,10 +38,25 @@ def test_default_names_match_the_design() -> None:
 
 
 def test_controller_filters_cover_exactly_the_controller_input_events() -> None:
-    filters = Topology().controller_event_filters
-    assert "noetl.events.*.step.done" in filters
+    filters = Topology(partitions=4).controller_event_filters(3)
+    assert "noetl.events.*.3.step.done" in filters
     assert sorted(filters) == list(filters)
-    assert {f.removeprefix("noetl.events.*.") for f in filters} == set(events.CONTROLLER_INPUT_EVENTS)
+    assert {f.removeprefix("noetl.events.*.3.") for f in filters} == set(events.CONTROLLER_INPUT_EVENTS)
+
+
+def test_partitions_are_stored_after_the_execution_id_so_one_history_is_still_one_filter() -> None:
+    t = Topology(partitions=8)
+    assert t.events_subject_transform == (
+        "noetl.events.*.>",
+        "noetl.events.{{wildcard(1)}}.{{partition(8,1)}}.>",
+    )
+    assert t.stored_event_filter("e1", events.STEP_DONE) == "noetl.events.e1.*.step.done"
+    assert t.stored_any_execution_filter(events.STEP_DONE) == "noetl.events.*.*.step.done"
+    assert t.controller_events_consumer(7) == "controller-7"
+    with pytest.raises(TopologyError):
+        t.controller_events_consumer(8)
+    with pytest.raises(TopologyError):
+        Topology(partitions=0)
 
 
 def test_prefix_changes_every_name() -> None:

@@ -157,7 +157,7 @@ def _unique(items: Iterable[str]) -> list[str]:
 
 def _controller_consumers(t: Topology) -> list[tuple[str, str]]:
     return [
-        (t.events_stream, t.controller_events_consumer),
+        *[(t.events_stream, t.controller_events_consumer(p)) for p in range(t.partitions)],
         (t.requests_stream, t.controller_requests_consumer),
         (t.advisories_stream, t.controller_advisories_consumer),
     ]
@@ -198,6 +198,7 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
     controller_pub = [
         f"{t.prefix}.events.>",
         f"{t.prefix}.cmd.>",
+        f"{t.prefix}.controllers.>",  # a starting controller asks whether its id is already live
         *_provision_checks(t),
         *[f"{API}.CONSUMER.MSG.NEXT.{s}.{c}" for s, c in _controller_consumers(t)],
         *[f"$JS.ACK.{s}.{c}.>" for s, c in _controller_consumers(t)],
@@ -241,7 +242,7 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
     return {
         "controller": {
             "publish": {"allow": _unique(controller_pub), "deny": [f"$KV.{keychain}.>"]},
-            "subscribe": {"allow": ["_INBOX.>", f"{t.api_prefix}.>", *service]},
+            "subscribe": {"allow": ["_INBOX.>", f"{t.api_prefix}.>", f"{t.prefix}.controllers.>", *service]},
             "allow_responses": True,
         },
         "worker": {
@@ -392,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events-max-age-s", type=float, default=defaults.events_max_age_s)
     parser.add_argument("--command-ack-wait-s", type=float, default=defaults.command_ack_wait_s)
     parser.add_argument("--command-max-deliver", type=int, default=defaults.command_max_deliver)
+    parser.add_argument("--partitions", type=int, default=defaults.partitions)
+    parser.add_argument("--lease-ttl-s", type=float, default=defaults.lease_ttl_s)
     args = parser.parse_args(argv)
     topology = Topology(
         prefix=args.prefix,
@@ -400,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         events_max_age_s=args.events_max_age_s,
         command_ack_wait_s=args.command_ack_wait_s,
         command_max_deliver=args.command_max_deliver,
+        partitions=args.partitions,
+        lease_ttl_s=args.lease_ttl_s,
     )
     files = render(topology, args.pools or ["default"])
     if args.check:

@@ -9,6 +9,7 @@ nats stream add --config buckets/KV_noetl_catalog.json
 nats stream add --config buckets/KV_noetl_ctx.json
 nats stream add --config buckets/KV_noetl_executions.json
 nats stream add --config buckets/KV_noetl_keychain.json
+nats stream add --config buckets/KV_noetl_leases.json
 nats stream add --config buckets/KV_noetl_loops.json
 nats stream add --config buckets/OBJ_noetl_results.json
 nats stream add --config streams/NOETL_ADVISORIES.json
@@ -17,5 +18,5 @@ nats stream add --config streams/NOETL_EVENTS.json
 nats stream add --config streams/NOETL_REQUESTS.json
 nats consumer add NOETL_ADVISORIES --config consumers/NOETL_ADVISORIES.controller-advisories.json
 nats consumer add NOETL_COMMANDS --config consumers/NOETL_COMMANDS.pool-default.json
-nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-0.json
 nats consumer add NOETL_REQUESTS --config consumers/NOETL_REQUESTS.controller-requests.json

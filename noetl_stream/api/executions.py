@@ -104,7 +104,7 @@ async def _follow(request: web.Request, execution_id: str, after: int) -> web.St
     await response.prepare(request)
     try:
         last = await js.get_last_msg(
-            topology.events_stream, topology.event_subject(execution_id, E.PLAYBOOK_PROCESSED)
+            topology.events_stream, topology.stored_event_filter(execution_id, E.PLAYBOOK_PROCESSED)
         )
         if last.seq is not None and last.seq <= after:
             await response.write_eof()

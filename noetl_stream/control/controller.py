@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -21,13 +21,16 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.control.intake import Intake
+from noetl_stream.control.leases import Leases, default_controller_id
 from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import Effects, PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
+from noetl_stream.logs import bound
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
@@ -49,6 +52,8 @@ class Controller:
         concurrency: int = 256,
         snapshot_interval_s: float = 1.0,
         cache_size: int = 10_000,
+        extensions: Iterable[str] = (),
+        controller_id: str | None = None,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -61,8 +66,12 @@ class Controller:
         self._queues: dict[str, list[tuple[Msg, Event, int]]] = {}
         self._snapshot_at: dict[str, float] = {}
         self._snapshots: SnapshotStore[ExecutionState] | None = None
-        self._puller: ContinuousPuller | None = None
-        self.intake = Intake(nc, topology, self.states)
+        self.controller_id = controller_id or default_controller_id()
+        self._pullers: dict[int, ContinuousPuller] = {}
+        self._fences: dict[int, int] = {}
+        """Partitions this controller holds, and the fencing token (lease revision) of each."""
+        self.leases: Leases | None = None
+        self.intake = Intake(nc, topology, self.states, extensions=extensions)
         self.observer: Callable[[Event, list[Event], ExecutionState | None], None] | None = None
         """Called with each folded input event and the events the reducer wrote for it (metrics)."""
         self.poison = PoisonHandler(nc, topology)
@@ -81,21 +90,64 @@ class Controller:
         await self.shutdown()
 
     async def start(self) -> None:
-        if self._puller is not None:
+        if self.leases is not None:
             return
+        # The partition count and lease TTL are the installation's (read from the server), not ours.
+        self.topology = await provisioned_topology(self.js, self.topology)
         self._snapshots = await SnapshotStore.open(self.js, self.topology, ExecutionState)
-        self._puller = ContinuousPuller(
+        await self.intake.start()
+        await self.poison.start()
+        self.leases = Leases(
+            self.nc,
+            self.topology,
+            self.topology.partitions,
+            self.controller_id,
+            self._start_partition,
+            self._stop_partition,
+        )
+        await self.leases.start()
+        log.info(
+            "controller.started",
+            prefix=self.topology.prefix,
+            controller=self.controller_id,
+            partitions=sorted(self._fences),
+            of=self.topology.partitions,
+        )
+
+    async def _start_partition(self, partition: int, fence: int) -> None:
+        """This controller now holds ``partition``: pull its events (resuming what they lead to)."""
+        self._fences[partition] = fence
+        puller = ContinuousPuller(
             self.nc,
             self.topology.events_stream,
-            self.topology.controller_events_consumer,
+            self.topology.controller_events_consumer(partition),
             self._handle,
             max_concurrency=self.concurrency,
         )
-        await self._puller.start()
-        await self.intake.start()
-        await self.poison.start()
-        self._spawn(self._rearm_deadlines())
-        log.info("controller.started", prefix=self.topology.prefix)
+        await puller.start()
+        self._pullers[partition] = puller
+        self._spawn(self._rearm_deadlines(partition))
+
+    async def _stop_partition(self, partition: int, graceful: bool) -> None:
+        """Stop pulling ``partition`` and forget its executions (their next owner rebuilds them).
+
+        Graceful on shutdown and rebalancing (the lease is still ours: in-flight folds finish and
+        snapshots are written); otherwise the lease is lost and we stop before it can expire.
+        """
+        puller = self._pullers.pop(partition, None)
+        if puller is not None:
+            await puller.stop(timeout=self.topology.lease_ttl_s * (1.0 if graceful else 0.3))
+        for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
+            state = self.states.pop(eid)
+            if graceful and eid in self._snapshot_at:
+                await self._write_snapshot(state)
+            self._snapshot_at.pop(eid, None)
+            timer = self._timers.pop(eid, None)
+            if timer is not None:
+                timer.cancel()
+            if self._snapshots is not None:
+                self._snapshots.forget(eid)
+        self._fences.pop(partition, None)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -114,9 +166,8 @@ class Controller:
             task.cancel()
         await self.intake.stop()
         await self.poison.stop()
-        if self._puller is not None:
-            await self._puller.stop(timeout=grace_s)
-            self._puller = None
+        if self.leases is not None:
+            await self.leases.stop()  # each partition: stop pulling, write snapshots, free the lease
         await self._flush_snapshots()
         self._stopped.set()
 
@@ -136,7 +187,8 @@ class Controller:
             queue.append(item)  # the handler draining this execution will fold it
             return
         queue = self._queues[eid] = [item]
-        await self._drain(eid, queue)
+        with bound(execution_id=eid):  # on every log line of the fold
+            await self._drain(eid, queue)
 
     async def _drain(self, eid: str, queue: list[tuple[Msg, Event, int]]) -> None:
         """Fold whatever has queued up for one execution, publish all effects with one flush, then ack.
@@ -163,6 +215,9 @@ class Controller:
             self._queues.pop(eid, None)
 
     async def _fold(self, eid: str, batch: list[tuple[Msg, Event, int]]) -> None:
+        fence = self._fences.get(self.topology.partition_of(eid))
+        if fence is None:  # released while these were in flight: the partition's next owner takes them
+            raise LookupError(f"execution {eid}: its partition is not held by this controller")
         first = batch[0][1]
         # A request delivered for the first time starts a new execution. A redelivered one may belong to an
         # execution whose later events a previous controller already handled: rebuild it from the stream.
@@ -184,6 +239,7 @@ class Controller:
             if self.observer is not None:
                 self.observer(event, fx.events, state)
             for ev in fx.events:
+                ev.controller, ev.fence = self.controller_id, fence
                 data = encode(ev)
                 if len(data) > SAFE_MESSAGE_BYTES and "result" in ev.payload:
                     ev = await self._offload_event(ev)
@@ -286,14 +342,16 @@ class Controller:
         except Exception as exc:  # retried when the next event of the execution re-arms the timer
             log.warning("controller.deadline_publish_failed", execution_id=eid, error=str(exc))
 
-    async def _rearm_deadlines(self) -> None:
-        """After a restart: timers for the non-terminal executions that have a deadline."""
+    async def _rearm_deadlines(self, partition: int) -> None:
+        """On taking a partition: timers for its non-terminal executions that have a deadline."""
         assert self._snapshots is not None
         try:
             keys = await self._snapshots.kv.keys()
         except Exception:
             return
         for key in keys:
+            if self.topology.partition_of(key) != partition or partition not in self._fences:
+                continue
             state = await self._snapshots.get(key)
             if state is not None and not state.terminal and state.deadline_at is not None:
                 self._arm_deadline(state)
@@ -326,13 +384,14 @@ class Controller:
         recorded (read with a direct get, no consumer)."""
         if not state.content_hash or self.reducer.plans.get(state.content_hash) is not None:
             return
-        subject = self.topology.event_subject(state.execution_id, E.EXECUTION_REQUESTED)
+        subject = self.topology.stored_event_filter(state.execution_id, E.EXECUTION_REQUESTED)
         raw = await self.js.get_last_msg(self.topology.events_stream, subject)
         event = decode_event(raw.data or b"")
-        text = (event.payload.get("request") or {}).get("playbook")
+        request = event.payload.get("request") or {}
+        text = request.get("playbook")
         if not isinstance(text, str):
             raise RuntimeError(f"execution {state.execution_id}: its request has no playbook text")
-        plan, diagnostics = self.reducer.plans.load(text, state.file)
+        plan, diagnostics = self.reducer.plans.load(text, state.file, request.get("extensions") or ())
         if plan is None or plan.content_hash != state.content_hash:
             raise RuntimeError(
                 f"execution {state.execution_id}: cannot rebuild its playbook ({len(diagnostics)} "
@@ -349,7 +408,8 @@ class Controller:
         execution were delivered): its effects are published again — their ids are deterministic, so
         those that were stored already are dropped by the server as duplicates.
         """
-        ack_floor = await self._ack_floor()
+        partition = self.topology.partition_of(execution_id)
+        ack_floor = await self._ack_floor(partition)
         outbox = Outbox(self.js, self.topology)
         count = 0
         async for seq, event in read_events(
@@ -364,6 +424,7 @@ class Controller:
             count += 1
             if seq > ack_floor:
                 for ev in fx.events:
+                    ev.controller, ev.fence = self.controller_id, self._fences.get(partition)
                     outbox.event(ev)
                 for cmd in fx.commands:
                     outbox.command(cmd)
@@ -372,11 +433,11 @@ class Controller:
             log.info("controller.resumed", execution_id=execution_id, replayed=count)
         return state
 
-    async def _ack_floor(self) -> int:
-        """The events stream sequence up to which the controller consumer acked everything."""
+    async def _ack_floor(self, partition: int) -> int:
+        """The events stream sequence up to which the partition's consumer acked everything."""
         try:
             info = await self.js.consumer_info(
-                self.topology.events_stream, self.topology.controller_events_consumer
+                self.topology.events_stream, self.topology.controller_events_consumer(partition)
             )
         except Exception:
             return 0  # unknown: republish everything replayed (deduplicated by id)
@@ -407,11 +468,29 @@ class Controller:
     async def _write_snapshot(self, state: ExecutionState) -> None:
         assert self._snapshots is not None
         store = self._snapshots
+        partition = self.topology.partition_of(state.execution_id)
+        fence = self._fences.get(partition)
+        if fence is None:
+            return  # not ours (any more): the partition's owner writes it
+        state.fence = fence
         try:
             await store.put(state.execution_id, state)
         except StateConflictError:
-            # Someone wrote it since we last did (we restarted, or lost ownership). Keep the newer one.
+            # Someone wrote it since we last did: a newer owner of the partition (we are fenced off),
+            # or a previous owner before we took over (ours is the newer state).
             current = await store.get(state.execution_id)
+            if current is not None and current.fence > fence:
+                log.warning(
+                    "controller.fenced",
+                    execution_id=state.execution_id,
+                    partition=partition,
+                    ours=fence,
+                    theirs=current.fence,
+                )
+                self.states.pop(state.execution_id, None)
+                if self.leases is not None:
+                    self._spawn(self.leases.lost(partition))
+                return
             if current is not None and current.last_seq > state.last_seq:
                 log.warning(
                     "controller.snapshot_superseded",

@@ -146,7 +146,7 @@ class Inspector:
     async def _last(self, execution_id: str, name: str) -> dict[str, Any] | None:
         try:
             msg = await self.js.get_last_msg(
-                self.topology.events_stream, self.topology.event_subject(execution_id, name)
+                self.topology.events_stream, self.topology.stored_event_filter(execution_id, name)
             )
         except NotFoundError:
             return None

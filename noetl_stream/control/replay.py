@@ -41,6 +41,10 @@ async def replay(
     return state
 
 
+_NOT_FOLDED = frozenset({"fence"})
+"""Snapshot fields that record who wrote the snapshot, not what the events say."""
+
+
 def differences(a: ExecutionState | None, b: ExecutionState | None) -> list[str]:
     """Human-readable field differences between two states (empty when equal)."""
     if a is None or b is None:
@@ -48,7 +52,7 @@ def differences(a: ExecutionState | None, b: ExecutionState | None) -> list[str]
     da: dict[str, Any] = msgspec.to_builtins(a)
     db: dict[str, Any] = msgspec.to_builtins(b)
     out = []
-    for key in sorted(set(da) | set(db)):
+    for key in sorted((set(da) | set(db)) - _NOT_FOLDED):
         if da.get(key) != db.get(key):
             out.append(f"{key}: replayed={da.get(key)!r} live={db.get(key)!r}")
     return out

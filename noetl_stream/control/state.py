@@ -70,6 +70,8 @@ class ExecutionState(msgspec.Struct):
     deadline_s: float | None = None
     deadline_at: float | None = None
     """Epoch seconds after which the execution fails with ``deadline_exceeded``."""
+    fence: int = 0
+    """The partition lease revision of the controller that wrote this snapshot (fencing token)."""
 
     @property
     def terminal(self) -> bool:

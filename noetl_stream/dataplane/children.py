@@ -73,7 +73,7 @@ class ChildRunner:
             if not done.done():
                 done.set_result(ev)
 
-        subject = self.topology.event_subject(child_id, E.PLAYBOOK_PROCESSED)
+        subject = self.topology.stored_event_filter(child_id, E.PLAYBOOK_PROCESSED)
         sub = await self.js.subscribe(
             subject,
             stream=self.topology.events_stream,
@@ -118,7 +118,7 @@ class ChildRunner:
         )
 
     async def _already_requested(self, child_id: str) -> bool:
-        subject = self.topology.event_subject(child_id, E.EXECUTION_REQUESTED)
+        subject = self.topology.stored_event_filter(child_id, E.EXECUTION_REQUESTED)
         try:
             await self.js.get_last_msg(self.topology.events_stream, subject)
         except NotFoundError:

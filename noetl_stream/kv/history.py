@@ -35,7 +35,7 @@ async def read_events(
     if names is None:
         filters = [topology.events_filter(execution_id)]
     else:
-        filters = sorted(topology.event_subject(execution_id, n) for n in names)
+        filters = sorted(topology.stored_event_filter(execution_id, n) for n in names)
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after_seq else api.DeliverPolicy.ALL,

@@ -14,10 +14,18 @@ nats-py's ``create_key_value``/``create_object_store`` use), so that they get th
 create-or-update treatment as the streams. Running `provision` again changes nothing; a stream or
 consumer whose managed settings drifted is updated (the server rejects changes it cannot apply,
 such as the storage type, and that surfaces as `ProvisionError`).
+
+Every stream, KV bucket and the object store get `Topology.replicas` replicas (3 on a 3-node
+cluster); consumers inherit their stream's. ``keep_replicas=True`` (what controllers and workers
+use at start) creates missing objects with that count but leaves the replicas of existing ones as
+they are: changing them is the job of ``noetl-stream provision --replicas N``, not of a process
+that happens to start without ``NOETL_REPLICAS``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Awaitable, Iterable
 from typing import NamedTuple
 
@@ -87,6 +95,7 @@ def stream_configs(topology: Topology, *, include_buckets: bool = False) -> list
             api.RetentionPolicy.LIMITS,
             max_age=t.events_max_age_s,
             allow_direct=True,
+            subject_transform=api.SubjectTransform(*t.events_subject_transform),
         ),
         _stream(
             t,
@@ -121,6 +130,7 @@ def _stream(
     *,
     max_age: float = 0,
     allow_direct: bool = False,
+    subject_transform: api.SubjectTransform | None = None,
 ) -> api.StreamConfig:
     return api.StreamConfig(
         name=name,
@@ -138,6 +148,7 @@ def _stream(
         max_consumers=-1,
         max_msg_size=-1,
         max_msgs_per_subject=-1,
+        subject_transform=subject_transform,
     )
 
 
@@ -151,19 +162,23 @@ def consumer_configs(
     t = topology
     if pool_max_ack_pending < 1:
         raise TopologyError("pool_max_ack_pending must be >= 1")
-    ctl_filters = list(t.controller_event_filters)
+    # One consumer per partition. Its ack wait is the lease TTL: the events a dead controller held
+    # come back about when its partitions are taken over.
     specs = [
         ConsumerSpec(
             t.events_stream,
             _pull_consumer(
-                t.controller_events_consumer,
-                "controller: boundary and iteration events",
-                filter_subjects=ctl_filters,
-                ack_wait=t.command_ack_wait_s,
+                t.controller_events_consumer(p),
+                f"controller: boundary and iteration events of partition {p}",
+                filter_subjects=list(t.controller_event_filters(p)),
+                ack_wait=t.lease_ttl_s,
                 max_deliver=-1,
                 max_ack_pending=CONTROLLER_MAX_ACK_PENDING,
             ),
-        ),
+        )
+        for p in range(t.partitions)
+    ]
+    specs += [
         ConsumerSpec(
             t.requests_stream,
             _pull_consumer(
@@ -232,7 +247,7 @@ def _pull_consumer(
 
 
 def kv_configs(topology: Topology) -> list[api.KeyValueConfig]:
-    """The KV buckets: history 1, direct get where reads dominate."""
+    """The KV buckets: history 1, direct get where reads dominate; leases expire after their TTL."""
     t = topology
     return [
         api.KeyValueConfig(
@@ -241,6 +256,7 @@ def kv_configs(topology: Topology) -> list[api.KeyValueConfig]:
             storage=_storage(t),
             replicas=t.replicas,
             direct=bucket.endswith(_DIRECT_BUCKETS),
+            ttl=t.lease_ttl_s if bucket == t.leases_bucket else None,
         )
         for bucket in t.kv_buckets
     ]
@@ -267,7 +283,7 @@ def _kv_stream(cfg: api.KeyValueConfig) -> api.StreamConfig:
         allow_rollup_hdrs=True,
         deny_delete=True,
         discard=api.DiscardPolicy.NEW,
-        duplicate_window=120.0,
+        duplicate_window=min(120.0, cfg.ttl) if cfg.ttl else 120.0,  # the server wants <= max_age
         max_age=cfg.ttl or 0,
         max_bytes=-1,
         max_consumers=-1,
@@ -296,10 +312,37 @@ def _object_stream(cfg: api.ObjectStoreConfig) -> api.StreamConfig:
     )
 
 
-def _drift(desired: api.StreamConfig | api.ConsumerConfig, actual: dict[str, object]) -> list[str]:
+_PARTITION_RE = re.compile(r"\{\{\s*partition\((\d+)\s*,")
+
+
+async def provisioned_topology(js: JetStreamManager, topology: Topology) -> Topology:
+    """`topology` with the partition count and lease TTL the server already has, where it has them."""
+    changes: dict[str, object] = {}
+    try:
+        info = await js.stream_info(topology.events_stream)
+    except NotFoundError:
+        return topology
+    transform = info.config.subject_transform
+    match = _PARTITION_RE.search(transform.dest or "") if transform is not None else None
+    if match is not None:
+        changes["partitions"] = int(match.group(1))
+    try:
+        leases = await js.stream_info(f"KV_{topology.leases_bucket}")
+        if leases.config.max_age:
+            changes["lease_ttl_s"] = float(leases.config.max_age)
+    except NotFoundError:
+        pass
+    return msgspec.structs.replace(topology, **changes) if changes else topology
+
+
+def _drift(
+    desired: api.StreamConfig | api.ConsumerConfig, actual: dict[str, object], *, ignore: frozenset[str]
+) -> list[str]:
     """Names of the settings we manage whose value on the server differs from `desired`."""
     out = []
     for key, want in desired.as_dict().items():
+        if key in ignore:
+            continue
         have = actual.get(key)
         if key in _DURATIONS and isinstance(want, int | float) and isinstance(have, int | float):
             if abs(want - have) > 1_000:
@@ -309,9 +352,17 @@ def _drift(desired: api.StreamConfig | api.ConsumerConfig, actual: dict[str, obj
     return out
 
 
+def _with_replicas(cfg: api.StreamConfig, replicas: object) -> api.StreamConfig:
+    """`cfg` with the replica count an existing stream has (an update must not change it)."""
+    if not isinstance(replicas, int):
+        return cfg
+    return dataclasses.replace(cfg, num_replicas=replicas)
+
+
 class _Provisioner:
-    def __init__(self, js: JetStreamManager) -> None:
+    def __init__(self, js: JetStreamManager, *, keep_replicas: bool = False) -> None:
         self.js = js
+        self._ignore = frozenset({"num_replicas"}) if keep_replicas else frozenset()
         self.created: list[str] = []
         self.updated: list[str] = []
         self.unchanged: list[str] = []
@@ -323,7 +374,10 @@ class _Provisioner:
             await self._call(label, "create", self.js.add_stream(cfg))
             self.created.append(label)
             return
-        if _drift(cfg, info.config.as_dict()):
+        actual = info.config.as_dict()
+        if _drift(cfg, actual, ignore=self._ignore):
+            if self._ignore:
+                cfg = _with_replicas(cfg, actual.get("num_replicas"))
             await self._call(label, "update", self.js.update_stream(cfg))
             self.updated.append(label)
         else:
@@ -337,7 +391,7 @@ class _Provisioner:
             await self._call(label, "create", self.js.add_consumer(spec.stream, spec.config))
             self.created.append(label)
             return
-        if _drift(spec.config, info.config.as_dict()):
+        if _drift(spec.config, info.config.as_dict(), ignore=frozenset()):
             # Consumer create without an action is create-or-update on the server.
             await self._call(label, "update", self.js.add_consumer(spec.stream, spec.config))
             self.updated.append(label)
@@ -364,10 +418,18 @@ async def provision(
     pools: Iterable[str] = ("default",),
     *,
     pool_max_ack_pending: int = DEFAULT_POOL_MAX_ACK_PENDING,
+    keep_replicas: bool = False,
 ) -> ProvisionReport:
-    """Create or update the streams, consumers, KV buckets and object store of `topology`."""
+    """Create or update the streams, consumers, KV buckets and object store of `topology`.
+
+    With `keep_replicas` (how the controller and workers provision at start), existing objects keep
+    their replica count, and an installation keeps its partition count and lease TTL: a process
+    started with other defaults must not repartition the events stream under running controllers.
+    """
+    if keep_replicas:
+        topology = await provisioned_topology(js, topology)
     specs = consumer_configs(topology, pools, pool_max_ack_pending=pool_max_ack_pending)
-    p = _Provisioner(js)
+    p = _Provisioner(js, keep_replicas=keep_replicas)
     for cfg in stream_configs(topology):
         await p.stream(cfg, f"stream:{cfg.name}")
     for spec in specs:

@@ -1,0 +1,276 @@
+"""Partition leases: which controller folds which executions, decided in a NATS KV bucket.
+
+Executions are split into a fixed number of partitions (the events stream stores each event under
+its execution's partition). A controller may pull a partition's events only while it holds the
+partition's lease, a key ``partition.<n>`` in the leases bucket, whose TTL is the bucket's max age:
+
+- acquire: ``create`` the key (it is absent or expired), or ``update`` it when it names this very
+  controller (a restart of the same controller id takes its partitions back at once);
+- renew: ``update`` with the revision last written (compare-and-set) every ``ttl / 4``;
+- lose: a renewal that is refused (someone else holds the key) or that has not succeeded for
+  ``ttl * 0.6`` — the controller stops pulling the partition before the key can expire on the
+  server, so two controllers never pull one partition at once;
+- release: on shutdown or rebalancing, stop pulling first, then delete the key (compare-and-set).
+
+The revision of the write that acquired a lease is its fencing token: every snapshot and every
+server event records it (revisions only grow, so a later owner's token is larger), and a controller
+whose snapshot compare-and-set fails against a snapshot written under a newer token has lost the
+partition (``Controller`` releases it at once). Membership is a ``member.<id>`` key per controller,
+refreshed with the leases; each controller aims at ``ceil(partitions / members)`` partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.kv import KeyValue
+
+from noetl_stream.errors import ConfigurationError
+from noetl_stream.subjects import Topology, check_token
+
+log = structlog.get_logger(__name__)
+
+LOSE_AFTER = 0.6
+"""Fraction of the TTL after the last successful renewal at which a controller gives a lease up."""
+
+
+def default_controller_id() -> str:
+    """The host name (a pod name on Kubernetes), made a valid KV key token."""
+    name = os.environ.get("NOETL_CONTROLLER_ID") or socket.gethostname() or "controller"
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:64]
+
+
+class LeaseValue(msgspec.Struct, frozen=True):
+    owner: str
+    acquired_at: float
+
+
+class Lease(msgspec.Struct):
+    partition: int
+    fence: int
+    """The fencing token: the revision of the write that acquired the lease (constant while held)."""
+    revision: int
+    """The revision of the last write of the lease (renewals compare-and-set against it)."""
+    renewed_at: float
+    """Monotonic time at which the last successful renewal was sent."""
+
+
+OnAcquire = Callable[[int, int], Awaitable[None]]
+"""``(partition, fence)``."""
+OnRelease = Callable[[int, bool], Awaitable[None]]
+"""``(partition, graceful)``: graceful when the lease is still ours (shutdown, rebalancing)."""
+
+
+class DuplicateControllerError(ConfigurationError, RuntimeError):
+    """Another live controller already uses this controller id."""
+
+
+class Leases:
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology,
+        partitions: int,
+        controller_id: str,
+        on_acquire: OnAcquire,
+        on_release: OnRelease,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.topology = topology
+        self.partitions = partitions
+        self.controller_id = check_token(controller_id, "controller id")
+        self.ttl = topology.lease_ttl_s
+        self.on_acquire = on_acquire
+        self.on_release = on_release
+        self.owned: dict[int, Lease] = {}
+        self._kv: KeyValue | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._started_at = time.time()
+        self._alive: Any = None
+
+    @property
+    def interval(self) -> float:
+        return self.ttl / 4
+
+    def fence(self, partition: int) -> int | None:
+        lease = self.owned.get(partition)
+        return None if lease is None else lease.fence
+
+    async def start(self) -> None:
+        """Claim the controller id (refusing a duplicate of a live one), then take partitions."""
+        alive = self.topology.controller_alive_subject(self.controller_id)
+        try:
+            await self.nc.request(alive, b"", timeout=1.0)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
+            pass  # nobody answers for this id: a previous run of it is dead, its leases are ours to take
+        else:
+            raise DuplicateControllerError(
+                f"another controller with id {self.controller_id!r} is running: give each controller its "
+                "own id (--controller-id or NOETL_CONTROLLER_ID; the default is the host name)"
+            )
+        self._alive = await self.nc.subscribe(alive, cb=self._answer_alive)
+        self._kv = await self.js.key_value(self.topology.leases_bucket)
+        await self.tick()
+        self._task = asyncio.create_task(self._run(), name="controller-leases")
+
+    async def stop(self) -> None:
+        """Release every partition (stop pulling, then delete the key), and leave the membership."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        async with self._lock:
+            for p in sorted(self.owned):
+                await self._release(p, graceful=True)
+            if self._kv is not None:
+                with contextlib.suppress(Exception):
+                    await self._kv.delete(self._member_key(self.controller_id))
+        if self._alive is not None:
+            with contextlib.suppress(Exception):
+                await self._alive.unsubscribe()
+            self._alive = None
+
+    @staticmethod
+    async def _answer_alive(msg: Msg) -> None:
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(b"alive")
+
+    async def lost(self, partition: int) -> None:
+        """Someone else holds ``partition`` (a fenced write): stop pulling it now."""
+        async with self._lock:
+            if partition in self.owned:
+                await self._release(partition, graceful=False)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("controller.lease_tick_failed", controller=self.controller_id)
+
+    async def tick(self) -> None:
+        """Renew, then balance: give up partitions above the fair share, take free ones below it."""
+        async with self._lock:
+            await self._renew()
+            try:
+                owners, members = await self._read()
+            except (nats.errors.Error, TimeoutError, OSError) as exc:
+                log.warning("controller.lease_read_failed", error=str(exc) or type(exc).__name__)
+                return
+            members.add(self.controller_id)
+            share = math.ceil(self.partitions / len(members))
+            mine = sorted(self.owned)
+            for p in mine[share:]:
+                await self._release(p, graceful=True)
+            free = [p for p in range(self.partitions) if p not in owners or owners[p] == self.controller_id]
+            free = [p for p in free if p not in self.owned]
+            random.shuffle(free)
+            for p in free:
+                if len(self.owned) >= share:
+                    break
+                await self._acquire(p, owners.get(p) == self.controller_id)
+
+    async def _renew(self) -> None:
+        assert self._kv is not None
+        now = time.monotonic()
+        with contextlib.suppress(Exception):
+            await self._kv.put(self._member_key(self.controller_id), self._value())
+        for p, lease in list(self.owned.items()):
+            try:
+                lease.revision = await self._kv.update(self._key(p), self._value(), last=lease.revision)
+                lease.renewed_at = now
+            except KeyWrongLastSequenceError:
+                log.warning("controller.lease_taken", partition=p, controller=self.controller_id)
+                await self._release(p, graceful=False)
+            except Exception as exc:
+                if time.monotonic() - lease.renewed_at > self.ttl * LOSE_AFTER:
+                    log.warning("controller.lease_expired", partition=p, error=str(exc) or type(exc).__name__)
+                    await self._release(p, graceful=False)
+
+    async def _read(self) -> tuple[dict[int, str], set[str]]:
+        """Current partition owners and live members (keys not yet expired)."""
+        assert self._kv is not None
+        try:
+            keys = await self._kv.keys()
+        except NoKeysError:
+            return {}, set()
+        owners: dict[int, str] = {}
+        members: set[str] = set()
+        for key in keys:
+            kind, _, name = key.partition(".")
+            if kind == "member":
+                members.add(name)
+            elif kind == "partition" and name.isdigit() and int(name) < self.partitions:
+                try:
+                    entry = await self._kv.get(key)
+                except (KeyNotFoundError, NotFoundError):
+                    continue
+                if entry.value:
+                    owners[int(name)] = msgspec.json.decode(entry.value, type=LeaseValue).owner
+        return owners, members
+
+    async def _acquire(self, p: int, mine: bool) -> None:
+        assert self._kv is not None
+        now = time.monotonic()
+        try:
+            if mine:  # a previous run of this controller id held it: take it back now
+                entry = await self._kv.get(self._key(p))
+                rev = await self._kv.update(self._key(p), self._value(), last=entry.revision)
+            else:
+                rev = await self._kv.create(self._key(p), self._value())
+        except (KeyWrongLastSequenceError, KeyNotFoundError, NotFoundError):
+            return  # someone else was faster
+        self.owned[p] = Lease(partition=p, fence=rev, revision=rev, renewed_at=now)
+        log.info("controller.partition_acquired", partition=p, fence=rev, controller=self.controller_id)
+        try:
+            await self.on_acquire(p, rev)
+        except Exception:
+            log.exception("controller.partition_start_failed", partition=p)
+            await self._release(p, graceful=True)
+
+    async def _release(self, p: int, *, graceful: bool) -> None:
+        lease = self.owned.pop(p, None)
+        if lease is None:
+            return
+        try:
+            await self.on_release(p, graceful)
+        except Exception:
+            log.exception("controller.partition_stop_failed", partition=p)
+        if graceful and self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(self._key(p), last=lease.revision)
+        log.info(
+            "controller.partition_released", partition=p, graceful=graceful, controller=self.controller_id
+        )
+
+    def _value(self) -> bytes:
+        return msgspec.json.encode(LeaseValue(owner=self.controller_id, acquired_at=self._started_at))
+
+    @staticmethod
+    def _key(p: int) -> str:
+        return f"partition.{p}"
+
+    @staticmethod
+    def _member_key(controller_id: str) -> str:
+        return f"member.{controller_id}"

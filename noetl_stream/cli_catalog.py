@@ -38,11 +38,13 @@ def _with_js(nats_url: str, prefix: str, name: str, action: Callable[[Any, Any],
     return _run_async(go())
 
 
-def _catalog_call(nats_url: str, prefix: str, action: Callable[[Any], Awaitable[T]]) -> T:
+def _catalog_call(
+    nats_url: str, prefix: str, action: Callable[[Any], Awaitable[T]], extensions: tuple[str, ...] = ()
+) -> T:
     from noetl_stream.kv.catalog import Catalog, CatalogConflictError, CatalogError, CatalogNotFoundError
 
     async def run(nc: Any, topology: Any) -> T:
-        return await action(Catalog(nc.jetstream(), topology))
+        return await action(Catalog(nc.jetstream(), topology, extensions=extensions))
 
     try:
         return _with_js(nats_url, prefix, "noetl-catalog", run)
@@ -68,9 +70,12 @@ def catalog() -> None:
 @catalog.command("register")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the entry as JSON.")
+@click.option(
+    "--legacy", is_flag=True, help="Compile it with the legacy extension (its executions use it too)."
+)
 @nats_option
 @prefix_option
-def catalog_register(file: Path, as_json: bool, nats_url: str, prefix: str) -> None:
+def catalog_register(file: Path, as_json: bool, nats_url: str, prefix: str, legacy: bool = False) -> None:
     """Store FILE under its metadata.path and metadata.version (or the next number)."""
     try:
         text = file.read_text(encoding="utf-8")
@@ -81,7 +86,7 @@ def catalog_register(file: Path, as_json: bool, nats_url: str, prefix: str) -> N
     async def action(cat: Any) -> Any:
         return await cat.register(text, str(file))
 
-    entry, created = _catalog_call(nats_url, prefix, action)
+    entry, created = _catalog_call(nats_url, prefix, action, ("legacy",) if legacy else ())
     if as_json:
         _echo_json({**msgspec.to_builtins(entry), "created": created})
         return

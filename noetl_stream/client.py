@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +78,11 @@ class Tracker:
 _PLAYBOOK_KIND = re.compile(r"""kind["']?\s*:\s*["']?playbook\b""")
 
 
-def child_paths(text: str, file: str) -> list[str]:
+def child_paths(text: str, file: str, extensions: Iterable[str] = ()) -> list[str]:
     """Literal ``path``s of ``kind: playbook`` tasks (steps and workbook) of a playbook."""
     if not _PLAYBOOK_KIND.search(text):
         return []  # no child playbooks: skip compiling
-    result = compile_playbook(text, file)
+    result = compile_playbook(text, file, extensions=extensions)
     if result.playbook is None:
         return []
     pb = result.playbook
@@ -92,13 +92,15 @@ def child_paths(text: str, file: str) -> list[str]:
     ]
 
 
-def collect_attachments(text: str, file: str, limit: int = 64) -> dict[str, str]:
+def collect_attachments(
+    text: str, file: str, limit: int = 64, extensions: Iterable[str] = ()
+) -> dict[str, str]:
     """Texts of the child playbooks a playbook runs by file path (relative to its file), recursively."""
     found: dict[str, str] = {}
     todo = [(text, Path(file).parent)]
     while todo and len(found) < limit:
         body, base = todo.pop()
-        for ref in child_paths(body, str(base / "_")):
+        for ref in child_paths(body, str(base / "_"), extensions):
             if ref in found:
                 continue
             for candidate in (base / ref, base / f"{ref}.yaml", base / f"{ref}.yml"):
@@ -111,14 +113,23 @@ def collect_attachments(text: str, file: str, limit: int = 64) -> dict[str, str]
 
 
 def request_for(
-    text: str, file: str, payload: dict[str, Any] | None = None, execution_id: str | None = None
+    text: str,
+    file: str,
+    payload: dict[str, Any] | None = None,
+    execution_id: str | None = None,
+    *,
+    extensions: Iterable[str] = (),
 ) -> ExecutionRequest:
+    """A request to run ``text``; ``extensions`` (``legacy``) are recorded with it and used to compile it
+    (and the child playbooks it ships)."""
+    exts = sorted(set(extensions))
     return ExecutionRequest(
         playbook=text,
         file=file,
         payload=payload or {},
         execution_id=execution_id or new_execution_id(),
-        attachments=collect_attachments(text, file),
+        attachments=collect_attachments(text, file, extensions=exts),
+        extensions=exts,
     )
 
 
@@ -255,7 +266,17 @@ async def retry_request(
             **{
                 k: v
                 for k, v in request_payload.items()
-                if k in ("playbook", "file", "payload", "attachments", "pool", "return_step", "deadline_s")
+                if k
+                in (
+                    "playbook",
+                    "file",
+                    "payload",
+                    "attachments",
+                    "pool",
+                    "return_step",
+                    "deadline_s",
+                    "extensions",
+                )
             },
             "execution_id": new_execution_id(),
             "resume": {

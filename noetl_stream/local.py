@@ -37,8 +37,9 @@ class Runtime:
         payload: dict[str, Any] | None = None,
         on_event: Callable[[Event], None] | None = None,
         timeout: float | None = None,
+        extensions: tuple[str, ...] = (),
     ) -> RunSummary:
-        request = request_for(text, file, payload)
+        request = request_for(text, file, payload, extensions=extensions)
         execution_id = await submit(self.nc, self.topology, request)
         return await follow(self.nc, self.topology, execution_id, on_event, timeout)
 
@@ -52,8 +53,11 @@ async def local_runtime(
     concurrency: int = 16,
     pools: tuple[str, ...] = ("default",),
     keychain_key: KeychainKey | None = None,
+    extensions: tuple[str, ...] = (),
 ) -> AsyncIterator[Runtime]:
     """Start (and afterwards stop) a NATS server if no URL is given, a controller and workers.
+
+    ``extensions`` (``legacy``) are DSL extensions the controller compiles every request with.
 
     Workers resolve ``auth`` credentials from the keychain bucket, decrypting with `keychain_key`
     (default: ``NOETL_KEYCHAIN_KEY`` / ``NOETL_KEYCHAIN_KEY_FILE``, read when a secret is first needed).
@@ -67,8 +71,8 @@ async def local_runtime(
         nats_url = server.url
     nc = await connect(nats_url, name="noetl-local", connect_wait_s=10.0)
     try:
-        await provision(nc.jetstream(), topology, pools)
-        controller = Controller(nc, topology, default_pool=pools[0])
+        await provision(nc.jetstream(), topology, pools, keep_replicas=True)
+        controller = Controller(nc, topology, default_pool=pools[0], extensions=extensions)
         await controller.start()
         runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -10,6 +11,8 @@ from ruamel.yaml import YAML
 from noetl_stream.dsl import compile_playbook
 from noetl_stream.dsl.canonical import expand
 from noetl_stream.dsl.source import load_yaml
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "spec" / "examples"
 
 # Steps given to ``legacy(...)`` start on line 6 (the first ``- step:``).
 HEADER = """\
@@ -67,3 +70,43 @@ def report(text: str, file: str = "t.yaml") -> list[str]:
 def compiles(text: str) -> None:
     result = compile_playbook(text, "t.yaml")
     assert result.playbook is not None, [d.format() for d in result.errors]
+
+
+# -- the spec's 002 example (one step) in a playbook around it -----------------------------------------
+
+WRAP_002 = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: legacy_eval, path: tests/legacy_eval}}
+{executor}workload:
+  api_url: "http://127.0.0.1:8080"
+  endpoints: [{{path: "/pages/a"}}]
+workflow:
+  - step: start
+    next: {{arcs: [{{step: fetch_transform_store}}]}}
+{steps}
+  - step: validate_results
+    tool:
+      kind: python
+      args: {{pages: "{{{{ fetch_transform_store }}}}"}}
+      code: |
+        result = {{"last_pages": [p["data"]["paging"]["page"] for p in pages]}}
+      spec:
+        policy:
+          rules:
+            - else:
+                then: {{do: continue, set_ctx: {{summary: "{{{{ outcome.result }}}}"}}}}
+  - step: cleanup
+    tool: {{kind: noop}}
+"""
+
+
+def wrap_002(steps: str, *, legacy: bool = False) -> str:
+    executor = "executor: {spec: {extensions: [legacy]}}\n" if legacy else ""
+    return WRAP_002.format(executor=executor, steps=textwrap.indent(steps.rstrip("\n"), ""))
+
+
+def example_002(*, legacy: bool = False) -> str:
+    """The spec's 002 example step, as authored, in a playbook (asking for the extension itself if `legacy`)."""
+    fragment = textwrap.indent((EXAMPLES / "002_legacy_eval_step.yaml").read_text(), "  ")
+    return wrap_002(fragment, legacy=legacy)

@@ -137,13 +137,22 @@ async def test_step_set_applies_when_the_step_completes(runtime: Runtime, early:
             id="nested",
         ),
         pytest.param(
-            "- step: start\n  loop: {in: [1], iterator: x}\n  tool: {kind: noop}\n  set: {ctx.n: 1}\n",
+            "- step: start\n  loop: {in: [1], iterator: x}\n  tool: {kind: noop}\n  set: {iter.n: 1}\n",
             [
-                "8:5: step 'start': step 'set' on a looped step is not supported: the step completes after its "
-                "last iteration, which no task sees (write set_iter/set_ctx in the last task's policy, or set ctx "
-                "in the next step)"
+                "8:5: step 'start': step 'set' on a looped step applies once, after the last iteration, where "
+                "there is no iteration scope: 'iter.n' cannot be written (use 'set' on a task to write iter in "
+                "each iteration)"
             ],
-            id="looped-step",
+            id="looped-step-iter",
+        ),
+        pytest.param(
+            "- step: start\n  loop: {in: [1], iterator: x}\n  tool: {kind: noop}\n"
+            "  set: {ctx.n: '{{ iter.x }}'}\n",
+            [
+                "8:5: step 'start': step 'set' on a looped step applies after the last iteration, where 'iter' "
+                "does not exist (it reads the loop's result, the list of iteration results, as '{{ start }}')"
+            ],
+            id="looped-step-reads-iter",
         ),
         pytest.param(
             "- step: start\n  tool: {kind: python, code: 'x', input: {a: 1}, args: {a: 2}}\n",
@@ -197,3 +206,232 @@ def test_step_input_is_kept_on_the_step_and_known_to_its_templates() -> None:
     pb = load_playbook(text)
     assert pb.step("start").input == {"user": "{{ args.user | default(workload.user) }}"}
     assert compile_playbook(text).diagnostics == ()
+
+
+# -- step `set:` on a looped step: once, after the last iteration ------------------------------------
+
+LOOP_SET = """
+- step: start
+  loop:
+    in: "{{{{ workload.items }}}}"
+    iterator: n
+    spec: {{mode: parallel, max_in_flight: "{{{{ workload.mif }}}}", policy: {{exec: {exec_}}}}}
+  tool:
+    - name: square
+      kind: python
+      input: {{n: "{{{{ iter.n }}}}"}}
+      code: "result = n * n"
+      set:
+        iter.square: "{{{{ square }}}}"
+    - name: plus_one
+      kind: python
+      input: {{n: "{{{{ iter.n }}}}", bad: "{{{{ workload.bad }}}}", square: "{{{{ iter.square }}}}"}}
+      code: |
+        if n == bad:
+            raise ValueError("bad item")
+        result = square + 1
+  set:
+    ctx.total: "{{{{ start | sum }}}}"
+    ctx.count: "{{{{ start | length }}}}"
+  next:
+    arcs:
+      - step: big
+        when: "{{{{ event.name == 'loop.done' and ctx.total > 20 }}}}"
+        args: {{seen: "{{{{ event.total }}}}", total: "{{{{ ctx.total }}}}"}}
+      - step: small
+        when: "{{{{ event.name == 'call.done' }}}}"
+      - step: handle
+        when: "{{{{ event.name == 'step.failed' }}}}"
+        args: {{why: "{{{{ event.error.kind }}}}"}}
+- step: big
+  tool: {{kind: noop, result: "{{{{ args }}}}"}}
+- step: small
+  tool: {{kind: noop, result: small}}
+- step: handle
+  tool: {{kind: noop, result: "{{{{ args.why }}}}"}}
+"""
+
+
+def loop_set(exec_: str = "local") -> str:
+    return playbook(LOOP_SET.format(exec_=exec_), workload={"items": [1, 2, 3, 4], "mif": 2, "bad": 0})
+
+
+def test_step_set_on_a_looped_step_is_a_step_after_the_loop_that_takes_its_arcs() -> None:
+    text = loop_set()
+    assert step(text, "start")["next"] == yaml(
+        """
+        arcs:
+          - step: handle
+            when: "{{ event.name == 'step.failed' }}"
+            args: {why: "{{ event.error.kind }}"}
+          - step: start_set
+            when: "{{ event.name != 'step.failed' }}"
+            args:
+              loop_event:
+                status: "{{ event.status | default(none) }}"
+                total: "{{ event.total | default(none) }}"
+                done: "{{ event.done | default(none) }}"
+                failed: "{{ event.failed | default(none) }}"
+        """
+    )
+    assert step(text, "start_set") == yaml(
+        """
+        step: start_set
+        tool:
+          kind: noop
+          result: "{{ start }}"
+          spec:
+            policy:
+              rules:
+                - when: "{{ outcome.status == 'error' }}"
+                  then: {do: fail}
+                - else:
+                    then:
+                      do: continue
+                      set_ctx: {total: "{{ start | sum }}", count: "{{ start | length }}"}
+        next:
+          arcs:
+            - step: big
+              when: "{{ event.name == 'step.done' and ctx.total > 20 }}"
+              args: {seen: "{{ args.loop_event.total }}", total: "{{ ctx.total }}"}
+            - step: small
+              when: "{{ event.name == 'call.done' }}"
+        """
+    )
+    assert report(text) == []
+
+
+@pytest.mark.parametrize("exec_", ["local", "distributed"])
+@pytest.mark.parametrize(
+    ("workload", "result", "ctx"),
+    [
+        pytest.param({}, {"seen": 4, "total": 34}, {"total": 34, "count": 4}, id="big"),
+        pytest.param({"items": [1, 2]}, "small", {"total": 7, "count": 2}, id="small"),
+        pytest.param({"bad": 3}, "ValueError", {}, id="failed"),
+    ],
+)
+async def test_step_set_on_a_looped_step_applies_once_after_the_loop_and_before_its_arcs(
+    runtime: Runtime, exec_: str, workload: dict[str, object], result: object, ctx: dict[str, int]
+) -> None:
+    r = await run(runtime, loop_set(exec_), workload)
+    assert r.status == "success", r.summary.error
+    assert (r.result, r.summary.ctx) == (result, ctx)
+    patches = [p for e in r.named("ctx.patched") for p in e.payload["patches"]]
+    assert patches == ([ctx] if ctx else [])  # one patch, not one per iteration
+    if ctx:  # squares 1, 4, 9, 16 plus one; iter.square was set per iteration by the task's `set:`
+        assert r.step_result("start") == [2, 5, 10, 17][: ctx["count"]]
+        assert r.summary.steps["start_set"].status == "done"
+    else:  # the loop failed: its own arcs route the failure, the set step does not run
+        assert "start_set" not in r.summary.steps
+
+
+async def test_task_set_of_ctx_in_parallel_iterations_is_rejected_like_set_ctx(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          loop: {in: [1, 2], iterator: n, spec: {mode: parallel}}
+          tool: {kind: noop, result: "{{ iter.n }}", set: {ctx.last: "{{ outcome.result }}"}}
+        """
+    )
+    r = await run(runtime, text)
+    assert r.status == "failed"
+    assert r.step_error("start")["kind"] == "set_ctx_not_allowed"
+    assert r.summary.ctx == {}
+
+
+# -- a playbook as NoETL users write them: every dialect form at once, canonical mode, no flag ----------
+
+AS_WRITTEN = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: users_report, path: examples/users_report}
+workload:
+  limit: 3
+  min_rows: 2
+  batch: 2
+  title: Users
+workbook:
+  - name: double
+    tool:
+      kind: python
+      args: {value: "{{ args.value }}"}
+      code: |
+        def main(value):
+            return value * 2
+workflow:
+  - step: start
+    next: {arcs: [{step: fetch_users}]}
+  - step: fetch_users
+    input: {limit: "{{ workload.limit }}"}
+    tool:
+      - name: query
+        kind: python
+        input: {limit: "{{ input.limit }}"}
+        code: |
+          result = {"rows": [{"id": i} for i in range(1, limit + 1)]}
+        set:
+          ctx.fetched: "{{ query.rows | length }}"
+          iter.first: "{{ outcome.result.rows[0].id }}"
+      - name: shape
+        kind: python
+        input: {rows: "{{ query.rows }}", first: "{{ iter.first }}"}
+        code: |
+          result = {"rows": rows, "first": first}
+    set:
+      ctx.user_count: "{{ fetch_users.rows | length }}"
+    next:
+      arcs:
+        - step: per_user
+          when: "{{ event.name == 'call.done' and event.result.rows | length >= min_rows }}"
+        - step: too_few
+          when: "{{ event.name == 'step.exit' }}"
+  - step: per_user
+    loop:
+      in: "{{ fetch_users.rows }}"
+      iterator: user
+      spec: {mode: parallel, max_in_flight: "{{ workload.batch }}"}
+    tool:
+      - name: double
+        kind: workbook
+        args: {value: "{{ iter.user.id }}"}
+    set:
+      ctx.doubled: "{{ per_user | sum }}"
+    next:
+      arcs:
+        - step: report
+          when: "{{ event.name == 'loop.done' and event.status == 'success' }}"
+  - step: report
+    tool:
+      kind: python
+      input:
+        users: "{{ ctx.user_count }}"
+        doubled: "{{ ctx.doubled }}"
+        first: "{{ fetch_users.first }}"
+        title: "{{ title }}"
+      code: |
+        result = f"{title}: {users} users, ids doubled add up to {doubled}, first {first}"
+  - step: too_few
+    tool: {kind: noop, result: too few}
+"""
+
+
+@pytest.mark.parametrize(
+    ("limit", "result", "ctx"),
+    [
+        (
+            3,
+            "Users: 3 users, ids doubled add up to 12, first 1",
+            {"fetched": 3, "user_count": 3, "doubled": 12},
+        ),
+        (1, "too few", {"fetched": 1, "user_count": 1}),
+    ],
+)
+async def test_a_playbook_as_noetl_users_write_it_runs_without_any_flag(
+    runtime: Runtime, limit: int, result: str, ctx: dict[str, int]
+) -> None:
+    assert compile_playbook(AS_WRITTEN, "users_report.yaml").diagnostics == ()
+    r = await run(runtime, AS_WRITTEN, {"limit": limit})
+    assert r.status == "success", r.summary.error
+    assert (r.result, r.summary.ctx) == (result, ctx)
+    if limit == 3:
+        assert r.step_result("per_user") == [2, 4, 6]

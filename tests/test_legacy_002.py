@@ -175,6 +175,49 @@ def test_set_vars_becomes_set_iter_and_vars_reads_become_iter() -> None:
     ]
 
 
+FORMS_002 = """
+- step: start
+  spec: {next_mode: inclusive}
+  tool:
+    - name: count
+      kind: noop
+      result: 3
+      eval:
+        - expr: "{{ outcome.status == 'success' }}"
+          do: continue
+          set_vars: {n: "{{ outcome.result }}"}
+          set_shared: {seen: "{{ outcome.result }}"}
+    - name: doubled
+      kind: noop
+      result: "{{ vars.n * 2 }}"
+  next:
+    - step: big
+      when: "{{ event.result > 5 }}"
+      args: {n: "{{ event.result }}"}
+    - step: small
+      expr: "{{ event.result <= 5 }}"
+    - step: gated
+- step: big
+  tool: {kind: noop, result: "{{ args.n }}"}
+- step: small
+  tool: {kind: noop, result: small}
+- step: gated
+  when: "{{ workload.open }}"
+  tool: {kind: noop, result: gated}
+"""
+
+
+@pytest.mark.parametrize("gate", [True, False])
+async def test_the_002_forms_run_as_their_translation(runtime: Runtime, gate: bool) -> None:
+    r = await run(runtime, legacy(FORMS_002, workload={"open": gate}))
+    assert r.status == "success", r.summary.error
+    assert r.summary.ctx == {"seen": 3}  # set_shared
+    assert r.step_result("start") == 6  # set_vars read back as vars.n in the same step
+    assert r.step_result("big") == 6  # the list next's args; next_mode inclusive takes every true arc
+    assert r.summary.steps["gated"].status == ("done" if gate else "skipped")  # step when: admission
+    assert "small" not in r.summary.steps
+
+
 SET_PREV = """
 - step: start
   tool:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 from helpers import run
 from httpserver import HttpServer
+from legacy_support import EXAMPLES, wrap_002
 from pgserver import PgServer
 
 from noetl_stream.dsl import compile_playbook
@@ -22,7 +22,6 @@ from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.migrate import migrate_text
 from noetl_stream.subjects import Topology
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "spec" / "examples"
 USERS = [(7, "ada@example.com"), (8, "bob@example.com")]
 ROWS = {"a": [1, 2, 3, 4, 5], "b": ["x", "y", "z"]}
 
@@ -215,32 +214,6 @@ async def test_000_004_example_migrates_validates_and_runs_like_its_canonical_tr
 
 # -- 002: eval/expr, step when, next_mode, list next ----------------------------------------------
 
-WRAP_002 = """\
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {{name: legacy_eval, path: tests/legacy_eval}}
-{executor}workload:
-  api_url: "http://127.0.0.1:8080"
-  endpoints: [{{path: "/pages/a"}}]
-workflow:
-  - step: start
-    next: {{arcs: [{{step: fetch_transform_store}}]}}
-{steps}
-  - step: validate_results
-    tool:
-      kind: python
-      args: {{pages: "{{{{ fetch_transform_store }}}}"}}
-      code: |
-        result = {{"last_pages": [p["data"]["paging"]["page"] for p in pages]}}
-      spec:
-        policy:
-          rules:
-            - else:
-                then: {{do: continue, set_ctx: {{summary: "{{{{ outcome.result }}}}"}}}}
-  - step: cleanup
-    tool: {{kind: noop}}
-"""
-
 HAND_002 = """\
   - step: fetch_transform_store
     loop:
@@ -284,11 +257,6 @@ HAND_002 = """\
         - step: cleanup
           when: "{{ event.name == 'step.failed' }}"
 """
-
-
-def wrap_002(steps: str, *, legacy: bool = False) -> str:
-    executor = "executor: {spec: {extensions: [legacy]}}\n" if legacy else ""
-    return WRAP_002.format(executor=executor, steps=textwrap.indent(steps.rstrip("\n"), ""))
 
 
 async def run_002(rt: Runtime, http: HttpServer, text: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.diagnostics import Diagnostic
+from noetl_stream.dsl.vocabulary import LEGACY_HINT
 from noetl_stream.wire import (
     Command,
     Event,
@@ -23,14 +24,22 @@ class Effects:
     commands: list[Command] = field(default_factory=list)
 
 
+LEGACY_ADVICE = (
+    "; it is written in legacy DSL forms: run it with the legacy extension (submit/run --legacy, a "
+    "controller with --legacy, or executor.spec.extensions: [legacy]) or rewrite it with "
+    "`noetl-stream migrate`"
+)
+
+
 def invalid_playbook_error(diagnostics: tuple[Diagnostic, ...] | list[Diagnostic]) -> dict[str, Any]:
     """The error of a request whose playbook does not compile (the same from intake and reducer)."""
     errors = [d for d in diagnostics if d.severity == "error"]
     first = errors[0].format() if errors else "invalid playbook"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    legacy = LEGACY_ADVICE if any(LEGACY_HINT in d.message for d in errors) else ""
     return {
         "kind": "invalid_playbook",
-        "message": f"invalid playbook: {first}{more}",
+        "message": f"invalid playbook: {first}{more}{legacy}",
         "diagnostics": [d.format() for d in diagnostics],
     }
 

@@ -9,11 +9,17 @@ consumer. A malformed request is answered with ``playbook.request.rejected`` and
 A request naming a catalog ``path`` (and ``version``, default latest) is resolved here: the
 requested event carries the resolved text in ``request.playbook`` and ``catalog: {path, version,
 content_hash}``, so the execution (and any replay of it) runs exactly that content.
+
+DSL extensions (``legacy``) are fixed here too: the request's own, the controller's default, those a
+catalog entry was registered with, and a parent execution's (a child playbook is compiled like its
+parent). The requested event records them in ``request.extensions``, which is all the reducer reads:
+a replay or another controller compiles the playbook the same way whatever its own setting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -29,9 +35,10 @@ from noetl_stream import __version__
 from noetl_stream import events as E
 from noetl_stream.control.endpoints import ApiError, QueryEndpoints, decode, respond_error
 from noetl_stream.control.inspect import Inspector
-from noetl_stream.control.reducer import invalid_playbook_error, rejection_events
+from noetl_stream.control.reducer import invalid_playbook_error, plan_key, rejection_events
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.compiler import compile_playbook
+from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
@@ -40,7 +47,7 @@ from noetl_stream.subjects import SubjectError, Topology, check_token
 from noetl_stream.wire import (
     Event,
     ExecutionRequest,
-    content_hash,
+    decode_event,
     decode_request,
     derived_execution_id,
     event_id,
@@ -49,6 +56,9 @@ from noetl_stream.wire import (
 )
 
 log = structlog.get_logger(__name__)
+
+EXECUTE_CONCURRENCY = 64
+"""Requests on the micro ``execute`` endpoint admitted at once by one controller."""
 
 
 class RequestError(ValueError):
@@ -75,6 +85,9 @@ def parse_request(raw: bytes) -> ExecutionRequest:
             check_token(request.pool, "pool")
         except SubjectError as exc:
             raise RequestError(f"bad request: {exc}") from None
+    for ext in request.extensions:
+        if ext not in EXTENSIONS:
+            raise RequestError(f"bad request: unknown extension '{ext}' (known: {', '.join(EXTENSIONS)})")
     return request
 
 
@@ -118,16 +131,25 @@ def _claimed_id(raw: bytes) -> str | None:
 
 class Intake:
     def __init__(
-        self, nc: NATS, topology: Topology, live: Mapping[str, ExecutionState] | None = None
+        self,
+        nc: NATS,
+        topology: Topology,
+        live: Mapping[str, ExecutionState] | None = None,
+        *,
+        extensions: Iterable[str] = (),
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.topology = topology
-        self.catalog = Catalog(self.js, topology)
+        self.extensions = tuple(sorted(set(extensions)))
+        """DSL extensions every request is compiled with (the controller's ``--legacy``)."""
+        self.catalog = Catalog(self.js, topology, extensions=self.extensions)
         self.inspector = Inspector(self.js, topology, live)
         self._puller: ContinuousPuller | None = None
         self._service: Service | None = None
         self._checked: dict[str, dict[str, Any] | None] = {}
+        self._executes = asyncio.Semaphore(EXECUTE_CONCURRENCY)
+        self._execute_tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._puller = ContinuousPuller(
@@ -176,6 +198,8 @@ class Intake:
         if self._service is not None:
             await self._service.stop()
             self._service = None
+        if self._execute_tasks:
+            await asyncio.wait(set(self._execute_tasks), timeout=10)
         if self._puller is not None:
             await self._puller.stop()
             self._puller = None
@@ -187,6 +211,20 @@ class Intake:
         await msg.ack()
 
     async def _on_execute(self, req: Request) -> None:
+        """Answer in a task: nats-py runs one subscription's callbacks one after another, and an
+        admission waits for a JetStream ack; at most `EXECUTE_CONCURRENCY` run at once."""
+        await self._executes.acquire()
+        task = asyncio.create_task(self._execute(req))
+        self._execute_tasks.add(task)
+        task.add_done_callback(self._execute_done)
+
+    def _execute_done(self, task: asyncio.Task[None]) -> None:
+        self._execute_tasks.discard(task)
+        self._executes.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("intake.execute_failed", error=repr(task.exception()))
+
+    async def _execute(self, req: Request) -> None:
         execution_id, error = await self.admit(req.data, new_execution_id())
         if error is not None:
             detail = str(error.get("message"))
@@ -226,12 +264,26 @@ class Intake:
         return ControlAccepted(execution_id=execution_id, accepted=name)
 
     async def _exists(self, execution_id: str) -> bool:
-        subject = self.topology.event_subject(execution_id, E.EXECUTION_REQUESTED)
+        subject = self.topology.stored_event_filter(execution_id, E.EXECUTION_REQUESTED)
         try:
             await self.js.get_last_msg(self.topology.events_stream, subject)
         except NotFoundError:
             return False
         return True
+
+    async def _extensions_of(self, execution_id: str) -> list[str]:
+        """The DSL extensions recorded with an execution's request (none when it is unknown)."""
+        try:
+            subject = self.topology.stored_event_filter(execution_id, E.EXECUTION_REQUESTED)
+            raw = await self.js.get_last_msg(self.topology.events_stream, subject)
+        except (NotFoundError, SubjectError):
+            return []
+        try:
+            request = decode_event(raw.data or b"").payload.get("request")
+        except msgspec.DecodeError:
+            return []
+        exts = request.get("extensions") if isinstance(request, dict) else None
+        return [e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else []
 
     async def submit(self, raw: bytes, default_id: str) -> tuple[str, str | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error message or None)``."""
@@ -252,10 +304,11 @@ class Intake:
             return execution_id, rejection
         execution_id = request.execution_id or default_id
         pinned: dict[str, Any] = {}
+        extensions = {*request.extensions, *self.extensions}
         if request.playbook is None:
             assert request.path is not None
             try:
-                entry, text = await self.catalog.resolve(request.path, request.version)
+                entry, text, registered = await self.catalog.resolve_for_run(request.path, request.version)
             except (CatalogNotFoundError, CatalogError) as exc:
                 kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
                 unknown = {"kind": kind, "message": str(exc)}
@@ -265,6 +318,11 @@ class Intake:
             request = msgspec.structs.replace(request, playbook=text, version=entry.version)
             pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
             pinned = {"catalog": pin}
+            extensions.update(registered)
+        if request.parent_execution_id is not None:
+            extensions.update(await self._extensions_of(request.parent_execution_id))
+        if sorted(extensions) != request.extensions:
+            request = msgspec.structs.replace(request, extensions=sorted(extensions))
         error = self._check_playbook(request)
         outbox.event(
             Event(
@@ -298,10 +356,12 @@ class Intake:
     def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:
         """Compile the playbook (cached by content) so a caller learns at once that it is invalid."""
         assert request.playbook is not None
-        digest = content_hash(request.playbook)
+        digest = plan_key(request.playbook, request.extensions)
         if digest in self._checked:
             return self._checked[digest]
-        result = compile_playbook(request.playbook, request.file or request.path or "<playbook>")
+        result = compile_playbook(
+            request.playbook, request.file or request.path or "<playbook>", extensions=request.extensions
+        )
         error = invalid_playbook_error(result.diagnostics) if result.errors else None
         if len(self._checked) >= 1024:
             self._checked.pop(next(iter(self._checked)))

@@ -8,7 +8,7 @@ publish. Every id it mints is deterministic, so publishing the same effects twic
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from noetl_stream import events as E
@@ -33,11 +33,17 @@ from noetl_stream.wire import (
 
 PlanLoader = Callable[[str, str, str], "Plan | list[Diagnostic]"]
 
-__all__ = ["Effects", "PlanCache", "Reducer", "invalid_playbook_error", "rejection_events"]
+__all__ = ["Effects", "PlanCache", "Reducer", "invalid_playbook_error", "plan_key", "rejection_events"]
+
+
+def plan_key(text: str, extensions: Iterable[str] = ()) -> str:
+    """What identifies a compiled plan: the text's sha256, followed by ``+<extension>`` for each DSL
+    extension it was compiled with (``<sha256>+legacy``). The execution's ``content_hash``."""
+    return "+".join([content_hash(text), *sorted(set(extensions))])
 
 
 class PlanCache:
-    """Compiled plans by content hash (compiling is pure, so caching is safe)."""
+    """Compiled plans by content hash and extensions (compiling is pure, so caching is safe)."""
 
     def __init__(self, default_pool: str = "default", max_size: int = 256) -> None:
         self.default_pool = default_pool
@@ -47,12 +53,16 @@ class PlanCache:
     def get(self, digest: str) -> Plan | None:
         return self._plans.get(digest)
 
-    def load(self, text: str, file: str) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
-        digest = content_hash(text)
+    def load(
+        self, text: str, file: str, extensions: Iterable[str] = ()
+    ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+        """The plan of ``text`` compiled with ``extensions`` (those recorded with the request)."""
+        extensions = tuple(extensions)
+        digest = plan_key(text, extensions)
         plan = self._plans.get(digest)
         if plan is not None:
             return plan, ()
-        result = compile_playbook(text, file)
+        result = compile_playbook(text, file, extensions=extensions)
         if result.playbook is None:
             return None, result.diagnostics
         plan = Plan.build(result.playbook, text, digest, self.default_pool)
@@ -118,7 +128,7 @@ class Reducer:
             message = "no playbook text in the request (catalog lookup by path happens at intake)"
             self._reject(state, fx, {"kind": "bad_request", "message": message})
             return state
-        plan, diags = self.plans.load(text, state.file)
+        plan, diags = self.plans.load(text, state.file, request.extensions)
         if plan is None:
             self._reject(state, fx, invalid_playbook_error(diags))
             return state
@@ -145,6 +155,7 @@ class Reducer:
                     "path": state.path,
                     "version": plan.playbook.metadata.version,
                     "warnings": [d.format() for d in diags if d.severity == "warning"],
+                    **({"extensions": sorted(set(request.extensions))} if request.extensions else {}),
                 },
             )
         )

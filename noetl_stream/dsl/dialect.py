@@ -6,22 +6,48 @@
   new. Its templates read the task's result as ``outcome.result`` (or by the task's name).
 * Step ``set:`` is applied when the step completes: on the rules that end the pipeline (``break``
   anywhere; ``continue`` of the last task). Templates read the step's result by the step's name.
-  A looped step completes after its last iteration, which a task policy cannot see: rejected.
+* Step ``set:`` on a looped step is applied once, after the last iteration, with the loop's result
+  (the list of iteration results) as the step's name; it writes ``ctx`` only (there is no iteration
+  scope then). No task sees the end of a loop, so it runs in a step ``<step>_set`` that the loop's
+  success leads to; the step's arcs move there, so they route after the patch, as on any step with
+  a ``set:``, and see the loop's boundary as before (``event.name`` as ``loop.done``, ``event.total``,
+  ``event.failed``, ... and ``args``); failures still route from the loop step itself.
 * Task ``input:`` is the task's ``args``. Step ``input:`` stays on the step (``Step.input``).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.diagnostics import Diagnostic, Path
 from noetl_stream.dsl.origins import Origins
-from noetl_stream.dsl.rewrite import Rewrite, rewrite_value
+from noetl_stream.dsl.rewrite import (
+    Rewrite,
+    SplitError,
+    Tok,
+    as_expression,
+    join,
+    reads,
+    reads_attr,
+    rewrite_value,
+    split_event,
+    template,
+    tokenize,
+)
 from noetl_stream.dsl.source import SourceMap
 
 SCOPES = {"ctx": "set_ctx", "iter": "set_iter"}
 ERROR = "{{ outcome.status == 'error' }}"
+FAILED = "event.name == 'step.failed'"
+SUCCEEDED = "event.name != 'step.failed'"
+SOURCE_ARGS = "source_args"
+"""Where the ``<step>_set`` step of a looped step finds the loop step's ``args``."""
+BOUNDARY = "loop_event"
+"""... and the fields of the loop's boundary event its arcs read."""
+BOUNDARY_FIELDS = ("status", "total", "done", "failed")
+ITERATION_ONLY = ("iter", "input", "_prev", "_task", "_attempt")
 
 
 def _tasks(step: dict[str, Any]) -> list[tuple[int | None, dict[str, Any], Path]]:
@@ -96,7 +122,8 @@ class Dialect:
                 path, f"{who}: 'set' writes one level of ctx or iter; {name!r} is not a plain name"
             )
 
-    def step(self, step: dict[str, Any], path: Path) -> None:
+    def step(self, step: dict[str, Any], path: Path, names: set[str]) -> dict[str, Any] | None:
+        """Normalize ``step`` in place; return the step to add after it (``<step>_set``), if any."""
         who = f"step '{step.get('step')}'"
         for index, task, rel in _tasks(step):
             tpath = (*path, *rel)
@@ -137,19 +164,91 @@ class Dialect:
         if "set" in step:
             raw = step.pop("set")
             try:
+                if "loop" in step:
+                    return self._loop_set(step, raw, path, who, names)
                 self._step_set(step, raw, path, who)
             except _Reject:
                 pass
+        return None
+
+    def _loop_set(
+        self, step: dict[str, Any], raw: Any, path: Path, who: str, names: set[str]
+    ) -> dict[str, Any] | None:
+        """Step ``set:`` of a looped step: a step ``<step>_set`` after the loop applies it and routes."""
+        spath: Path = (*path, "set")
+        patches = self.scoped(raw, spath, who)
+        if "set_iter" in patches:
+            key = next(iter(patches["set_iter"]))
+            raise self.error(
+                spath,
+                f"{who}: step 'set' on a looped step applies once, after the last iteration, where there is "
+                f"no iteration scope: 'iter.{key}' cannot be written (use 'set' on a task to write iter "
+                "in each iteration)",
+            )
+        values = patches["set_ctx"]
+        late = sorted(reads(values) & set(ITERATION_ONLY))
+        if late:
+            raise self.error(
+                spath,
+                f"{who}: step 'set' on a looped step applies after the last iteration, where '{late[0]}' "
+                f"does not exist (it reads the loop's result, the list of iteration results, as "
+                f"'{{{{ {step.get('step')} }}}}')",
+            )
+        nxt = step.get("next")
+        arcs = nxt.get("arcs") if isinstance(nxt, dict) else None
+        if nxt is not None and not (
+            isinstance(arcs, list) and all(isinstance(a, dict) and "step" in a for a in arcs)
+        ):
+            return None  # the router's own errors are reported by the validator
+        name = str(step.get("step"))
+        set_name = f"{name}_set"
+        while set_name in names:
+            set_name += "_"
+        names.add(set_name)
+        rw = Rewrite(
+            names={"args": f"args.{SOURCE_ARGS}", "event": f"args.{BOUNDARY}"},
+            attrs={("event", "name"): "event.name", ("event", "result"): name},
+        )
+        stay: list[dict[str, Any]] = []
+        moved: list[dict[str, Any]] = []
+        for i, arc in enumerate(arcs or []):
+            when = as_expression(arc["when"]) if "when" in arc else None
+            if "when" in arc and when is None:
+                raise self.error(
+                    (*path, "next", "arcs", i, "when"),
+                    f"{who}: with a step 'set' on a looped step, arc conditions must be expressions "
+                    "('{{ ... }}' without '{% %}')",
+                )
+            apath: Path = (*path, "next", "arcs", i)
+            tested = _tested_events(arc.get("when"))
+            if tested is None or tested & (FAILURE_NAMES | EITHER_NAMES):
+                guard = None if tested is not None and tested <= FAILURE_NAMES else FAILED
+                stay.append(self.origins.mark({**arc, "when": template(_and(guard, when))}, apath))
+            if tested is None or tested & (SUCCESS_NAMES | EITHER_NAMES):
+                guard = None if tested is not None and tested <= SUCCESS_NAMES else SUCCEEDED
+                out = rewrite_value(_swap_boundary_names(copy.deepcopy(arc)), rw)
+                out["when"] = template(_and(guard, as_expression(out["when"]) if "when" in out else None))
+                moved.append(self.origins.mark(out, apath))
+        values = rewrite_value(values, Rewrite(names={"args": f"args.{SOURCE_ARGS}"}))
+        hand_on: dict[str, Any] = {}
+        if reads_attr([moved, values], "args", SOURCE_ARGS):
+            hand_on[SOURCE_ARGS] = template("args")
+        if reads_attr(moved, "args", BOUNDARY):
+            hand_on[BOUNDARY] = {f: template(f"event.{f} | default(none)") for f in BOUNDARY_FIELDS}
+        to_set: dict[str, Any] = {"step": set_name, "when": template(SUCCEEDED)}
+        if hand_on:
+            to_set["args"] = hand_on
+        router = {k: v for k, v in (nxt or {}).items() if k != "arcs"}  # the mode applies on both steps
+        step["next"] = self.origins.mark({**router, "arcs": [*stay, to_set]}, spath)
+        task: dict[str, Any] = {"kind": "noop", "result": template(name)}
+        add_patches(task, {"set_ctx": values}, ("continue",))
+        added: dict[str, Any] = {"step": set_name, "tool": task}
+        if moved:
+            added["next"] = {**copy.deepcopy(router), "arcs": moved}
+        return self.origins.mark(added, spath)
 
     def _step_set(self, step: dict[str, Any], raw: Any, path: Path, who: str) -> None:
         patches = self.scoped(raw, (*path, "set"), who)
-        if "loop" in step:
-            raise self.error(
-                (*path, "set"),
-                f"{who}: step 'set' on a looped step is not supported: the step completes after its last "
-                "iteration, which no task sees (write set_iter/set_ctx in the last task's policy, or set ctx "
-                "in the next step)",
-            )
         name = str(step.get("step"))
         patches = {k: rewrite_value(v, Rewrite(names={name: "outcome.result"})) for k, v in patches.items()}
         tasks = _tasks(step)
@@ -218,12 +317,59 @@ def _copy(patches: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {k: dict(v) for k, v in patches.items()}
 
 
+def _and(*parts: str | None) -> str:
+    items = [p for p in parts if p]
+    return " and ".join(f"({p})" if len(items) > 1 and (" or " in p or " if " in p) else p for p in items)
+
+
+_BOUNDARY_SWAP = {"loop.done": "step.done", "step.done": "loop.done"}
+FAILURE_NAMES = frozenset({"step.failed", "call.error"})
+SUCCESS_NAMES = frozenset({"loop.done", "call.done"})
+EITHER_NAMES = frozenset({"step.exit"})
+
+
+def _tested_events(when: Any) -> frozenset[str] | None:
+    """The boundary names an arc condition requires (``event.name == ...``); None: it does not say."""
+    try:
+        return split_event(when).events
+    except SplitError:
+        return None
+
+
+def _swap_boundary_names(arc: dict[str, Any]) -> dict[str, Any]:
+    """An arc of a looped step, for its ``<step>_set`` step: there ``event.name`` is ``step.done`` where
+    the loop's was ``loop.done``, so the two names swap in its conditions (aliases such as ``call.done``
+    match both)."""
+    when = arc.get("when")
+    if isinstance(when, str) and "event" in reads(when):
+        tokens = tokenize(when)
+        if tokens is not None:
+            out = []
+            for t in tokens:
+                name = t.value[1:-1] if t.kind == "string" else None
+                if name in _BOUNDARY_SWAP:
+                    q = t.value[0]
+                    t = Tok("string", f"{q}{_BOUNDARY_SWAP[name]}{q}", True)
+                out.append(t)
+            arc["when"] = join(out)
+    return arc
+
+
 def normalize(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
     dialect = Dialect(origins, smap)
     workflow = data.get("workflow") if isinstance(data, dict) else None
-    for i, step in enumerate(workflow if isinstance(workflow, list) else []):
+    if not isinstance(workflow, list):
+        return dialect.diagnostics
+    names = {str(s.get("step")) for s in workflow if isinstance(s, dict)}
+    out: list[Any] = []
+    for i, step in enumerate(workflow):
+        out.append(step)
         if isinstance(step, dict):
-            dialect.step(step, ("workflow", i))
+            added = dialect.step(step, ("workflow", i), names)
+            if added is not None:
+                out.append(added)
+    if len(out) != len(workflow):
+        workflow[:] = out
     return dialect.diagnostics
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import datetime
 import re
+from collections.abc import Iterable
 
 import msgspec
 from nats.js.client import JetStreamContext
@@ -120,6 +121,8 @@ class _Stored(msgspec.Struct, omit_defaults=True):
     description: str | None = None
     text: str | None = None
     object_key: str | None = None
+    extensions: list[str] = []
+    """DSL extensions the playbook was registered (compiled) with: its executions use them too."""
 
     def info(self, latest: bool = False) -> CatalogEntryInfo:
         return CatalogEntryInfo(
@@ -148,11 +151,18 @@ class Catalog:
     """Typed access to the catalog bucket of one installation."""
 
     def __init__(
-        self, js: JetStreamContext, topology: Topology, *, inline_limit: int = DEFAULT_INLINE_LIMIT
+        self,
+        js: JetStreamContext,
+        topology: Topology,
+        *,
+        inline_limit: int = DEFAULT_INLINE_LIMIT,
+        extensions: Iterable[str] = (),
     ) -> None:
         self._js = js
         self._topology = topology
         self.inline_limit = inline_limit
+        self.extensions = tuple(sorted(set(extensions)))
+        """DSL extensions playbooks are compiled with when registered (``legacy``); recorded per entry."""
         self._kv: KeyValue | None = None
         self._objects: ObjectStore | None = None
 
@@ -196,7 +206,7 @@ class Catalog:
 
         Raises `CatalogError` (does not compile, bad path/version) or `CatalogConflictError`.
         """
-        result = compile_playbook(text, file)
+        result = compile_playbook(text, file, extensions=self.extensions)
         if result.playbook is None or result.errors:
             errors = [d.format() for d in result.diagnostics if d.severity == "error"]
             raise CatalogError(
@@ -260,6 +270,7 @@ class Catalog:
             description=description,
             text=None if object_key else text,
             object_key=object_key,
+            extensions=list(self.extensions),
         )
 
     async def _advance(self, path: str, new: _Pointer, seen: _Pointer | None, rev: int) -> None:
@@ -307,6 +318,13 @@ class Catalog:
         """The entry and text of ``path`` at ``version`` (default ``latest``); `CatalogNotFoundError`."""
         stored, latest = await self._resolve_entry(path, version)
         return stored.info(latest), await self._text(stored)
+
+    async def resolve_for_run(
+        self, path: str, version: str | None = None
+    ) -> tuple[CatalogEntryInfo, str, tuple[str, ...]]:
+        """Like ``resolve``, with the DSL extensions the entry was registered with."""
+        stored, latest = await self._resolve_entry(path, version)
+        return stored.info(latest), await self._text(stored), tuple(stored.extensions)
 
     async def info(self, path: str, version: str | None = None) -> CatalogEntryInfo:
         stored, latest = await self._resolve_entry(path, version)

@@ -6,10 +6,10 @@ STAMP  := $(VENV)/.installed
 PLAYBOOK ?= playbooks/hello.yaml
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test stress lint bench ci clean
+.PHONY: help install run test stress cluster-test lint bench ci clean chromium
 
 help: ## Show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-13s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,14 +19,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install the package with test extras
 
+# The viewer tests drive Debian's headless Chromium (tests/test_viewer.py); installed once, as root or with sudo.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+chromium: ## Install Debian's chromium + chromium-driver if missing (for the viewer tests)
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; \
+	fi
+
 run: $(STAMP) ## Run the demo playbook on an embedded NATS server
 	$(BIN)/noetl-stream run $(PLAYBOOK)
 
-test: $(STAMP) ## Run the whole test suite
+test: $(STAMP) chromium ## Run the whole test suite
 	$(BIN)/pytest -q
 
 stress: $(STAMP) ## Randomized fault runs (500+ executions, kills): tests marked stress
 	$(BIN)/pytest -q -m stress
+
+cluster-test: $(STAMP) ## 3-node nats-server cluster, R3, a node killed mid-run: tests marked cluster
+	$(BIN)/pytest -q -m cluster
 
 lint: $(STAMP) ## ruff + mypy --strict + import boundaries
 	$(BIN)/ruff check noetl_stream tests bench deploy

@@ -19,13 +19,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import raw, runtime, tools
+from bench import api, raw, runtime, tools
 from bench.services import HttpServer, PgServer
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
+
+API_CONCURRENCY = 16
+"""Calls in flight at once for the API figures (`bench.api`)."""
 
 
 def _say(text: str) -> None:
@@ -115,6 +118,8 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
             await _warm_tools(rt, clients, svc)
             for i in range(repeat):
                 await _tools_round(rt, clients, svc, add, f"tools round {i + 1}/{repeat}")
+        api_n = int(1000 * scale)
+        await api.measure(rt, url, add, repeat=repeat, n=api_n, concurrency=API_CONCURRENCY, say=_say)
         _say(f"{items}-item parallel loops, max_in_flight 100 (local, distributed) ...")
         add("loop_local_iters_per_s", await runtime.loop_iters_per_s(rt, items, "local"))
         add("loop_distributed_iters_per_s", await runtime.loop_iters_per_s(rt, items, "distributed"))
@@ -124,6 +129,7 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
         add("latency_p99_ms", p99)
     out: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
     out["loop_items"] = items
+    out["api_executions"], out["api_concurrency"] = api_n, API_CONCURRENCY
     if svc is not None:
         out.update(svc.sizes())
     return _ratios(out, samples)
@@ -154,6 +160,7 @@ def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, A
     ):
         if num in out and den in out:
             out[ratio] = out[num] / out[den]
+    api.ratios(out)
     out["samples"] = samples
     return out
 

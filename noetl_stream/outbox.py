@@ -11,6 +11,12 @@ ack message to parse) per flush instead of one per event, which is what bounds
 throughput in Python (perf/README.md). Commands are acked individually: each one
 is a unit of work that must not be lost. Duplicates are dropped by the server
 through ``Nats-Msg-Id`` either way.
+
+A flush that fails for a reason that passes by itself (a clustered stream electing a new leader
+after its node died answers 503 "no responders" for several seconds; a reconnect; an ack that never
+came) publishes everything again, with the same ``Nats-Msg-Id``s, with backoff for up to
+``retry_s``. Without that a worker would hand its command back and run the tool again, and a
+command handed back ``max_deliver`` times during one election would fail its step.
 """
 
 from __future__ import annotations
@@ -18,20 +24,37 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import nats.errors
+import structlog
 from nats.js.client import JetStreamContext
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, encode
 
 MSG_ID = "Nats-Msg-Id"
 
+log = structlog.get_logger(__name__)
+
+# Failures that pass by themselves: no stream leader yet (503), reconnecting, no ack in time.
+_TRANSIENT = (
+    NoStreamResponseError,
+    ServiceUnavailableError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    TimeoutError,
+)
+
 
 class Outbox:
-    __slots__ = ("_commands", "_events", "ack_timeout_s", "js", "nc", "topology")
+    __slots__ = ("_commands", "_events", "ack_timeout_s", "js", "nc", "retry_s", "topology")
 
-    def __init__(self, js: JetStreamContext, topology: Topology, ack_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, js: JetStreamContext, topology: Topology, ack_timeout_s: float = 10.0, retry_s: float = 30.0
+    ) -> None:
         self.js = js
         self.ack_timeout_s = ack_timeout_s
+        self.retry_s = retry_s
         self.nc = js._nc
         self.topology = topology
         self._events: list[tuple[str, bytes, str]] = []
@@ -58,9 +81,34 @@ class Outbox:
         return len(self._events) + len(self._commands)
 
     async def flush(self) -> None:
-        """Publish everything queued and wait until it is stored; raise on any failure (do not ack then)."""
+        """Publish everything queued and wait until it is stored; raise on any failure (do not ack then).
+
+        Transient failures are retried (everything again, same ids) for up to ``retry_s``.
+        """
         events, self._events = self._events, []
         commands, self._commands = self._commands, []
+        if not events and not commands:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_s
+        attempt = 0
+        while True:
+            try:
+                await self._publish(events, commands)
+                return
+            except _TRANSIENT as exc:
+                delay = min(2.0, 0.1 * 2**attempt)
+                if loop.time() + delay > deadline:
+                    raise
+                attempt += 1
+                log.warning(
+                    "outbox.retry", error=str(exc) or type(exc).__name__, attempt=attempt, retry_in_s=delay
+                )
+                await asyncio.sleep(delay)
+
+    async def _publish(
+        self, events: list[tuple[str, bytes, str]], commands: list[tuple[str, bytes, str]]
+    ) -> None:
         futures: list[asyncio.Future[Any]] = []
         if events:
             for subject, data, msg_id in events[:-1]:

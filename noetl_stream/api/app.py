@@ -1,8 +1,9 @@
 """The aiohttp application: bearer-token authentication, JSON errors, the routes of `ROUTES`.
 
-Every route but ``/health`` needs ``Authorization: Bearer <token>`` with one of the configured tokens
-(401 otherwise). Every refusal is a 4xx (503 when NATS or the keychain key is unavailable) with a
-``{error, detail}`` body; an unexpected failure is a 500 with the same shape, never a traceback.
+Every route but ``/health`` and the viewer's static pages (``/ui...``) needs
+``Authorization: Bearer <token>`` with one of the configured tokens (401 otherwise). Every refusal is a
+4xx (503 when NATS or the keychain key is unavailable) with a ``{error, detail}`` body; an unexpected
+failure is a 500 with the same shape, never a traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ log = structlog.get_logger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 _PUBLIC = frozenset(r.path for r in ROUTES if not r.auth)
+_PUBLIC_OPERATIONS = frozenset(r.operation_id for r in ROUTES if not r.auth)
 _REASONS = {
     400: "bad_request",
     401: "unauthorized",
@@ -77,8 +79,9 @@ def _auth(tokens: tuple[str, ...]) -> Any:
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in _PUBLIC:
-            return await handler(request)
+        route = request.match_info.route
+        if request.path in _PUBLIC or (route.name is not None and route.name in _PUBLIC_OPERATIONS):
+            return await handler(request)  # a public page, also one with a path parameter
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         candidate = given.strip().encode()
         # compare with every token, so the time taken does not tell which one nearly matched

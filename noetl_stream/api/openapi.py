@@ -111,7 +111,8 @@ def document() -> dict[str, Any]:
             "title": "noetl-stream",
             "version": __version__,
             "description": "Operator REST API of the noetl-stream controller (`noetl-stream controller --http`). "
-            "Every route but /health needs `Authorization: Bearer <token>`; every refusal is a 4xx "
+            "Every route but /health and the viewer's static pages (/ui...) needs "
+            "`Authorization: Bearer <token>`; every refusal is a 4xx "
             "(503 when a dependency is unavailable) with an `{error, detail}` body.",
         },
         "security": [{"bearer": []}],

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from noetl_stream.api import executions as ex
-from noetl_stream.api import probes
+from noetl_stream.api import pages, probes
 from noetl_stream.api import resources as res
+from noetl_stream.api.graph import ExecutionGraph, execution_graph
 from noetl_stream.api.http import Param, Route
 from noetl_stream.control.inspect import STATUSES
 from noetl_stream.operations import (
@@ -130,6 +131,18 @@ ROUTES: tuple[Route, ...] = (
         ),
         errors=(400, 404),
         stream="text/event-stream",
+        tags=("executions",),
+    ),
+    Route(
+        "GET",
+        "/api/executions/{execution_id}/graph",
+        execution_graph,
+        "getExecutionGraph",
+        "An execution's step graph (steps, arcs, a layered layout) with each step's status, timings, "
+        "loop progress and retries, folded from its events (the viewer's data)",
+        ExecutionGraph,
+        params=(_ID,),
+        errors=(400, 404),
         tags=("executions",),
     ),
     Route(
@@ -267,5 +280,54 @@ ROUTES: tuple[Route, ...] = (
         errors=(404,),
         content_type="text/plain",
         tags=("probes",),
+    ),
+    Route(
+        "GET",
+        "/ui",
+        pages.list_page,
+        "viewerExecutions",
+        "The execution viewer: the list of executions (a static page; its data calls need the token)",
+        None,
+        errors=(),
+        auth=False,
+        content_type="text/html",
+        tags=("viewer",),
+    ),
+    Route(
+        "GET",
+        "/ui/executions/{execution_id}",
+        pages.execution_page,
+        "viewerExecution",
+        "The execution viewer: one execution's step graph, live, and its event timeline (a static page)",
+        None,
+        params=(_ID,),
+        errors=(400,),
+        auth=False,
+        content_type="text/html",
+        tags=("viewer",),
+    ),
+    Route(
+        "GET",
+        "/ui/static/viewer.js",
+        pages.script,
+        "viewerScript",
+        "The viewer's script",
+        None,
+        errors=(),
+        auth=False,
+        content_type="text/javascript",
+        tags=("viewer",),
+    ),
+    Route(
+        "GET",
+        "/ui/static/viewer.css",
+        pages.stylesheet,
+        "viewerStylesheet",
+        "The viewer's stylesheet",
+        None,
+        errors=(),
+        auth=False,
+        content_type="text/css",
+        tags=("viewer",),
     ),
 )

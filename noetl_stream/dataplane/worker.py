@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from noetl_stream import events as E
+from noetl_stream import tracing
 from noetl_stream.dataplane.children import ChildRunner
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, LoopResult, run_local_loop
@@ -34,6 +35,7 @@ from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.results import ResultStore, inline_limit, is_ref
+from noetl_stream.logs import bound
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
@@ -146,11 +148,13 @@ class Worker:
             self._log.error("worker.bad_command", error=str(exc), subject=msg.subject)
             await msg.term()
             return
-        outbox = Outbox(self.js, self.topology)
-        run = _CommandRun(self, cmd, outbox, redelivered=msg.metadata.num_delivered > 1)
-        await self._supervise(msg, run)
-        await run.publish_pending()
-        await msg.ack()
+        ids = {"execution_id": cmd.execution_id, "step": cmd.step, "step_run_id": cmd.step_run_id}
+        with bound(**ids, worker=self.name):  # on every log line about this command
+            outbox = Outbox(self.js, self.topology)
+            run = _CommandRun(self, cmd, outbox, redelivered=msg.metadata.num_delivered > 1)
+            await self._supervise(msg, run)
+            await run.publish_pending()
+            await msg.ack()
 
     async def _supervise(self, msg: Msg, run: _CommandRun) -> None:
         """Run the command. If it is still running after ``PROGRESS_EVERY_S``, a watcher publishes its
@@ -165,6 +169,8 @@ class Worker:
         finally:
             handle.cancel()
             run.finished = True
+            if run.trace is not None:
+                run.trace.end()
             if run.wake is not None:
                 run.wake.set()
             for task in watcher:  # let it finish its current publish: no event is dropped half-sent
@@ -197,6 +203,8 @@ class _CommandRun:
         self.pending: list[Event] = []
         self.finished = False
         self.wake: asyncio.Event | None = None
+        self.trace = tracing.step_run(cmd, worker.name)  # None unless OpenTelemetry tracing is on
+        self.trace_id = cmd.trace_id if self.trace is None else self.trace.trace_id
 
     def event(
         self,
@@ -209,6 +217,10 @@ class _CommandRun:
         task_run_id: str | None = None,
     ) -> None:
         cmd = self.cmd
+        if self.trace is not None:
+            self.trace.on_event(name, status, entity_id, payload)
+        if status == "error" and name in _FAILURES:
+            _log_failure(self.worker._log, name, payload)
         self.pending.append(
             Event(
                 event_id=event_id(cmd.execution_id, scope, name),
@@ -223,7 +235,7 @@ class _CommandRun:
                 step=cmd.step,
                 step_run_id=cmd.step_run_id,
                 task_run_id=task_run_id,
-                trace_id=cmd.trace_id,
+                trace_id=self.trace_id,
                 worker=self.worker.name,
             )
         )
@@ -517,6 +529,17 @@ class _CommandRun:
 
 def _has_refs(values: dict[str, Any]) -> bool:
     return any(is_ref(v) or (isinstance(v, list) and any(is_ref(i) for i in v[:1])) for v in values.values())
+
+
+_FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED})
+
+
+def _log_failure(logger: Any, name: str, payload: dict[str, Any]) -> None:
+    error = payload.get("error")
+    if isinstance(error, dict):
+        logger.warning(name, error_kind=error.get("kind"), error=error.get("message"))
+    else:
+        logger.warning(name, error=error)
 
 
 _BOUNDARY_WITH_RESULT = frozenset({E.STEP_DONE, E.LOOP_DONE, E.LOOP_ITERATION_DONE})

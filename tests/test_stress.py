@@ -123,7 +123,10 @@ async def test_stress_every_execution_processed_once_and_replay_equals_live_desp
         assert wrong == {}, f"seed {seed}"
         scheduled = [ev for _, ev in await read_named(js, topo, E.STEP_SCHEDULED)]
         assert scheduled_twice(scheduled) == {}, f"seed {seed}"
-        assert await replay_differences(js, topo, list(expected)) == {}, f"seed {seed}"
+        differ = await replay_differences(js, topo, list(expected))
+        if differ:
+            dump = await post_mortem(js, topo, sorted(differ), kind_of, timeline, out_dir / "differ.txt")
+            raise AssertionError(f"seed {seed}: replay differs from live for {differ} (see {dump})")
         await replay_verify(procs.env, rnd.sample(list(expected), 5))
 
 

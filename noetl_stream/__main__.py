@@ -1,0 +1,5 @@
+"""``python -m noetl_stream``: the ``noetl-stream`` command (worker processes started by a supervisor use it)."""
+
+from noetl_stream.cli import main
+
+main(prog_name="noetl-stream")

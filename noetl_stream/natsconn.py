@@ -134,6 +134,12 @@ class ContinuousPuller:
     exceptions are logged and the message is nak'ed (after `error_nak_delay_s`) if still unsettled.
     Pulls are re-issued after a reconnect, an expired request or missed idle heartbeats.
     A puller is started once and stopped once.
+
+    With `ordered`, handlers START in delivery order (each message gets a task of its own, and tasks
+    run in creation order): a handler whose synchronous prefix files the message (the controller
+    queues it per execution) sees messages in stream order. Without it, a handler task that finishes
+    one message takes the next queued one itself, which can overtake a task created earlier for an
+    older message that has not started yet.
     """
 
     def __init__(
@@ -149,6 +155,7 @@ class ContinuousPuller:
         heartbeat_s: float = 5.0,
         error_nak_delay_s: float | None = 1.0,
         api_prefix: str = "$JS.API",
+        ordered: bool = False,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
@@ -160,6 +167,7 @@ class ContinuousPuller:
         self._expires_ns = int(expires_s * 1e9)
         self._hb_s = heartbeat_s
         self._nak_delay = error_nak_delay_s
+        self._ordered = ordered
         self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._log = log.bind(stream=stream, consumer=consumer)
 
@@ -333,12 +341,14 @@ class ContinuousPuller:
                     await self._handle(msg)
                 finally:
                     self._held -= 1
-                if self._stopping or not self._queue:
+                if self._stopping or not self._queue or self._ordered:
                     break
                 msg = self._queue.popleft().msg
                 await self._top_up()
         finally:
             self._running -= 1
+        if self._ordered:
+            self._dispatch()  # queued messages start in delivery order, each in a task of its own
         await self._top_up()
 
     async def _handle(self, msg: Msg) -> None:

@@ -232,3 +232,32 @@ async def test_connect_gives_up_when_no_server_answers() -> None:
         port = s.getsockname()[1]
     with pytest.raises(ConnectionError, match="cannot connect"):
         await connect(f"nats://127.0.0.1:{port}", connect_wait_s=0.5)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+async def test_ordered_handlers_start_in_delivery_order(
+    nc: NATS, js: JetStreamContext, topology: Topology, eventually: Eventually, ordered: bool
+) -> None:
+    """With ``ordered``, the synchronous start of each handler sees the messages in stream order, even
+    when handlers take turns at random. (The controller files each event of an execution in its
+    per-execution queue there; a later event filed before an older one was a lost event.)"""
+    import random
+
+    n = 600
+    await _setup(js, topology, n)
+    rnd = random.Random(5)
+    started: list[int] = []
+
+    async def handler(msg: Msg) -> None:
+        started.append(msg.metadata.sequence.stream)  # the synchronous prefix
+        for _ in range(rnd.randint(0, 3)):
+            await asyncio.sleep(0)
+        await msg.ack()
+
+    async with _puller(nc, topology, handler, max_concurrency=4, ordered=ordered):  # type: ignore[arg-type]
+        await eventually(lambda: len(started) == n)
+    overtaken = sum(1 for a, b in zip(started, started[1:], strict=False) if b < a)
+    if ordered:
+        assert overtaken == 0 and started == sorted(started)
+    else:  # the unordered puller lets a finishing handler take the next message itself
+        assert overtaken > 0

@@ -69,6 +69,9 @@ class Controller:
         self.controller_id = controller_id or default_controller_id()
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
+        self._complete_to: dict[str, int] = {}
+        """Per execution in memory: the stream sequence up to which every input event is applied (the
+        end of the replay that loaded it); events after it were applied live, in delivery order."""
         """Partitions this controller holds, and the fencing token (lease revision) of each."""
         self.leases: Leases | None = None
         self.intake = Intake(nc, topology, self.states, extensions=extensions)
@@ -123,6 +126,7 @@ class Controller:
             self.topology.controller_events_consumer(partition),
             self._handle,
             max_concurrency=self.concurrency,
+            ordered=True,  # an execution's events must be filed in stream order (see _fold)
         )
         await puller.start()
         self._pullers[partition] = puller
@@ -139,6 +143,7 @@ class Controller:
             await puller.stop(timeout=self.topology.lease_ttl_s * (1.0 if graceful else 0.3))
         for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
             state = self.states.pop(eid)
+            self._complete_to.pop(eid, None)
             if graceful and eid in self._snapshot_at:
                 await self._write_snapshot(state)
             self._snapshot_at.pop(eid, None)
@@ -226,6 +231,16 @@ class Controller:
         if state is not None and not state.terminal:
             await self._ensure_plan(state)  # the plan cache may have evicted it
         outbox = Outbox(self.js, self.topology)
+        complete_to = self._complete_to.get(eid, 0)
+        if state is not None and any(
+            complete_to < seq <= state.last_seq and msg.metadata.num_delivered == 1 for msg, _, seq in batch
+        ):
+            # A first delivery older than an event this state applied live (not by replay): it was
+            # overtaken on its way here, and skipping it would lose it. Rebuild the state from the
+            # stream, in stream order (the pullers are ordered, so this is a safety net).
+            log.warning("controller.out_of_order", execution_id=eid, last_seq=state.last_seq)
+            self.states.pop(eid, None)
+            state = await self._load(eid, min(seq for _, _, seq in batch), False)
         for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
                 continue  # already applied (a redelivery after a crash)
@@ -363,6 +378,7 @@ class Controller:
             self.states.move_to_end(execution_id)
             return state
         if new:
+            self._complete_to[execution_id] = 0
             return None  # a request starts a new execution (a redelivered one re-derives the same effects)
         assert self._snapshots is not None
         state = await self._snapshots.get(execution_id)
@@ -376,6 +392,7 @@ class Controller:
             async with self._replays:
                 state = await self._replay(execution_id, state, after, None)
         if state is not None:
+            self._complete_to[execution_id] = state.last_seq
             self._remember(state)
         return state
 
@@ -452,6 +469,7 @@ class Controller:
             if not old.terminal:
                 break
             del self.states[old_id]
+            self._complete_to.pop(old_id, None)
 
     async def _maybe_snapshot(self, state: ExecutionState) -> None:
         now = time.monotonic()

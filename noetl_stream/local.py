@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +13,7 @@ from nats.aio.client import Client as NATS
 
 from noetl_stream.client import RunSummary, follow, request_for, submit
 from noetl_stream.control.controller import Controller
+from noetl_stream.control.leases import default_controller_id
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.embedded import EmbeddedNats
@@ -44,6 +47,9 @@ class Runtime:
         return await follow(self.nc, self.topology, execution_id, on_event, timeout)
 
 
+_RUNS = itertools.count(1)
+
+
 @contextlib.asynccontextmanager
 async def local_runtime(
     nats_url: str | None = None,
@@ -72,7 +78,11 @@ async def local_runtime(
     nc = await connect(nats_url, name="noetl-local", connect_wait_s=10.0)
     try:
         await provision(nc.jetstream(), topology, pools, keep_replicas=True)
-        controller = Controller(nc, topology, default_pool=pools[0], extensions=extensions)
+        # Its own controller id: several local runs may share a server (and a host) at once.
+        controller_id = f"{default_controller_id()}-local-{os.getpid()}-{next(_RUNS)}"
+        controller = Controller(
+            nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
+        )
         await controller.start()
         runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
         try:

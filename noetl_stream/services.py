@@ -4,19 +4,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 
+import nats.errors
 import structlog
+from nats.aio.client import Client as NATS
 
 from noetl_stream.control.controller import Controller
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.kv.keychain import Keychain
-from noetl_stream.kv.provision import provision
+from noetl_stream.kv.provision import ProvisionError, provision
 from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
 
 log = structlog.get_logger(__name__)
+
+
+async def _provision_at_start(nc: NATS, topology: Topology, pools: tuple[str, ...]) -> None:
+    """Check (and create) the JetStream objects, retrying what passes by itself: a clustered stream
+    electing a leader after its node died, a reconnect. A refusal (`ProvisionError`) is final."""
+    delay = 0.2
+    for attempt in itertools.count(1):
+        try:
+            await provision(nc.jetstream(), topology, pools, keep_replicas=True)
+            return
+        except ProvisionError as exc:
+            if not isinstance(exc.__cause__, (nats.errors.TimeoutError, TimeoutError)) or attempt >= 20:
+                raise
+            error: Exception = exc
+        except (nats.errors.TimeoutError, nats.errors.ConnectionReconnectingError, TimeoutError) as exc:
+            if attempt >= 20:
+                raise
+            error = exc
+        log.warning("provision.retry", attempt=attempt, error=str(error) or type(error).__name__)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -43,7 +67,7 @@ async def run_controller(
 
     nc = await connect(url, name="noetl-controller", connect_wait_s=None)
     try:
-        await provision(nc.jetstream(), topology, pools, keep_replicas=True)
+        await _provision_at_start(nc, topology, pools)
         stop = asyncio.Event()
         _stop_on_signals(stop)
         async with Controller(
@@ -70,7 +94,7 @@ async def run_worker(
     setup_from_env("noetl-stream-worker")  # OpenTelemetry spans, when installed and enabled
     nc = await connect(url, name=f"noetl-worker-{pool}", connect_wait_s=None)
     try:
-        await provision(nc.jetstream(), topology, (pool,), keep_replicas=True)
+        await _provision_at_start(nc, topology, (pool,))
         stop = asyncio.Event()
         _stop_on_signals(stop)
         keychain = Keychain(nc.jetstream(), topology)  # key from NOETL_KEYCHAIN_KEY(_FILE), when needed

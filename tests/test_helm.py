@@ -2,7 +2,8 @@
 
 Rendered manifests are validated against the Kubernetes OpenAPI schemas (kubernetes-validate, strict:
 no unknown fields) and checked for what an operator relies on: one Deployment (and autoscaler) per
-pool naming its consumer, the NATS/keychain wiring, probes, the security context, graceful termination.
+pool naming its consumer, several controllers sharing the partitions, the NATS/keychain wiring,
+probes, the security context, graceful termination.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 from ruamel.yaml import YAML
+
+from noetl_stream.cli import TOPOLOGY_ENV
+from noetl_stream.cli import main as cli_main
 
 CHART = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "noetl-stream"
 KUBE_VERSION = "1.30"
@@ -80,7 +84,9 @@ def lint_problems(values: dict[str, Any] | None) -> list[str]:
 # --- lint ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values_file", [None, "keda-values.yaml", "hpa-values.yaml"])
+@pytest.mark.parametrize(
+    "values_file", [None, "keda-values.yaml", "hpa-values.yaml", "controllers-values.yaml"]
+)
 def test_lint_is_clean_in_strict_mode(values_file: str | None) -> None:
     assert lint_problems(load_values(values_file) if values_file else None) == []
 
@@ -90,7 +96,10 @@ def test_lint_is_clean_in_strict_mode(values_file: str | None) -> None:
     [
         ({"pools": [{"name": "GPU_pool"}]}, "/pools/0/name"),
         ({"pools": []}, "/pools"),
-        ({"controller": {"replicas": 2}}, "/controller/replicas"),
+        ({"controller": {"replicas": -1}}, "/controller/replicas"),
+        ({"jetstream": {"partitions": 0}}, "/jetstream/partitions"),
+        ({"jetstream": {"partitions": 1025}}, "/jetstream/partitions"),
+        ({"jetstream": {"leaseTtlSeconds": 0.5}}, "/jetstream/leaseTtlSeconds"),
         ({"workerDefaults": {"concurrency": 0}}, "/workerDefaults/concurrency"),
         ({"jetstream": {"commandMaxDeliver": 0}}, "/jetstream/commandMaxDeliver"),
         ({"nats": {"url": "nats://user:secret@nats:4222"}}, "/nats/url"),
@@ -120,6 +129,26 @@ def test_contradicting_values_fail_with_a_message(chart: helm.Chart) -> None:
         chart.render(twice, name="noetl", namespace="noetl")
 
 
+def test_more_controllers_than_partitions_fail_with_a_message(chart: helm.Chart) -> None:
+    too_many = {"controller": {"replicas": 3}, "jetstream": {"partitions": 2}}
+    with pytest.raises(
+        helm.HelmRenderError,
+        match=re.escape("controller.replicas (3) is more than jetstream.partitions (2)"),
+    ):
+        chart.render(too_many, name="noetl", namespace="noetl")
+    with pytest.raises(helm.HelmRenderError, match=re.escape("jetstream.partitions (8)")):  # the default
+        chart.render({"controller": {"replicas": 9}}, name="noetl", namespace="noetl")
+    # As many controllers as partitions is fine: one partition each.
+    m = render(chart, {"controller": {"replicas": 4}, "jetstream": {"partitions": 4}})
+    assert m.get("Deployment", "noetl-noetl-stream-controller")["spec"]["replicas"] == 4
+
+
+def test_a_release_name_with_a_dot_fails_with_a_message(chart: helm.Chart) -> None:
+    """Pod names are controller ids, and a controller id is one NATS subject token."""
+    with pytest.raises(helm.HelmRenderError, match=re.escape("has a '.': controllers use their pod name")):
+        chart.render({"fullnameOverride": "noetl.prod"}, name="noetl", namespace="noetl")
+
+
 # --- default values ------------------------------------------------------------------------------------
 
 
@@ -135,18 +164,26 @@ def test_default_install(chart: helm.Chart) -> None:
 
     controller = m.get("Deployment", "noetl-noetl-stream-controller")
     assert controller["spec"]["replicas"] == 1
-    assert controller["spec"]["strategy"] == {"type": "Recreate"}  # never two controllers at once
+    # Leases make an overlap safe: the new controller joins before the old one hands its partitions over.
+    assert controller["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     c = container(controller)
     assert c["args"][0] == "controller" and arg(c, "--pool") == ["default"] and arg(c, "--grace") == ["30"]
     assert "--http" not in c["args"] and "ports" not in c
     assert controller["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30 + 15
+    assert env(c)["NOETL_CONTROLLER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert m.get("ConfigMap", "noetl-noetl-stream")["data"]["NOETL_PARTITIONS"] == "8"
+    # One controller: a disruption budget over it would protect nothing.
+    assert "noetl-noetl-stream-controller" not in m.of("PodDisruptionBudget")
 
     job = m.get("Job", "noetl-noetl-stream-provision")
     annotations = job["metadata"]["annotations"]
     assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade,pre-rollback"
     assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
     jc = job["spec"]["template"]["spec"]["containers"][0]
-    assert jc["args"] == ["provision", "--pool", "default"]
+    assert jc["args"] == ["provision", "--pool", "default", "--partitions", "8", "--lease-ttl", "10"]
     assert env(jc)["NOETL_NATS_USER"]["value"] == "admin"
     assert env(jc)["NOETL_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
         "name": "noetl-nats-users",
@@ -164,7 +201,10 @@ def test_every_component_gets_the_same_nats_and_jetstream_settings(chart: helm.C
         "NOETL_EVENTS_MAX_AGE_S": "2592000",
         "NOETL_COMMAND_ACK_WAIT_S": "2.5",
         "NOETL_COMMAND_MAX_DELIVER": "5",
+        "NOETL_PARTITIONS": "8",
+        "NOETL_LEASE_TTL_S": "10",
     }
+    assert set(settings) - {"NOETL_PREFIX"} <= set(TOPOLOGY_ENV)  # every one is read by the CLI
     job = container(m.get("Job", "noetl-noetl-stream-provision"))
     assert {k: v["value"] for k, v in env(job).items() if k in settings} == settings  # provisions the same
     for name, role in (
@@ -203,6 +243,53 @@ def test_probes_security_context_and_writable_tmp(chart: helm.Chart) -> None:
         assert pod["automountServiceAccountToken"] is False
     job = m.get("Job", "noetl-noetl-stream-provision")["spec"]["template"]["spec"]
     assert job["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+# --- several controllers ---------------------------------------------------------------------------------
+
+
+def test_several_controllers_share_the_partitions_the_job_provisions(chart: helm.Chart) -> None:
+    m = render(chart, load_values("controllers-values.yaml"))
+    controller = m.get("Deployment", "noetl-noetl-stream-controller")
+    assert controller["spec"]["replicas"] == 3
+    assert controller["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = controller["spec"]["template"]["spec"]
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    c = container(controller)
+    # Each pod's id in the leases is its own name (unique, and kept across a container restart).
+    assert env(c)["NOETL_CONTROLLER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "NOETL_CONTROLLER_ID" not in env(
+        container(m.get("Deployment", "noetl-noetl-stream-worker-default"))
+    )
+
+    # The Job creates the events stream with 12 partitions, a consumer each, and the leases bucket's TTL.
+    job = container(m.get("Job", "noetl-noetl-stream-provision"))
+    assert arg(job, "--partitions") == ["12"] and arg(job, "--lease-ttl") == ["15"]
+    settings = m.get("ConfigMap", "noetl-noetl-stream")["data"]
+    assert (settings["NOETL_PARTITIONS"], settings["NOETL_LEASE_TTL_S"]) == ("12", "15")
+    assert {k: v["value"] for k, v in env(job).items() if k in settings} == settings
+
+    # A node drain takes at most one controller down at a time; the others take its partitions over.
+    pdb = m.get("PodDisruptionBudget", "noetl-noetl-stream-controller")["spec"]
+    assert pdb["maxUnavailable"] == 1
+    assert pdb["selector"]["matchLabels"] == controller["spec"]["selector"]["matchLabels"]
+    assert "replicas: 3, sharing 12 partitions" in m.notes and "nats kv ls noetl_leases" in m.notes
+
+
+def test_the_chart_passes_only_options_the_cli_has(chart: helm.Chart) -> None:
+    """A flag or variable the CLI does not know would fail the Job or be silently ignored."""
+    m = render(chart, load_values("controllers-values.yaml"))
+    options = {
+        name: {opt for p in command.params for opt in p.opts} for name, command in cli_main.commands.items()
+    }
+    job = container(m.get("Job", "noetl-noetl-stream-provision"))
+    assert {a for a in job["args"][1:] if a.startswith("--")} <= options["provision"]
+    c = container(m.get("Deployment", "noetl-noetl-stream-controller"))
+    assert {a for a in c["args"][1:] if a.startswith("--")} <= options["controller"]
+    w = container(m.get("Deployment", "noetl-noetl-stream-worker-default"))
+    assert {a for a in w["args"][1:] if a.startswith("--")} <= options["worker"]
+    controller_id = next(p for p in cli_main.commands["controller"].params if "--controller-id" in p.opts)
+    assert controller_id.envvar in env(c)
 
 
 # --- several pools, KEDA ---------------------------------------------------------------------------------

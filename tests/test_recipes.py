@@ -10,23 +10,28 @@ buckets and endpoints.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from helpers import playbook
+from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from noetl_stream import events as E
 from noetl_stream.client import Completions, follow, request_for, submit
+from noetl_stream.control.controller import Controller
 from noetl_stream.control.endpoints import ENDPOINTS
 from noetl_stream.control.intake import CONTROL_ENDPOINTS
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.history import read_events
 from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, ExecutionRequest, decode_event
@@ -162,6 +167,8 @@ def _check(argv: list[str]) -> None:
             assert stream in streams and consumer in consumers
         case ["kv", "get" | "watch", bucket, *_]:
             assert bucket in t.kv_buckets
+        case ["kv", "ls", bucket]:
+            assert bucket in t.kv_buckets
         case ["pub", subject, body]:
             assert subject == t.request_subject
             _check_request_body(body)
@@ -287,7 +294,7 @@ async def test_recipe_controller_lag(runtime: Runtime, eventually: Callable[...,
         runtime.topology.events_stream,
         runtime.topology.controller_events_consumer(0),
     )
-    summary = await runtime.run_playbook(HELLO, "hello.yaml", timeout=30)
+    summary = await _run_in_partition_0(runtime)
     assert summary.status == "success"
     js = runtime.nc.jetstream()
 
@@ -415,3 +422,96 @@ async def test_recipe_service(runtime: Runtime) -> None:
     endpoints = {e["name"]: e["subject"] for e in json.loads(reply.data)["endpoints"]}
     assert endpoints["execute"] == runtime.topology.api_subject("execute")
     assert set(endpoints.values()) == _api_subjects(runtime.topology)
+
+
+async def test_recipe_leases(
+    nats_server: EmbeddedNats, topology: Topology, eventually: Callable[..., Any]
+) -> None:
+    _, _, verb, bucket = recipe("leases")
+    assert verb == "ls"
+    topo = msgspec.structs.replace(topology, partitions=4, lease_ttl_s=2.0)
+    bucket = local(bucket, topo)
+    assert bucket == topo.leases_bucket
+    partitions = {f"partition.{p}" for p in range(4)}
+    async with local_runtime(nats_server.url, topology=topo, workers=0) as rt:
+        kv = await rt.nc.jetstream().key_value(bucket)
+        first = rt.controller.controller_id
+
+        async def keys() -> set[str]:
+            try:
+                return set(await kv.keys())
+            except NoKeysError:  # nats-py's keys() can miss everything while keys change: try again
+                return set()
+
+        async def owners() -> collections.Counter[str]:
+            out: collections.Counter[str] = collections.Counter()
+            for key in await keys() & partitions:
+                with contextlib.suppress(KeyNotFoundError):  # released between the listing and the get
+                    out[json.loads((await kv.get(key)).value or b"{}")["owner"]] += 1
+            return out
+
+        # One controller: a key per partition, all of them its own, and its membership.
+        await eventually(lambda: _equals(keys(), partitions | {f"member.{first}"}))
+        assert await owners() == {first: 4}
+
+        # A second one joins: two members, two partitions each once the first has handed two over.
+        second = Controller(rt.nc, topo, controller_id="second")
+        await second.start()
+        try:
+            await eventually(lambda: _equals(owners(), {first: 2, "second": 2}))
+            await eventually(lambda: _equals(keys(), partitions | {f"member.{first}", "member.second"}))
+        finally:
+            await second.shutdown()
+        # It leaves: its membership is gone and the first takes every partition back.
+        await eventually(lambda: _equals(owners(), {first: 4}))
+        await eventually(lambda: _equals(keys(), partitions | {f"member.{first}"}))
+
+
+async def _run_in_partition_0(runtime: Runtime) -> Any:
+    """Run HELLO as an execution of partition 0 (the one the recipes name): a client may choose the id."""
+    import uuid
+
+    eid = next(e for e in iter(lambda: uuid.uuid4().hex, "") if runtime.topology.partition_of(e) == 0)
+    await submit(runtime.nc, runtime.topology, request_for(HELLO, "hello.yaml", execution_id=eid))
+    return await follow(runtime.nc, runtime.topology, eid, timeout=30)
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
+
+
+async def test_recipe_lease_owner(runtime: Runtime, eventually: Callable[..., Any]) -> None:
+    _, _, verb, bucket, key = recipe("lease-owner")
+    assert verb == "get"
+    bucket = local(bucket, runtime.topology)
+    assert (bucket, key) == (runtime.topology.leases_bucket, "partition.0")
+    controller = runtime.controller
+    assert controller.leases is not None
+    summary = await _run_in_partition_0(runtime)
+    assert runtime.topology.partition_of(summary.execution_id) == 0
+
+    entry = await (await runtime.nc.jetstream().key_value(bucket)).get(key)
+    value = json.loads(entry.value or b"{}")
+    fence = controller.leases.fence(0)
+    assert value["owner"] == controller.controller_id
+    assert fence is not None and (entry.revision or 0) >= fence  # renewals move the revision on
+
+    # The owner and its fencing token are on every event the controller wrote when folding (intake
+    # records the request before any partition owner sees it), and on the snapshot.
+    stamps: dict[tuple[str | None, int | None], set[str]] = collections.defaultdict(set)
+    async for _, ev in read_events(runtime.nc.jetstream(), runtime.topology, summary.execution_id):
+        if ev.source == "server":
+            stamps[(ev.controller, ev.fence)].add(ev.name)
+    assert stamps.pop((None, None)) == {E.EXECUTION_REQUESTED}
+    assert set(stamps) == {(value["owner"], fence)}
+    assert E.WORKFLOW_FINISHED in stamps[(value["owner"], fence)]
+    snapshots = await runtime.nc.jetstream().key_value(runtime.topology.executions_bucket)
+
+    async def snapshot_fence() -> int | None:
+        try:
+            snap = json.loads((await snapshots.get(summary.execution_id)).value or b"{}")
+        except Exception:
+            return None
+        return snap.get("fence") if snap.get("status") == "success" else None
+
+    await eventually(lambda: _equals(snapshot_fence(), fence))

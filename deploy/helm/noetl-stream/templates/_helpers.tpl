@@ -85,7 +85,11 @@ app.kubernetes.io/part-of: noetl-stream
 {{- if eq (float64 .) (floor .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
 {{- end }}
 
-{{/* Settings every component shares (the ConfigMap, and the provisioning Job's env). */}}
+{{/*
+Settings every component shares (the ConfigMap, and the provisioning Job's env). The partition count
+and lease TTL matter to `provision` only: a running installation keeps the ones its events stream and
+leases bucket have, and controllers read them from the server.
+*/}}
 {{- define "noetl-stream.settings" -}}
 NOETL_PREFIX: {{ .Values.prefix | quote }}
 NOETL_REPLICAS: {{ include "noetl-stream.number" .Values.jetstream.replicas | quote }}
@@ -93,6 +97,8 @@ NOETL_STORAGE: {{ .Values.jetstream.storage | quote }}
 NOETL_EVENTS_MAX_AGE_S: {{ include "noetl-stream.number" .Values.jetstream.eventsMaxAgeSeconds | quote }}
 NOETL_COMMAND_ACK_WAIT_S: {{ include "noetl-stream.number" .Values.jetstream.commandAckWaitSeconds | quote }}
 NOETL_COMMAND_MAX_DELIVER: {{ include "noetl-stream.number" .Values.jetstream.commandMaxDeliver | quote }}
+NOETL_PARTITIONS: {{ include "noetl-stream.number" .Values.jetstream.partitions | quote }}
+NOETL_LEASE_TTL_S: {{ include "noetl-stream.number" .Values.jetstream.leaseTtlSeconds | quote }}
 {{- end }}
 
 {{/*

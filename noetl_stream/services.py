@@ -82,6 +82,7 @@ async def run_controller(
             finally:
                 if api is not None:
                     await api.stop()
+                await controller.shutdown(grace_s=grace_s)  # (the context exit then finds it stopped)
     finally:
         await nc.drain()
 

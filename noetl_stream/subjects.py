@@ -92,8 +92,9 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
     duplicate_window_s: float = MIN_DUPLICATE_WINDOW_S
     command_ack_wait_s: float = 30.0
     command_max_deliver: int = 5
-    partitions: int = 1
-    """Executions are split into this many partitions, each owned by one controller at a time."""
+    partitions: int = 8
+    """Executions are split into this many partitions, each owned by one controller at a time: the most
+    controllers that can share the work (the chart's default too)."""
     lease_ttl_s: float = 10.0
     """A partition lease not renewed for this long expires, and another controller takes it over."""
 

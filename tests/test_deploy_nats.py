@@ -338,7 +338,8 @@ async def test_client_cannot_read_the_keychain(server: Server, provisioned: Sess
         ordered_consumer=True,
         deliver_policy=api.DeliverPolicy.ALL,
     )
-    assert (await sub.next_msg(timeout=2)).subject == "noetl.events.e2.0.step.done"  # stored: + partition
+    stored = f"noetl.events.e2.{Topology().partition_of('e2')}.step.done"  # + the partition
+    assert (await sub.next_msg(timeout=2)).subject == stored
     await sub.unsubscribe()
 
 

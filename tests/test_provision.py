@@ -14,7 +14,7 @@ from noetl_stream.subjects import SubjectError, Topology
 async def test_provision_twice_changes_nothing(js: JetStreamContext, topology: Topology) -> None:
     first = await provision(js, topology, pools=("default", "gpu"))
     assert first.changed and not first.updated and not first.unchanged
-    assert len(first.created) == 4 + 5 + 6 + 1  # streams, consumers, KV buckets, object store
+    assert len(first.created) == 4 + topology.partitions + 4 + 6 + 1  # streams, consumers, buckets, store
 
     second = await provision(js, topology, pools=("default", "gpu"))
     assert not second.changed
@@ -63,7 +63,8 @@ async def test_messages_route_to_the_right_consumers(js: JetStreamContext, topol
     async def pending(stream: str, consumer: str) -> int:
         return (await js.consumer_info(stream, consumer)).num_pending or 0
 
-    assert await pending(topology.events_stream, "controller-0") == 1
+    ctl = topology.controller_events_consumer(topology.partition_of("e1"))
+    assert await pending(topology.events_stream, ctl) == 1
     assert await pending(topology.commands_stream, topology.pool_consumer("gpu")) == 1
     assert await pending(topology.commands_stream, topology.pool_consumer("default")) == 0
     assert await pending(topology.requests_stream, "controller-requests") == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -256,7 +257,7 @@ async def test_ordered_handlers_start_in_delivery_order(
 
     async with _puller(nc, topology, handler, max_concurrency=4, ordered=ordered):  # type: ignore[arg-type]
         await eventually(lambda: len(started) == n)
-    overtaken = sum(1 for a, b in zip(started, started[1:], strict=False) if b < a)
+    overtaken = sum(1 for a, b in itertools.pairwise(started) if b < a)
     if ordered:
         assert overtaken == 0 and started == sorted(started)
     else:  # the unordered puller lets a finishing handler take the next message itself

@@ -19,4 +19,11 @@ nats stream add --config streams/NOETL_REQUESTS.json
 nats consumer add NOETL_ADVISORIES --config consumers/NOETL_ADVISORIES.controller-advisories.json
 nats consumer add NOETL_COMMANDS --config consumers/NOETL_COMMANDS.pool-default.json
 nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-0.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-1.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-2.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-3.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-4.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-5.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-6.json
+nats consumer add NOETL_EVENTS --config consumers/NOETL_EVENTS.controller-7.json
 nats consumer add NOETL_REQUESTS --config consumers/NOETL_REQUESTS.controller-requests.json

@@ -18,6 +18,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.errors import NoKeysError
 
 from noetl_stream import events as E
 from noetl_stream.control.intake import Intake
@@ -70,6 +71,8 @@ class Controller:
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
         self._complete_to: dict[str, int] = {}
+        self._rearm_pending: set[int] = set()
+        self._partition_locks: dict[int, asyncio.Lock] = {}
         """Per execution in memory: the stream sequence up to which every input event is applied (the
         end of the replay that loaded it); events after it were applied live, in delivery order."""
         """Partitions this controller holds, and the fencing token (lease revision) of each."""
@@ -84,6 +87,7 @@ class Controller:
         """Replays read history with ephemeral consumers: bound them (JetStream caps consumers per stream)."""
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
+        self._grace_s = 30.0
 
     async def __aenter__(self) -> Controller:
         await self.start()
@@ -117,20 +121,32 @@ class Controller:
             of=self.topology.partitions,
         )
 
+    def _partition_lock(self, partition: int) -> asyncio.Lock:
+        """Starting a partition waits for the end of its previous stop (a lease lost and taken back)."""
+        return self._partition_locks.setdefault(partition, asyncio.Lock())
+
     async def _start_partition(self, partition: int, fence: int) -> None:
         """This controller now holds ``partition``: pull its events (resuming what they lead to)."""
-        self._fences[partition] = fence
-        puller = ContinuousPuller(
-            self.nc,
-            self.topology.events_stream,
-            self.topology.controller_events_consumer(partition),
-            self._handle,
-            max_concurrency=self.concurrency,
-            ordered=True,  # an execution's events must be filed in stream order (see _fold)
-        )
-        await puller.start()
-        self._pullers[partition] = puller
-        self._spawn(self._rearm_deadlines(partition))
+        async with self._partition_lock(partition):
+            puller = ContinuousPuller(
+                self.nc,
+                self.topology.events_stream,
+                self.topology.controller_events_consumer(partition),
+                self._handle,
+                max_concurrency=self.concurrency,
+                ordered=True,  # an execution's events must be filed in stream order (see _fold)
+            )
+            self._fences[partition] = fence
+            try:
+                await puller.start()
+            except BaseException:
+                self._fences.pop(partition, None)
+                await puller.stop(timeout=1.0)  # nothing half-started keeps pulling
+                raise
+            self._pullers[partition] = puller
+        self._rearm_pending.add(partition)
+        if len(self._rearm_pending) == 1:  # one listing of the snapshots for the partitions of a tick
+            self._spawn(self._rearm_deadlines())
 
     async def _stop_partition(self, partition: int, graceful: bool) -> None:
         """Stop pulling ``partition`` and forget its executions (their next owner rebuilds them).
@@ -138,21 +154,27 @@ class Controller:
         Graceful on shutdown and rebalancing (the lease is still ours: in-flight folds finish and
         snapshots are written); otherwise the lease is lost and we stop before it can expire.
         """
-        puller = self._pullers.pop(partition, None)
-        if puller is not None:
-            await puller.stop(timeout=self.topology.lease_ttl_s * (1.0 if graceful else 0.3))
-        for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
-            state = self.states.pop(eid)
-            self._complete_to.pop(eid, None)
-            if graceful and eid in self._snapshot_at:
-                await self._write_snapshot(state)
-            self._snapshot_at.pop(eid, None)
-            timer = self._timers.pop(eid, None)
-            if timer is not None:
-                timer.cancel()
-            if self._snapshots is not None:
-                self._snapshots.forget(eid)
-        self._fences.pop(partition, None)
+        async with self._partition_lock(partition):
+            # No new fold starts from here (they find no fence and hand their events back); the
+            # folds already running finish (graceful, within the shutdown grace) or are cut short
+            # well before the lease can expire on the server.
+            fence = self._fences.pop(partition, None)
+            puller = self._pullers.pop(partition, None)
+            if puller is not None:
+                ttl = self.topology.lease_ttl_s
+                # (no renewal runs meanwhile: even a graceful stop ends well before the key expires)
+                await puller.stop(timeout=min(ttl * 0.5, self._grace_s) if graceful else ttl * 0.3)
+            for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
+                state = self.states.pop(eid)
+                self._complete_to.pop(eid, None)
+                if graceful and fence is not None and eid in self._snapshot_at:
+                    await self._write_snapshot(state, fence)
+                self._snapshot_at.pop(eid, None)
+                timer = self._timers.pop(eid, None)
+                if timer is not None:
+                    timer.cancel()
+                if self._snapshots is not None:
+                    self._snapshots.forget(eid)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -164,6 +186,9 @@ class Controller:
         await self._stopped.wait()
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._grace_s = grace_s
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -357,15 +382,24 @@ class Controller:
         except Exception as exc:  # retried when the next event of the execution re-arms the timer
             log.warning("controller.deadline_publish_failed", execution_id=eid, error=str(exc))
 
-    async def _rearm_deadlines(self, partition: int) -> None:
-        """On taking a partition: timers for its non-terminal executions that have a deadline."""
+    async def _rearm_deadlines(self) -> None:
+        """On taking partitions: timers for their non-terminal executions that have a deadline."""
         assert self._snapshots is not None
-        try:
-            keys = await self._snapshots.kv.keys()
-        except Exception:
-            return
+        await asyncio.sleep(0)  # let the other acquisitions of this tick join
+        partitions, self._rearm_pending = self._rearm_pending, set()
+        keys: list[str] = []
+        for attempt in range(3):  # nats-py's keys() can report none while the bucket changes
+            try:
+                keys = await self._snapshots.kv.keys()
+                break
+            except NoKeysError:
+                await asyncio.sleep(0.2 * (attempt + 1))
+            except Exception as exc:
+                log.warning("controller.rearm_failed", error=str(exc) or type(exc).__name__)
+                return
         for key in keys:
-            if self.topology.partition_of(key) != partition or partition not in self._fences:
+            partition = self.topology.partition_of(key)
+            if partition not in partitions or partition not in self._fences:
                 continue
             state = await self._snapshots.get(key)
             if state is not None and not state.terminal and state.deadline_at is not None:
@@ -483,11 +517,11 @@ class Controller:
             if state.terminal:
                 self._snapshot_at.pop(state.execution_id, None)
 
-    async def _write_snapshot(self, state: ExecutionState) -> None:
+    async def _write_snapshot(self, state: ExecutionState, fence: int | None = None) -> None:
         assert self._snapshots is not None
         store = self._snapshots
         partition = self.topology.partition_of(state.execution_id)
-        fence = self._fences.get(partition)
+        fence = fence if fence is not None else self._fences.get(partition)
         if fence is None:
             return  # not ours (any more): the partition's owner writes it
         state.fence = fence

@@ -103,6 +103,7 @@ class Leases:
         self._lock = asyncio.Lock()
         self._started_at = time.time()
         self._alive: Any = None
+        self._guard: asyncio.Task[None] | None = None
 
     @property
     def interval(self) -> float:
@@ -128,17 +129,18 @@ class Leases:
         self._kv = await self.js.key_value(self.topology.leases_bucket)
         await self.tick()
         self._task = asyncio.create_task(self._run(), name="controller-leases")
+        self._guard = asyncio.create_task(self._watchdog(), name="controller-leases-watchdog")
 
     async def stop(self) -> None:
         """Release every partition (stop pulling, then delete the key), and leave the membership."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._guard):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._guard = None
         async with self._lock:
-            for p in sorted(self.owned):
-                await self._release(p, graceful=True)
+            await asyncio.gather(*(self._release(p, graceful=True) for p in sorted(self.owned)))
             if self._kv is not None:
                 with contextlib.suppress(Exception):
                     await self._kv.delete(self._member_key(self.controller_id))
@@ -196,16 +198,35 @@ class Leases:
         now = time.monotonic()
         with contextlib.suppress(Exception):
             await self._kv.put(self._member_key(self.controller_id), self._value())
-        for p, lease in list(self.owned.items()):
-            try:
-                lease.revision = await self._kv.update(self._key(p), self._value(), last=lease.revision)
-                lease.renewed_at = now
-            except KeyWrongLastSequenceError:
-                log.warning("controller.lease_taken", partition=p, controller=self.controller_id)
+        # All at once, each with a short timeout: a slow server must not push the later ones past
+        # their expiry.
+        await asyncio.gather(*(self._renew_one(p, lease, now) for p, lease in list(self.owned.items())))
+
+    async def _renew_one(self, p: int, lease: Lease, now: float) -> None:
+        assert self._kv is not None
+        try:
+            rev = await asyncio.wait_for(
+                self._kv.update(self._key(p), self._value(), last=lease.revision), self.ttl * 0.2
+            )
+        except KeyWrongLastSequenceError:
+            log.warning("controller.lease_taken", partition=p, controller=self.controller_id)
+            await self._release(p, graceful=False)
+        except Exception as exc:
+            if time.monotonic() - lease.renewed_at > self.ttl * LOSE_AFTER:
+                log.warning("controller.lease_expired", partition=p, error=str(exc) or type(exc).__name__)
                 await self._release(p, graceful=False)
-            except Exception as exc:
-                if time.monotonic() - lease.renewed_at > self.ttl * LOSE_AFTER:
-                    log.warning("controller.lease_expired", partition=p, error=str(exc) or type(exc).__name__)
+        else:
+            if self.owned.get(p) is lease:
+                lease.revision, lease.renewed_at = rev, now
+
+    async def _watchdog(self) -> None:
+        """Give up overdue leases on time, whatever the tick is waiting for."""
+        while True:
+            await asyncio.sleep(self.ttl * 0.1)
+            now = time.monotonic()
+            for p, lease in list(self.owned.items()):
+                if now - lease.renewed_at > self.ttl * LOSE_AFTER:
+                    log.warning("controller.lease_expired", partition=p, error="not renewed in time")
                     await self._release(p, graceful=False)
 
     async def _read(self) -> tuple[dict[int, str], set[str]]:

@@ -11,8 +11,8 @@ import msgspec
 from noetl_stream.cli import (
     EXIT_FAILED,
     EXIT_INVALID,
-    _run_async,
     _topology,
+    _with_nats,
     main,
     nats_option,
     prefix_option,
@@ -20,27 +20,21 @@ from noetl_stream.cli import (
 
 
 def _control(action: str, execution_id: str, reason: str | None, nats_url: str, prefix: str) -> None:
-    from noetl_stream.natsconn import connect
-
     topology = _topology(prefix)
 
-    async def go() -> dict[str, Any]:
-        nc = await connect(nats_url, name=f"noetl-{action}", connect_wait_s=10.0, max_reconnect_attempts=0)
+    async def go(nc: Any) -> dict[str, Any]:
+        body = {"execution_id": execution_id, **({"reason": reason} if reason else {})}
         try:
-            body = {"execution_id": execution_id, **({"reason": reason} if reason else {})}
-            try:
-                msg = await nc.request(topology.api_subject(action), msgspec.json.encode(body), timeout=10)
-            except Exception as exc:
-                return {"error": f"no controller answered on {topology.api_subject(action)}: {exc}"}
-            reply: dict[str, Any] = msgspec.json.decode(msg.data) if msg.data else {}
-            if msg.headers and msg.headers.get("Nats-Service-Error"):
-                reply.setdefault("error", msg.headers["Nats-Service-Error"])
-                reply.setdefault("detail", msg.headers["Nats-Service-Error"])
-            return reply
-        finally:
-            await nc.close()
+            msg = await nc.request(topology.api_subject(action), msgspec.json.encode(body), timeout=10)
+        except Exception as exc:
+            return {"error": f"no controller answered on {topology.api_subject(action)}: {exc}"}
+        reply: dict[str, Any] = msgspec.json.decode(msg.data) if msg.data else {}
+        if msg.headers and msg.headers.get("Nats-Service-Error"):
+            reply.setdefault("error", msg.headers["Nats-Service-Error"])
+            reply.setdefault("detail", msg.headers["Nats-Service-Error"])
+        return reply
 
-    reply = _run_async(go())
+    reply = _with_nats(nats_url, f"noetl-{action}", go)
     if "error" in reply:
         click.echo(f"error: {reply.get('detail') or reply['error']}", err=True)
         sys.exit(EXIT_INVALID if reply["error"] in ("not_found", "bad_request") else EXIT_FAILED)

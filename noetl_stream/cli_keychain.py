@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-import msgspec
 
 from noetl_stream.cli import (
     EXIT_FAILED,
-    EXIT_INVALID,
-    _run_async,
+    _echo_json,
     _topology,
+    _with_nats,
     main,
     nats_option,
     prefix_option,
@@ -29,24 +28,14 @@ def keychain() -> None:
 
 
 def _keychain_call(nats_url: str, prefix: str, action: Callable[[Any], Awaitable[T]]) -> T:
-    from noetl_stream.errors import ConfigurationError
     from noetl_stream.kv.keychain import Keychain
-    from noetl_stream.natsconn import connect
 
     topology = _topology(prefix)
 
-    async def go() -> T:
-        nc = await connect(nats_url, name="noetl-keychain", connect_wait_s=10.0, max_reconnect_attempts=0)
-        try:
-            return await action(Keychain(nc.jetstream(), topology))
-        finally:
-            await nc.close()
+    async def go(nc: Any) -> T:
+        return await action(Keychain(nc.jetstream(), topology))
 
-    try:
-        return _run_async(go())
-    except ConfigurationError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_INVALID)
+    return _with_nats(nats_url, "noetl-keychain", go)
 
 
 def _keychain_fields(fields: tuple[str, ...], from_json: str | None) -> tuple[dict[str, Any], str | None]:
@@ -126,9 +115,7 @@ def keychain_get(name: str, nats_url: str, prefix: str) -> None:
     except CredentialNotFoundError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_FAILED)
-    click.echo(
-        msgspec.json.encode({"name": name, "kind": entry.kind, "fields": sorted(entry.fields)}).decode()
-    )
+    _echo_json({"name": name, "kind": entry.kind, "fields": sorted(entry.fields)})
 
 
 @keychain.command("list")
@@ -143,7 +130,7 @@ def keychain_list(as_json: bool, nats_url: str, prefix: str) -> None:
 
     entries = _keychain_call(nats_url, prefix, action)
     if as_json:
-        click.echo(msgspec.json.encode([{"name": n, "kind": k} for n, k in entries]).decode())
+        _echo_json([{"name": n, "kind": k} for n, k in entries])
         return
     for entry_name, entry_kind in entries:
         click.echo(f"{entry_name}\t{entry_kind}")

@@ -87,7 +87,35 @@ class _Resources:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class EmbeddedNats:
+class _StartsOnEnter:
+    """``with`` and ``async with`` (in a thread): `start()` on entry, `close()` on exit."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.close)
+
+
+class EmbeddedNats(_StartsOnEnter):
     """A nats-server child process with JetStream on 127.0.0.1."""
 
     def __init__(
@@ -285,27 +313,8 @@ class EmbeddedNats:
             return False
         return True
 
-    # --- context managers -----------------------------------------------------------------------
-    def __enter__(self) -> Self:
-        self.start()
-        return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        await asyncio.to_thread(self.start)
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await asyncio.to_thread(self.close)
-
-
-class EmbeddedCluster:
+class EmbeddedCluster(_StartsOnEnter):
     """`size` nats-server nodes (``n1``, ``n2``, ...) forming one JetStream cluster on 127.0.0.1.
 
     Each node has a free client port, a free route port, a monitoring port and its own store under
@@ -402,24 +411,6 @@ class EmbeddedCluster:
         for n in self.nodes:
             n.close()
         self._finalizer()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        await asyncio.to_thread(self.start)
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await asyncio.to_thread(self.close)
 
 
 def _free_ports(n: int) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TypeVar
 
 import msgspec
 from aiohttp import web
@@ -16,6 +17,8 @@ from noetl_stream.control.intake import CONTROL_ENDPOINTS, RequestError, parse_r
 from noetl_stream.operations import MAX_PAGE, ControlRequest, ErrorReply, ExecuteReply, ListExecutions
 from noetl_stream.wire import decode_event, new_execution_id
 
+T = TypeVar("T")
+
 KEEPALIVE_S = 15.0
 _REJECTION_STATUS = {"bad_request": 400, "unknown_playbook": 404, "invalid_playbook": 422}
 
@@ -26,6 +29,13 @@ class ControlBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
 
 def _execution_id(request: web.Request) -> str:
     return context(request).inspector.check_id(request.match_info["execution_id"])
+
+
+def _found(value: T | None, execution_id: str) -> T:
+    """`value`, or a 404 when the inspector found no such execution."""
+    if value is None:
+        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    return value
 
 
 async def submit(request: web.Request) -> web.StreamResponse:
@@ -64,18 +74,12 @@ async def list_executions(request: web.Request) -> web.StreamResponse:
 
 async def show(request: web.Request) -> web.StreamResponse:
     execution_id = _execution_id(request)
-    summary = await context(request).inspector.status(execution_id)
-    if summary is None:
-        raise ApiError(404, "not_found", f"no execution {execution_id}")
-    return reply(summary)
+    return reply(_found(await context(request).inspector.status(execution_id), execution_id))
 
 
 async def ctx(request: web.Request) -> web.StreamResponse:
     execution_id = _execution_id(request)
-    body = await context(request).inspector.ctx(execution_id)
-    if body is None:
-        raise ApiError(404, "not_found", f"no execution {execution_id}")
-    return reply(body)
+    return reply(_found(await context(request).inspector.ctx(execution_id), execution_id))
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -86,10 +90,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     limit = query_int(request, "limit", 100, 1, MAX_PAGE)
     if query_flag(request, "follow"):
         return await _follow(request, execution_id, after)
-    page = await context(request).inspector.events(execution_id, after, limit)
-    if page is None:
-        raise ApiError(404, "not_found", f"no execution {execution_id}")
-    return reply(page)
+    return reply(_found(await context(request).inspector.events(execution_id, after, limit), execution_id))
 
 
 async def _follow(request: web.Request, execution_id: str, after: int) -> web.StreamResponse:

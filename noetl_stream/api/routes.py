@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from noetl_stream.api import executions as ex
 from noetl_stream.api import pages, probes
 from noetl_stream.api import resources as res
 from noetl_stream.api.graph import ExecutionGraph, execution_graph
-from noetl_stream.api.http import Param, Route
+from noetl_stream.api.http import Handler, Param, Route
 from noetl_stream.control.inspect import STATUSES
 from noetl_stream.operations import (
     MAX_PAGE,
@@ -50,20 +52,75 @@ _CATALOG_REF = (
 )
 
 
-def _control_route(action: str, summary: str) -> Route:
+def _execution_route(
+    method: str,
+    action: str,
+    handler: Handler,
+    operation_id: str,
+    summary: str,
+    reply: type[msgspec.Struct] | None,
+    status: int = 200,
+    *,
+    params: tuple[Param, ...] = (),
+    body: type[msgspec.Struct] | None = None,
+    body_required: bool = True,
+    stream: str | None = None,
+) -> Route:
+    """A route on one execution, ``/api/executions/{execution_id}[/action]``: 400 for a malformed id,
+    404 for an unknown one."""
     return Route(
+        method,
+        "/api/executions/{execution_id}" + (f"/{action}" if action else ""),
+        handler,
+        operation_id,
+        summary,
+        reply,
+        status,
+        (_ID, *params),
+        body=body,
+        body_required=body_required,
+        errors=(400, 404),
+        stream=stream,
+        tags=("executions",),
+    )
+
+
+def _control_route(action: str, summary: str) -> Route:
+    return _execution_route(
         "POST",
-        f"/api/executions/{{execution_id}}/{action}",
+        action,
         ex.control(action),
         f"{action}Execution",
         summary,
         ControlAccepted,
         202,
-        (_ID,),
         body=ex.ControlBody,
         body_required=False,
-        errors=(400, 404),
-        tags=("executions",),
+    )
+
+
+def _viewer_route(
+    path: str,
+    handler: Handler,
+    operation_id: str,
+    summary: str,
+    content_type: str,
+    *,
+    params: tuple[Param, ...] = (),
+    errors: tuple[int, ...] = (),
+) -> Route:
+    """A static page or asset of the execution viewer, served without a token."""
+    return Route(
+        "GET",
+        path,
+        handler,
+        operation_id,
+        summary,
+        params=params,
+        errors=errors,
+        auth=False,
+        content_type=content_type,
+        tags=("viewer",),
     )
 
 
@@ -100,27 +157,18 @@ ROUTES: tuple[Route, ...] = (
         ),
         tags=("executions",),
     ),
-    Route(
-        "GET",
-        "/api/executions/{execution_id}",
-        ex.show,
-        "getExecution",
-        "An execution's status, step by step",
-        ExecutionSummary,
-        params=(_ID,),
-        errors=(400, 404),
-        tags=("executions",),
+    _execution_route(
+        "GET", "", ex.show, "getExecution", "An execution's status, step by step", ExecutionSummary
     ),
-    Route(
+    _execution_route(
         "GET",
-        "/api/executions/{execution_id}/events",
+        "events",
         ex.events,
         "listExecutionEvents",
         "An execution's events in stream order: a page, or with follow=1 a server-sent event stream "
         "that ends after playbook.processed (resume with Last-Event-ID)",
         EventsPage,
         params=(
-            _ID,
             Param(
                 "after", schema={"type": "integer", "minimum": 0, "default": 0}, description="Stream sequence"
             ),
@@ -129,32 +177,19 @@ ROUTES: tuple[Route, ...] = (
                 "follow", schema={"type": "string", "enum": ["0", "1"]}, description="1: server-sent events"
             ),
         ),
-        errors=(400, 404),
         stream="text/event-stream",
-        tags=("executions",),
     ),
-    Route(
+    _execution_route(
         "GET",
-        "/api/executions/{execution_id}/graph",
+        "graph",
         execution_graph,
         "getExecutionGraph",
         "An execution's step graph (steps, arcs, a layered layout) with each step's status, timings, "
         "loop progress and retries, folded from its events (the viewer's data)",
         ExecutionGraph,
-        params=(_ID,),
-        errors=(400, 404),
-        tags=("executions",),
     ),
-    Route(
-        "GET",
-        "/api/executions/{execution_id}/ctx",
-        ex.ctx,
-        "getExecutionCtx",
-        "An execution's ctx and its revision",
-        CtxReply,
-        params=(_ID,),
-        errors=(400, 404),
-        tags=("executions",),
+    _execution_route(
+        "GET", "ctx", ex.ctx, "getExecutionCtx", "An execution's ctx and its revision", CtxReply
     ),
     _control_route("cancel", "Cancel an execution: nothing new is scheduled, running steps stop"),
     _control_route("pause", "Pause an execution: running steps finish, nothing new starts"),
@@ -281,53 +316,26 @@ ROUTES: tuple[Route, ...] = (
         content_type="text/plain",
         tags=("probes",),
     ),
-    Route(
-        "GET",
+    _viewer_route(
         "/ui",
         pages.list_page,
         "viewerExecutions",
         "The execution viewer: the list of executions (a static page; its data calls need the token)",
-        None,
-        errors=(),
-        auth=False,
-        content_type="text/html",
-        tags=("viewer",),
+        "text/html",
     ),
-    Route(
-        "GET",
+    _viewer_route(
         "/ui/executions/{execution_id}",
         pages.execution_page,
         "viewerExecution",
         "The execution viewer: one execution's step graph, live, and its event timeline (a static page)",
-        None,
+        "text/html",
         params=(_ID,),
         errors=(400,),
-        auth=False,
-        content_type="text/html",
-        tags=("viewer",),
     ),
-    Route(
-        "GET",
-        "/ui/static/viewer.js",
-        pages.script,
-        "viewerScript",
-        "The viewer's script",
-        None,
-        errors=(),
-        auth=False,
-        content_type="text/javascript",
-        tags=("viewer",),
+    _viewer_route(
+        "/ui/static/viewer.js", pages.script, "viewerScript", "The viewer's script", "text/javascript"
     ),
-    Route(
-        "GET",
-        "/ui/static/viewer.css",
-        pages.stylesheet,
-        "viewerStylesheet",
-        "The viewer's stylesheet",
-        None,
-        errors=(),
-        auth=False,
-        content_type="text/css",
-        tags=("viewer",),
+    _viewer_route(
+        "/ui/static/viewer.css", pages.stylesheet, "viewerStylesheet", "The viewer's stylesheet", "text/css"
     ),
 )

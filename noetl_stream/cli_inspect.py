@@ -1,0 +1,211 @@
+"""CLI commands that inspect executions: ``status``, ``events``, ``replay``, ``executions`` and ``ctx``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import msgspec
+
+from noetl_stream.cli import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    _echo_json,
+    _topology,
+    _with_nats,
+    main,
+    nats_option,
+    prefix_option,
+)
+
+
+@main.command()
+@click.argument("execution_id")
+@nats_option
+@prefix_option
+def status(execution_id: str, nats_url: str, prefix: str) -> None:
+    """Show an execution's status, step by step (folded from its events)."""
+    from noetl_stream.client import Tracker
+    from noetl_stream.kv.history import read_events
+    from noetl_stream.subjects import SubjectError
+
+    topology = _topology(prefix)
+
+    async def go(nc: Any) -> Tracker:
+        tracker = Tracker(execution_id)
+        async for _, ev in read_events(nc.jetstream(), topology, execution_id):
+            tracker.apply(ev)
+        return tracker
+
+    try:
+        tracker = _with_nats(nats_url, "noetl-status", go)
+    except SubjectError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    summary = msgspec.to_builtins(tracker.summary)
+    if not summary["events"]:
+        click.echo(f"error: no execution {execution_id}", err=True)
+        sys.exit(EXIT_INVALID)
+    summary.pop("duration_s", None)
+    _echo_json(summary)
+
+
+@main.command()
+@click.argument("execution_id")
+@click.option("--follow", "follow_", is_flag=True, help="Keep printing until the execution finishes.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line (the raw events).")
+@nats_option
+@prefix_option
+def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefix: str) -> None:
+    """Print an execution's events as a timeline: time since the request, event, step, step run / task
+    run / iteration, status, duration and error."""
+    from noetl_stream.client import follow
+    from noetl_stream.kv.history import read_events
+    from noetl_stream.timeline import Timeline
+    from noetl_stream.wire import Event
+
+    topology = _topology(prefix)
+    timeline = Timeline()
+
+    def show(ev: Event) -> None:
+        click.echo(msgspec.json.encode(ev).decode() if as_json else timeline.line(ev))
+
+    async def go(nc: Any) -> None:
+        if follow_:
+            await follow(nc, topology, execution_id, show)
+        else:
+            async for _, ev in read_events(nc.jetstream(), topology, execution_id):
+                show(ev)
+
+    _with_nats(nats_url, "noetl-events", go)
+
+
+@main.command()
+@click.argument("execution_id")
+@click.option("--until", "until", default=None, help="Stop at a stream sequence (number) or an ISO time.")
+@click.option(
+    "--verify", is_flag=True, help="Compare with the controller's live projection; exit 1 on a difference."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the folded state as JSON.")
+@nats_option
+@prefix_option
+def replay(
+    execution_id: str, until: str | None, verify: bool, as_json: bool, nats_url: str, prefix: str
+) -> None:
+    """Rebuild an execution's state by folding its stored events with the controller's reducer."""
+    from noetl_stream.control import replay as rp
+    from noetl_stream.control.state import ExecutionState
+
+    topology = _topology(prefix)
+    until_seq = int(until) if until is not None and until.isdigit() else None
+    until_time = until if until is not None and until_seq is None else None
+
+    async def go(nc: Any) -> tuple[ExecutionState | None, list[str]]:
+        js = nc.jetstream()
+        if verify:
+            diffs, live = await rp.verify(js, topology, execution_id)
+            return live, diffs
+        state = await rp.replay(js, topology, execution_id, until_seq=until_seq, until_time=until_time)
+        return state, []
+
+    state, diffs = _with_nats(nats_url, "noetl-replay", go)
+    if state is None:
+        click.echo(f"error: no events for execution {execution_id}", err=True)
+        sys.exit(EXIT_INVALID)
+    if verify:
+        if diffs:
+            for d in diffs:
+                click.echo(f"differs: {d}", err=True)
+            sys.exit(EXIT_FAILED)
+        click.echo(f"replay matches the live projection (stream sequence {state.last_seq})")
+        return
+    data = msgspec.to_builtins(state)
+    if as_json:
+        _echo_json(data)
+    else:
+        click.echo(
+            f"execution {data['execution_id']}: {data['status']} (through stream sequence {data['last_seq']})"
+        )
+        for step, st in data["step_status"].items():
+            click.echo(f"  {step}: {st}")
+        if data.get("ctx"):
+            click.echo(f"  ctx: {msgspec.json.encode(data['ctx']).decode()}")
+        if data.get("error"):
+            click.echo(f"  error: {msgspec.json.encode(data['error']).decode()}")
+
+
+@main.command()
+@click.option("--status", default=None, help="Only executions with this status (running, failed, ...).")
+@click.option("--playbook", default=None, help="Only executions of this playbook path or name.")
+@click.option("--since", default=None, help="Only executions updated at or after this ISO time.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--offset", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the page as JSON.")
+@nats_option
+@prefix_option
+def executions(
+    status: str | None,
+    playbook: str | None,
+    since: str | None,
+    limit: int,
+    offset: int,
+    as_json: bool,
+    nats_url: str,
+    prefix: str,
+) -> None:
+    """List executions from the controller's snapshots, newest update first."""
+    from noetl_stream.control.inspect import Inspector, QueryError
+    from noetl_stream.operations import ListExecutions
+
+    query = ListExecutions(status=status, playbook=playbook, since=since, limit=limit, offset=offset)
+    topology = _topology(prefix)
+
+    async def action(nc: Any) -> Any:
+        return await Inspector(nc.jetstream(), topology).executions(query)
+
+    try:
+        page = _with_nats(nats_url, "noetl-executions", action)
+    except QueryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    if as_json:
+        _echo_json(page)
+        return
+    for s in page.items:
+        click.echo(f"{s.execution_id}\t{s.status:<9}\t{s.path or s.file}\t{s.updated_at or ''}")
+    if page.total > page.offset + len(page.items):
+        click.echo(f"... {page.total - page.offset - len(page.items)} more (--offset)", err=True)
+
+
+@main.command()
+@click.argument("execution_id")
+@nats_option
+@prefix_option
+def ctx(execution_id: str, nats_url: str, prefix: str) -> None:
+    """Print an execution's ctx as JSON (the controller's live view, else its snapshot)."""
+    from noetl_stream.control.inspect import Inspector, QueryError
+
+    topology = _topology(prefix)
+
+    async def action(nc: Any) -> Any:
+        try:
+            msg = await nc.request(
+                topology.api_subject("ctx"), msgspec.json.encode({"execution_id": execution_id}), timeout=5
+            )
+            if not (msg.headers or {}).get("Nats-Service-Error-Code"):
+                return msgspec.json.decode(msg.data)
+        except Exception:
+            pass  # no controller answering: read the snapshot
+        reply = await Inspector(nc.jetstream(), topology).ctx(execution_id)
+        return None if reply is None else msgspec.to_builtins(reply)
+
+    try:
+        reply = _with_nats(nats_url, "noetl-ctx", action)
+    except QueryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    if reply is None:
+        click.echo(f"error: no execution {execution_id}", err=True)
+        sys.exit(EXIT_INVALID)
+    _echo_json(reply["ctx"])

@@ -1,0 +1,219 @@
+"""CLI commands that start executions: ``run`` (embedded), ``submit`` and ``retry``, and their outcome."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+import msgspec
+
+from noetl_stream.cli import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    _echo_json,
+    _read_playbook,
+    _topology,
+    _with_nats,
+    main,
+    nats_option,
+    prefix_option,
+)
+from noetl_stream.dsl import compile_playbook
+
+if TYPE_CHECKING:
+    from noetl_stream.progress import Progress
+
+
+def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, object]:
+    import json
+
+    data: dict[str, object] = {}
+    if payload:
+        text = Path(payload[1:]).read_text(encoding="utf-8") if payload.startswith("@") else payload
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+        if not isinstance(loaded, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--payload")
+        data.update(loaded)
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        try:
+            data[key] = json.loads(value)
+        except json.JSONDecodeError:
+            data[key] = value
+    return data
+
+
+def _echo_execution_id(execution_id: str, as_json: bool) -> None:
+    click.echo(msgspec.json.encode({"execution_id": execution_id}).decode() if as_json else execution_id)
+
+
+def _exit_with_outcome(summary: dict[str, Any], as_json: bool, progress: Progress | None) -> NoReturn:
+    """Print a finished execution's summary (JSON, or the progress's last lines) and exit like `run`."""
+    if as_json:
+        _echo_json(summary)
+    elif progress is not None:
+        progress.finish(summary)
+    status = summary.get("status")
+    sys.exit(EXIT_OK if status == "success" else EXIT_INVALID if status == "rejected" else EXIT_FAILED)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--payload", help="Workload overrides: a JSON object, or @file.json.")
+@click.option(
+    "--set", "sets", multiple=True, help="Workload override KEY=VALUE (VALUE parsed as JSON if it can be)."
+)
+@click.option(
+    "--nats",
+    "nats_url",
+    envvar="NOETL_NATS_URL",
+    default=None,
+    help="NATS URL (default: start an embedded nats-server).",
+)
+@click.option("--workers", default=1, show_default=True, help="In-process workers.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
+@click.option(
+    "--legacy",
+    is_flag=True,
+    help="Compile with the legacy extension: legacy DSL forms (000/004, 002) are translated.",
+)
+@prefix_option
+def run(
+    file: Path,
+    payload: str | None,
+    sets: tuple[str, ...],
+    nats_url: str | None,
+    workers: int,
+    as_json: bool,
+    prefix: str,
+    legacy: bool = False,
+) -> None:
+    """Run a playbook end to end and print its outcome (exit 0 success, 1 failed, 2 invalid)."""
+
+    from noetl_stream.logs import configure
+    from noetl_stream.progress import Progress
+
+    configure("warning")
+
+    text = _read_playbook(file)
+    extensions: tuple[str, ...] = ("legacy",) if legacy else ()
+    result = compile_playbook(text, str(file), extensions=extensions)
+    for d in result.diagnostics:
+        click.echo(d.format(), err=True)
+    if result.playbook is None:
+        sys.exit(EXIT_INVALID)
+    data = _load_payload(payload, sets)
+    topology = _topology(prefix)
+    progress = None if as_json else Progress()
+
+    async def go() -> object:
+        from noetl_stream.local import local_runtime
+
+        async with local_runtime(nats_url, topology=topology, workers=workers) as rt:
+            on_event = progress.on_event if progress else None
+            return await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
+
+    from noetl_stream.loop import run_event_loop
+
+    try:
+        summary = run_event_loop(go())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (OSError, ConnectionError, RuntimeError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    _exit_with_outcome(msgspec.to_builtins(summary), as_json, progress)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--payload", help="Workload overrides: a JSON object, or @file.json.")
+@click.option("--set", "sets", multiple=True, help="Workload override KEY=VALUE.")
+@click.option("--wait", is_flag=True, help="Follow the execution and exit like `run`.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--legacy",
+    is_flag=True,
+    help="Have the controller compile it with the legacy extension (recorded with the request).",
+)
+@nats_option
+@prefix_option
+def submit(
+    file: Path,
+    payload: str | None,
+    sets: tuple[str, ...],
+    wait: bool,
+    as_json: bool,
+    nats_url: str,
+    prefix: str,
+    legacy: bool = False,
+) -> None:
+    """Publish an execution request onto the request subject; print the execution id."""
+    from noetl_stream.client import follow, request_for
+    from noetl_stream.client import submit as do_submit
+    from noetl_stream.progress import Progress
+
+    text = _read_playbook(file)
+    data = _load_payload(payload, sets)
+    topology = _topology(prefix)
+    progress = None if as_json else Progress()
+
+    async def go(nc: Any) -> object:
+        request = request_for(text, str(file), data, extensions=("legacy",) if legacy else ())
+        eid = await do_submit(nc, topology, request)
+        if not wait:
+            return eid
+        return await follow(nc, topology, eid, progress.on_event if progress else None)
+
+    out = _with_nats(nats_url, "noetl-submit", go)
+    if isinstance(out, str):
+        _echo_execution_id(out, as_json)
+        return
+    _exit_with_outcome(msgspec.to_builtins(out), as_json, progress)
+
+
+@main.command()
+@click.argument("execution_id")
+@click.option(
+    "--from-step",
+    "from_steps",
+    multiple=True,
+    help="Re-run from this step (repeat); default: the failed ones.",
+)
+@click.option("--wait", is_flag=True, help="Follow the new execution and exit like `run`.")
+@click.option("--json", "as_json", is_flag=True)
+@nats_option
+@prefix_option
+def retry(
+    execution_id: str, from_steps: tuple[str, ...], wait: bool, as_json: bool, nats_url: str, prefix: str
+) -> None:
+    """Re-run a failed execution from its failed step(s), reusing the results of what succeeded."""
+    from noetl_stream.client import RetryError, follow, retry_request
+    from noetl_stream.client import submit as do_submit
+
+    topology = _topology(prefix)
+
+    async def go(nc: Any) -> Any:
+        request = await retry_request(nc, topology, execution_id, from_steps)
+        new_id = await do_submit(nc, topology, request)
+        return await follow(nc, topology, new_id) if wait else new_id
+
+    try:
+        out = _with_nats(nats_url, "noetl-retry", go)
+    except RetryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    if isinstance(out, str):
+        _echo_execution_id(out, as_json)
+        return
+    summary = msgspec.to_builtins(out)
+    _echo_json(summary)
+    sys.exit(EXIT_OK if summary.get("status") == "success" else EXIT_FAILED)

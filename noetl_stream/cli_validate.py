@@ -1,0 +1,122 @@
+"""CLI commands on playbook files that need no NATS: ``validate`` and ``migrate`` (legacy DSL)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import msgspec
+
+from noetl_stream.cli import EXIT_FAILED, EXIT_INVALID, EXIT_OK, main
+from noetl_stream.dsl import compile_playbook
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print diagnostics as a JSON list.")
+@click.option("--legacy", is_flag=True, help="Translate legacy DSL forms (000/004, 002) before validating.")
+@click.option(
+    "--show-canonical",
+    is_flag=True,
+    help="Print the canonical expansion (after legacy translation and sugar).",
+)
+def validate(
+    files: tuple[Path, ...], as_json: bool, legacy: bool = False, show_canonical: bool = False
+) -> None:
+    """Compile playbooks and report every problem as FILE:LINE:COL: message."""
+    extensions: tuple[str, ...] = ("legacy",) if legacy else ()
+    all_diags: list[dict[str, object]] = []
+    invalid = False
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            invalid = True
+            msg = f"{path}: cannot read: {exc.strerror if isinstance(exc, OSError) else exc}"
+            all_diags.append(
+                {
+                    "severity": "error",
+                    "message": msg,
+                    "file": str(path),
+                    "line": 0,
+                    "col": 0,
+                    "path": "<root>",
+                    "code": "io",
+                }
+            )
+            if not as_json:
+                click.echo(msg, err=True)
+            continue
+        result = compile_playbook(text, str(path), extensions=extensions)
+        if result.errors:
+            invalid = True
+        for d in result.diagnostics:
+            all_diags.append(msgspec.to_builtins(d))
+            if not as_json:
+                click.echo(d.format(), err=d.severity == "error")
+        if show_canonical and not as_json:
+            _show_canonical(text, str(path), extensions)
+        if not as_json and not result.errors:
+            name = result.playbook.metadata.name if result.playbook else "?"
+            click.echo(
+                f"{path}: ok ({name}, {len(result.playbook.workflow) if result.playbook else 0} steps)"
+            )
+    if as_json:
+        click.echo(msgspec.json.encode(all_diags).decode())
+    sys.exit(EXIT_INVALID if invalid else EXIT_OK)
+
+
+def _show_canonical(text: str, file: str, extensions: tuple[str, ...]) -> None:
+    from noetl_stream.dsl.canonical import dump_yaml, expand
+    from noetl_stream.dsl.diagnostics import PlaybookError
+    from noetl_stream.dsl.source import load_yaml
+
+    try:
+        data, smap = load_yaml(text, file)
+    except PlaybookError:
+        return
+    click.echo(f"# {file}: canonical form")
+    click.echo(dump_yaml(expand(data, smap, extensions).data), nl=False)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), help="Write the result here."
+)
+@click.option("--in-place", is_flag=True, help="Rewrite FILE itself.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not list the translated constructs.")
+def migrate(file: Path, out: Path | None, in_place: bool, quiet: bool) -> None:
+    """Rewrite a legacy playbook in the canonical v10 form (keeps comments and key order where it can).
+
+    Prints the result unless -o or --in-place is given; writes nothing when the playbook has a
+    construct without a faithful translation (exit 2, with the reason) or when the result would not
+    validate.
+    """
+    from noetl_stream.migrate import migrate_text
+
+    if out is not None and in_place:
+        raise click.BadParameter("give -o or --in-place, not both", param_hint="--in-place")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        click.echo(f"{file}: cannot read: {exc.strerror if isinstance(exc, OSError) else exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    migration = migrate_text(text, str(file))
+    for d in migration.diagnostics:
+        if d.severity == "error" or not quiet:
+            click.echo(d.format(), err=True)
+    if migration.text is None:
+        sys.exit(EXIT_INVALID)
+    target = file if in_place else out
+    if target is None:
+        click.echo(migration.text, nl=False)
+        return
+    try:
+        target.write_text(migration.text, encoding="utf-8")
+    except OSError as exc:
+        click.echo(f"{target}: cannot write: {exc.strerror}", err=True)
+        sys.exit(EXIT_FAILED)
+    n = sum(1 for d in migration.diagnostics if d.severity == "warning")
+    click.echo(f"{target}: migrated ({n} legacy constructs translated)", err=True)

@@ -1,0 +1,406 @@
+"""Running one command: the step's pipeline, local loop or distributed iteration, and its worker events.
+
+`CommandRun` renders the step's inputs, resolves its keychain entries and results by reference, runs
+the pipeline, and collects the events it writes. `fit` keeps every event under the server's payload
+limit (a large result goes to the object store). The `Worker` (worker.py) pulls, supervises and settles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from noetl_stream import events as E
+from noetl_stream import tracing
+from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
+from noetl_stream.dataplane.loops import Completed, LoopResult, run_local_loop
+from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
+from noetl_stream.dsl.model import Task
+from noetl_stream.dsl.scope import build_scope
+from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.kv.checkpoints import KvCheckpoints
+from noetl_stream.kv.history import read_events
+from noetl_stream.kv.results import inline_limit, is_ref
+from noetl_stream.outbox import Outbox
+from noetl_stream.wire import Command, Event, encode, event_id, now_iso
+
+if TYPE_CHECKING:
+    from noetl_stream.dataplane.worker import Worker
+
+MAX_EVENT_BYTES = 900 * 1024
+
+
+class CommandRun:
+    """One delivery of a command: runs its step (pipeline, local loop or one distributed iteration) and
+    collects the worker events it writes, each fitted under the size limits before it is published."""
+
+    def __init__(self, worker: Worker, cmd: Command, outbox: Outbox, redelivered: bool = False) -> None:
+        self.worker = worker
+        self.cmd = cmd
+        self.outbox = outbox
+        self.redelivered = redelivered
+        self.pending: list[Event] = []
+        self.finished = False
+        self.wake: asyncio.Event | None = None
+        self.trace = tracing.step_run(cmd, worker.name)  # None unless OpenTelemetry tracing is on
+        self.trace_id = cmd.trace_id if self.trace is None else self.trace.trace_id
+
+    def event(
+        self,
+        name: str,
+        entity_type: str,
+        entity_id: str,
+        status: str,
+        scope: str,
+        payload: dict[str, Any],
+        task_run_id: str | None = None,
+    ) -> None:
+        cmd = self.cmd
+        if self.trace is not None:
+            self.trace.on_event(name, status, entity_id, payload)
+        if status == "error" and name in _FAILURES:
+            _log_failure(self.worker._log, name, payload)
+        self.pending.append(
+            Event(
+                event_id=event_id(cmd.execution_id, scope, name),
+                execution_id=cmd.execution_id,
+                name=name,
+                source="worker",
+                entity_type=entity_type,  # type: ignore[arg-type]
+                entity_id=entity_id,
+                status=status,  # type: ignore[arg-type]
+                timestamp=now_iso(),
+                payload=payload,
+                step=cmd.step,
+                step_run_id=cmd.step_run_id,
+                task_run_id=task_run_id,
+                trace_id=self.trace_id,
+                worker=self.worker.name,
+            )
+        )
+
+    async def send_pending_now(self) -> None:
+        pending, self.pending = self.pending, []
+        for ev in pending:
+            fitted, data = await self.fit(ev)
+            await self.outbox.send_now(fitted, data)
+
+    async def completed_iterations(self) -> dict[int, Completed]:
+        """Iterations of this loop run that an earlier delivery finished (from the events stream)."""
+        cmd = self.cmd
+        done: dict[int, Completed] = {}
+        async for _, ev in read_events(
+            self.worker.js, self.worker.topology, cmd.execution_id, names=(E.LOOP_ITERATION_DONE,)
+        ):
+            index = ev.payload.get("index")
+            if ev.step_run_id == cmd.step_run_id and isinstance(index, int):
+                done[index] = Completed(ev.payload.get("result"), list(ev.payload.get("ctx_patches") or []))
+        if done:
+            self.worker._log.info("worker.loop_resumed", step_run_id=cmd.step_run_id, completed=len(done))
+        return done
+
+    async def publish_pending(self) -> None:
+        pending, self.pending = self.pending, []
+        for ev in pending:
+            fitted, data = await self.fit(ev)
+            self.outbox.event(fitted, data)
+        await self.outbox.flush()
+
+    async def fit(self, ev: Event) -> tuple[Event, bytes]:
+        """Reference-first: a result above the inline limit goes to the object store and the event
+        carries its reference; no event ever exceeds the server's payload limit."""
+        data = encode(ev)
+        limit = inline_limit(self.cmd.executor_spec)
+        if len(data) <= limit or "result" not in ev.payload:
+            return _fit(ev, data)
+        if ev.name in _BOUNDARY_WITH_RESULT:
+            key = f"{ev.execution_id}/{ev.entity_id}/result"
+            try:
+                ref = await self.worker.results.put(key, ev.payload["result"])
+            except Exception as exc:  # the object store is unavailable: fail clearly rather than lose it
+                return _fit(ev, data, f"could not store the large result ({len(data)} bytes): {exc}")
+            out = msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})
+        else:  # progress events (task.done) do not carry large values at all
+            out = msgspec.structs.replace(
+                ev, payload={**ev.payload, "result": {"truncated": True, "size": len(data)}}
+            )
+        return _fit(out, encode(out))
+
+    def task_hook(self, scope_id: str) -> Any:
+        if not self.worker.task_events:
+            return None
+
+        def on_task(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
+            task_run_id = f"{scope_id}.{task.name}.{run_no}"
+            status = (
+                "in_progress"
+                if name == E.TASK_STARTED
+                else ("success" if payload.get("status") == "ok" else "error")
+            )
+            self.event(
+                name,
+                "task",
+                task_run_id,
+                status,
+                task_run_id,
+                {"task": task.name, "kind": task.kind, "attempt": attempt, **payload},
+                task_run_id,
+            )
+
+        return on_task
+
+    def fail(self, error: dict[str, Any]) -> None:
+        """The command failed before its step (or its loop iteration) could run to the end."""
+        cmd = self.cmd
+        run_id = cmd.step_run_id
+        if cmd.iteration is not None:
+            sid = f"{run_id}.{cmd.iteration.index}"
+            self.event(
+                E.LOOP_ITERATION_FAILED,
+                "loop",
+                sid,
+                "error",
+                sid,
+                {"index": cmd.iteration.index, "error": error},
+            )
+        else:
+            self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": error})
+
+    async def execute(self) -> None:
+        """Run the command under its step's ``lifecycle.timeout_s`` (if any)."""
+        cmd = self.cmd
+        timeout = cmd.timeout_s
+        if timeout is None or timeout <= 0:
+            await self.run()
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self.run()
+        except TimeoutError:
+            error = {
+                "kind": "timeout",
+                "retryable": False,
+                "message": f"step '{cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
+            }
+            self.fail(error)
+
+    async def run(self) -> None:
+        cmd = self.cmd
+        step = cmd.step_def
+        if _has_refs(cmd.results) or _has_refs(cmd.args):
+            results = self.worker.results
+            cmd.results = {k: await results.resolve(v) for k, v in cmd.results.items()}
+            cmd.args = {k: await results.resolve(v) for k, v in cmd.args.items()}
+        scope = build_scope(
+            workload=cmd.workload,
+            ctx=cmd.ctx,
+            execution_id=cmd.execution_id,
+            args=cmd.args,
+            results=cmd.results,
+        )
+        base = PipelineInput(
+            execution_id=cmd.execution_id,
+            step=step,
+            scope=scope,
+            executor_spec=cmd.executor_spec,
+            services=self.worker.services,
+            scope_id=cmd.step_run_id,
+            workbook=cmd.workbook,
+            attachments=cmd.attachments,
+            stop_check=lambda: self.worker.ended.get(cmd.execution_id),
+            checkpoints=KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
+            resume=self.redelivered,
+        )
+        run_id = cmd.step_run_id
+        if cmd.keychain:
+            try:
+                resolved, secrets = await resolve_keychain(cmd.keychain, self.worker.services)
+            except CredentialError as exc:
+                self.fail({"kind": "credential_error", "retryable": False, "message": str(exc)})
+                return
+            scope["keychain"] = resolved
+            base = replace(base, secrets=frozenset(secrets))
+        if step.input:
+            # The step's own inputs (dialect `input:`), rendered once per step run before anything else.
+            try:
+                rendered = render_value(step.input, scope, f"step '{step.name}' input")
+            except RenderError as exc:
+                self.event(
+                    E.STEP_FAILED,
+                    "step",
+                    run_id,
+                    "error",
+                    run_id,
+                    {"error": {"kind": "template_error", "retryable": False, "message": str(exc)}},
+                )
+                return
+            scope["input"] = rendered
+            if isinstance(rendered, dict):
+                scope["args"] = {**scope.get("args", {}), **rendered}
+        if cmd.iteration is not None:
+            await self.distributed_iteration(base)
+            return
+        self.event(E.STEP_STARTED, "step", run_id, "in_progress", run_id, {"pool": cmd.pool})
+        if step.loop is not None:
+            await self.local_loop(base)
+            return
+        res = await run_pipeline(base, self.task_hook(run_id))
+        if res.status == "ok":
+            self.event(
+                E.STEP_DONE,
+                "step",
+                run_id,
+                "success",
+                run_id,
+                {"result": res.result, "ctx_patches": res.ctx_patches},
+            )
+        else:
+            self.event(
+                E.STEP_FAILED,
+                "step",
+                run_id,
+                "error",
+                run_id,
+                {"error": res.error, "ctx_patches": res.ctx_patches},
+            )
+
+    async def distributed_iteration(self, base: PipelineInput) -> None:
+        cmd = self.cmd
+        it = cmd.iteration
+        assert it is not None and cmd.step_def.loop is not None
+        loop = cmd.step_def.loop
+        scope_id = f"{cmd.step_run_id}.{it.index}"
+        self.event(E.LOOP_ITERATION_STARTED, "loop", scope_id, "in_progress", scope_id, {"index": it.index})
+        inp = replace(
+            base,
+            scope_id=scope_id,
+            iter={loop.iterator: it.item, "index": it.index},
+            allow_set_ctx=loop.spec.mode == "sequential",
+        )
+        res = await run_pipeline(inp, self.task_hook(scope_id))
+        if res.status == "ok":
+            self.event(
+                E.LOOP_ITERATION_DONE,
+                "loop",
+                scope_id,
+                "success",
+                scope_id,
+                {"index": it.index, "result": res.result, "ctx_patches": res.ctx_patches},
+            )
+        else:
+            self.event(
+                E.LOOP_ITERATION_FAILED,
+                "loop",
+                scope_id,
+                "error",
+                scope_id,
+                {"index": it.index, "error": res.error, "ctx_patches": res.ctx_patches},
+            )
+
+    async def local_loop(self, base: PipelineInput) -> None:
+        cmd = self.cmd
+        step = cmd.step_def
+        loop = step.loop
+        assert loop is not None
+        run_id = cmd.step_run_id
+        where = f"step '{step.name}' loop"
+        try:
+            items = render_value(loop.in_, base.scope, f"{where}.in")
+            mif = render_value(loop.spec.max_in_flight, base.scope, f"{where}.spec.max_in_flight")
+            if not isinstance(items, list):
+                raise RenderError(f"'in' must render to a list, got {type(items).__name__}", f"{where}.in")
+            max_in_flight = int(mif) if mif is not None else (len(items) or 1)
+            if max_in_flight < 1:
+                raise RenderError(f"max_in_flight must be >= 1, got {mif!r}", f"{where}.spec.max_in_flight")
+        except (RenderError, TypeError, ValueError) as exc:
+            kind = (
+                "template_error"
+                if isinstance(exc, RenderError) and "must" not in exc.message
+                else "loop_error"
+            )
+            self.event(
+                E.STEP_FAILED, "step", run_id, "error", run_id, {"error": {"kind": kind, "message": str(exc)}}
+            )
+            return
+
+        async def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
+            sid = f"{run_id}.{index}"
+            status = {"loop.iteration.started": "in_progress", "loop.iteration.done": "success"}.get(
+                name, "error"
+            )
+            self.event(name, "loop", sid, status, sid, {"index": index, **payload})
+            if name == E.LOOP_ITERATION_DONE:
+                # Recorded at once: a redelivered command skips the iterations its events show as done.
+                await self.send_pending_now()
+
+        completed = await self.completed_iterations() if self.redelivered else None
+
+        res: LoopResult = await run_local_loop(
+            base,
+            items,
+            parallel=loop.spec.mode == "parallel",
+            max_in_flight=max_in_flight,
+            fail_fast=step.failure_mode == "fail_fast",
+            on_iteration=on_iteration,
+            on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
+            completed=completed,
+        )
+        summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
+        if res.failed and step.failure_mode == "fail_fast":
+            self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": res.first_error, **summary})
+        else:
+            self.event(
+                E.LOOP_DONE,
+                "loop",
+                run_id,
+                "success" if not res.failed else "error",
+                run_id,
+                {"result": res.results, **summary},
+            )
+
+
+def _has_refs(values: dict[str, Any]) -> bool:
+    return any(is_ref(v) or (isinstance(v, list) and any(is_ref(i) for i in v[:1])) for v in values.values())
+
+
+_FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED})
+
+
+def _log_failure(logger: Any, name: str, payload: dict[str, Any]) -> None:
+    error = payload.get("error")
+    if isinstance(error, dict):
+        logger.warning(name, error_kind=error.get("kind"), error=error.get("message"))
+    else:
+        logger.warning(name, error=error)
+
+
+_BOUNDARY_WITH_RESULT = frozenset({E.STEP_DONE, E.LOOP_DONE, E.LOOP_ITERATION_DONE})
+
+
+def _fit(ev: Event, data: bytes, reason: str | None = None) -> tuple[Event, bytes]:
+    """Last resort: an event still above the server's payload limit becomes a clear error."""
+    if len(data) <= MAX_EVENT_BYTES and reason is None:
+        return ev, data
+    data_len = len(data)
+    payload = {k: v for k, v in ev.payload.items() if k not in ("result", "results", "ctx_patches")}
+    error = {
+        "kind": "result_too_large",
+        "retryable": False,
+        "message": reason
+        or f"the event is {data_len} bytes, above the {MAX_EVENT_BYTES}-byte limit (large ctx patches or "
+        "errors?); store large data with a storage task and keep references in ctx",
+    }
+    if ev.name in (E.STEP_DONE, E.LOOP_DONE):
+        out = msgspec.structs.replace(
+            ev, name=E.STEP_FAILED, status="error", payload={**payload, "error": error}
+        )
+    elif ev.name == E.LOOP_ITERATION_DONE:
+        out = msgspec.structs.replace(
+            ev, name=E.LOOP_ITERATION_FAILED, status="error", payload={**payload, "error": error}
+        )
+    else:
+        out = msgspec.structs.replace(ev, payload={**payload, "truncated": True})
+    return out, encode(out)

@@ -204,6 +204,10 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         check_token(execution_id, "execution id")
         return f"{self.prefix}.cmd.{check_pool(pool)}.{execution_id}"
 
+    def execution_commands_filter(self, execution_id: str) -> str:
+        """Every command of one execution, any pool: ``noetl.cmd.*.<id>``."""
+        return f"{self.prefix}.cmd.*.{check_token(execution_id, 'execution id')}"
+
     def pool_filter(self, pool: str) -> str:
         """Every command of one pool: ``noetl.cmd.<pool>.>``."""
         return f"{self.prefix}.cmd.{check_pool(pool)}.>"

@@ -172,7 +172,10 @@ async def post_mortem(
             async for seq, ev in read_events(js, topology, eid):
                 error = ev.payload.get("error")
                 index = ev.payload.get("index")
-                f.write(f"{seq} {ev.timestamp} {ev.name} {ev.step_run_id} {index} {ev.worker} {error}\n")
+                who = ev.worker or f"{ev.controller}@{ev.fence}"
+                f.write(
+                    f"{seq} {ev.timestamp} {ev.name} {ev.step_run_id} {index} {who} {ev.event_id} {error}\n"
+                )
             snap = await snapshots.get(eid)
             if snap is None:
                 f.write("snapshot: none\n")

@@ -113,7 +113,10 @@ async def test_stress_every_execution_processed_once_and_replay_equals_live_desp
         print(f"kills: {dict(kills)}")
         assert kills[controller.name] >= 3 and sum(kills.values()) - kills[controller.name] >= 3, kills
         assert len(expected) >= 500
-        assert {eid: n for eid, n in counts.items() if n != 1} == {}, f"seed {seed}"
+        twice = {eid: n for eid, n in counts.items() if n != 1}
+        if twice:
+            dump = await post_mortem(js, topo, sorted(twice), kind_of, timeline, out_dir / "twice.txt")
+            raise AssertionError(f"seed {seed}: playbook.processed more than once: {twice} (see {dump})")
         ends = await processed(js, topo)
         wrong = {
             eid: (kind_of[eid], ends[eid].payload.get("status"), ends[eid].payload.get("error"))
@@ -122,7 +125,11 @@ async def test_stress_every_execution_processed_once_and_replay_equals_live_desp
         }
         assert wrong == {}, f"seed {seed}"
         scheduled = [ev for _, ev in await read_named(js, topo, E.STEP_SCHEDULED)]
-        assert scheduled_twice(scheduled) == {}, f"seed {seed}"
+        doubled = scheduled_twice(scheduled)
+        if doubled:
+            ids = sorted({eid for eid, _ in doubled})
+            dump = await post_mortem(js, topo, ids, kind_of, timeline, out_dir / "scheduled_twice.txt")
+            raise AssertionError(f"seed {seed}: step runs scheduled twice: {doubled} (see {dump})")
         differ = await replay_differences(js, topo, list(expected))
         if differ:
             dump = await post_mortem(js, topo, sorted(differ), kind_of, timeline, out_dir / "differ.txt")

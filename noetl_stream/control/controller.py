@@ -25,9 +25,9 @@ from noetl_stream.control.intake import Intake
 from noetl_stream.control.leases import Leases, default_controller_id
 from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import Effects, PlanCache, Reducer
+from noetl_stream.control.resume import resume
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
-from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
@@ -295,7 +295,7 @@ class Controller:
         if state is not None:
             self._remember(state)
             self._arm_deadline(state)
-            await self._maybe_snapshot(state)
+            await self._maybe_snapshot(state, fence)  # under the lease this fold published with
         for msg, _, _ in batch:
             await msg.ack()
 
@@ -452,48 +452,24 @@ class Controller:
     async def _replay(
         self, execution_id: str, state: ExecutionState | None, after: int, before: int | None
     ) -> ExecutionState | None:
-        """Fold the input events stored after the snapshot.
+        """Fold the input events stored after the snapshot; publish the effects of that fold that are
+        not stored yet (events a controller died holding were never handled: see `resume`)."""
+        fence = self._fences.get(self.topology.partition_of(execution_id))
 
-        Events at or below the consumer's ack floor were handled, so their effects are stored. An event
-        above it may never have been handled (a controller died holding it while newer ones of the same
-        execution were delivered): its effects are published again — their ids are deterministic, so
-        those that were stored already are dropped by the server as duplicates.
-        """
-        partition = self.topology.partition_of(execution_id)
-        ack_floor = await self._ack_floor(partition)
-        outbox = Outbox(self.js, self.topology)
-        count = 0
-        async for seq, event in read_events(
-            self.js,
-            self.topology,
-            execution_id,
-            names=E.CONTROLLER_INPUT_EVENTS,
-            after_seq=after,
-            before_seq=before,
-        ):
-            state, fx = self.reducer.apply(state, event, seq)
-            count += 1
-            if seq > ack_floor:
-                for ev in fx.events:
-                    ev.controller, ev.fence = self.controller_id, self._fences.get(partition)
-                    outbox.event(ev)
-                for cmd in fx.commands:
-                    outbox.command(cmd)
-        await outbox.flush()
-        if count:
-            log.info("controller.resumed", execution_id=execution_id, replayed=count)
-        return state
+        def stamp(ev: Event) -> None:
+            ev.controller, ev.fence = self.controller_id, fence
 
-    async def _ack_floor(self, partition: int) -> int:
-        """The events stream sequence up to which the partition's consumer acked everything."""
-        try:
-            info = await self.js.consumer_info(
-                self.topology.events_stream, self.topology.controller_events_consumer(partition)
+        out = await resume(
+            self.js, self.topology, self.reducer, execution_id, state, after=after, before=before, stamp=stamp
+        )
+        if out.replayed:
+            log.info(
+                "controller.resumed",
+                execution_id=execution_id,
+                replayed=out.replayed,
+                republished=len(out.events) + len(out.commands),
             )
-        except Exception:
-            return 0  # unknown: republish everything replayed (deduplicated by id)
-        floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
-        return int(floor or 0)
+        return out.state
 
     def _remember(self, state: ExecutionState) -> None:
         self.states[state.execution_id] = state
@@ -505,14 +481,14 @@ class Controller:
             del self.states[old_id]
             self._complete_to.pop(old_id, None)
 
-    async def _maybe_snapshot(self, state: ExecutionState) -> None:
+    async def _maybe_snapshot(self, state: ExecutionState, fence: int) -> None:
         now = time.monotonic()
         last = self._snapshot_at.get(state.execution_id)
         if last is None and not state.terminal:
             self._snapshot_at[state.execution_id] = now  # short executions snapshot once, at the end
             return
         if state.terminal or last is None or now - last >= self.snapshot_interval_s:
-            await self._write_snapshot(state)
+            await self._write_snapshot(state, fence)
             self._snapshot_at[state.execution_id] = now
             if state.terminal:
                 self._snapshot_at.pop(state.execution_id, None)

@@ -207,7 +207,7 @@ class Intake:
     async def _on_stream_request(self, msg: Msg) -> None:
         meta = msg.metadata
         default_id = derived_execution_id(self.topology.requests_stream, meta.sequence.stream, meta.timestamp)
-        await self.submit(msg.data, default_id)
+        await self.submit(msg.data, default_id, redelivered=meta.num_delivered > 1)
         await msg.ack()
 
     async def _on_execute(self, req: Request) -> None:
@@ -285,14 +285,22 @@ class Intake:
         exts = request.get("extensions") if isinstance(request, dict) else None
         return [e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else []
 
-    async def submit(self, raw: bytes, default_id: str) -> tuple[str, str | None]:
+    async def submit(
+        self, raw: bytes, default_id: str, *, redelivered: bool = False
+    ) -> tuple[str, str | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error message or None)``."""
-        execution_id, error = await self.admit(raw, default_id)
+        execution_id, error = await self.admit(raw, default_id, redelivered=redelivered)
         return execution_id, None if error is None else str(error.get("message"))
 
-    async def admit(self, raw: bytes, default_id: str) -> tuple[str, dict[str, Any] | None]:
+    async def admit(
+        self, raw: bytes, default_id: str, *, redelivered: bool = False
+    ) -> tuple[str, dict[str, Any] | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error or None)``; the error's
-        ``kind`` is ``bad_request``, ``unknown_playbook`` or ``invalid_playbook``."""
+        ``kind`` is ``bad_request``, ``unknown_playbook`` or ``invalid_playbook``.
+
+        A request whose execution is already recorded (a client retrying with its own execution id, a
+        request redelivered after a crash) is not recorded again, however late it comes: JetStream's
+        duplicate window alone would let a second ``playbook.execution.requested`` in after it."""
         outbox = Outbox(self.js, self.topology)
         try:
             request = parse_request(raw)
@@ -303,6 +311,8 @@ class Intake:
             await outbox.flush()
             return execution_id, rejection
         execution_id = request.execution_id or default_id
+        if (request.execution_id or redelivered) and await self._exists(execution_id):
+            return execution_id, None
         pinned: dict[str, Any] = {}
         extensions = {*request.extensions, *self.extensions}
         if request.playbook is None:

@@ -419,12 +419,12 @@ class Controller:
         if state is not None and not state.terminal:
             await self._ensure_plan(state)
         after = state.last_seq if state is not None else 0
-        if (seq and seq - 1 > after) or state is None:
-            # Fold everything stored after the snapshot, up to the end of the stream (not just up to this
-            # message): events a dead controller held or acked out of order are all applied once; the
-            # messages of them still to come are then skipped as already applied.
-            async with self._replays:
-                state = await self._replay(execution_id, state, after, None)
+        # Always fold everything stored after the snapshot, up to the end of the stream (not just up to
+        # this message, which may be a redelivery older than events a dead controller handled and acked
+        # after its last snapshot: skipping those lost them): each is applied once, and the messages of
+        # them still to come are then skipped as already applied.
+        async with self._replays:
+            state = await self._replay(execution_id, state, after, None)
         if state is not None:
             self._complete_to[execution_id] = state.last_seq
             self._remember(state)

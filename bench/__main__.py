@@ -4,7 +4,13 @@ Raw and runtime figures are measured interleaved, ``--repeat`` times, on one emb
 one event loop, and reported as medians (this machine is noisy: only same-run ratios hold). The
 tool figures (`bench.tools`) pair HTTP and Postgres work through the runtime with the same work done
 directly with aiohttp/asyncpg, against a local aiohttp server and an embedded PostgreSQL
-(`bench.services`); ``--no-services`` skips them.
+(`bench.services`); ``--no-services`` skips them. `bench.footprint` counts what one noop step writes.
+
+Then, on the same server, the figures with the controller and the workers as separate processes
+(`bench.scale`, the real ``noetl-stream controller``/``worker``): loops and chains at 1k/10k/100k
+(``--growth-sizes``) with their per-item cost and RSS, and throughput with 1/2/4 worker processes and
+1/2 controllers, each next to the raw two-process figure measured just before it. ``--no-procs`` skips
+them.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -19,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import api, raw, runtime, tools
+from bench import api, footprint, raw, runtime, scale, tools
 from bench.services import HttpServer, PgServer
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
@@ -40,10 +47,10 @@ class Services:
 
     def __init__(self, http: HttpServer, pg: PgServer, quick: bool) -> None:
         self.http, self.pg = http, pg
-        scale = 0.2 if quick else 1.0
-        self.http_n, self.http_concurrency = int(2000 * scale), 50
-        self.pg_n, self.pg_concurrency = int(2000 * scale), 10
-        self.pg_many_n = int(5000 * scale)
+        factor = 0.2 if quick else 1.0
+        self.http_n, self.http_concurrency = int(2000 * factor), 50
+        self.pg_n, self.pg_concurrency = int(2000 * factor), 10
+        self.pg_many_n = int(5000 * factor)
 
     def sizes(self) -> dict[str, int]:
         return {
@@ -91,8 +98,8 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
     def add(key: str, value: float) -> None:
         samples.setdefault(key, []).append(value)
 
-    scale = 0.2 if quick else 1.0
-    items = int(10_000 * scale)
+    factor = 0.2 if quick else 1.0
+    items = int(10_000 * factor)
     key = KeychainKey([generate_key()])
     async with contextlib.AsyncExitStack() as stack:
         rt = await stack.enter_async_context(local_runtime(url, workers=1, concurrency=128, keychain_key=key))
@@ -106,28 +113,30 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
             )
         for i in range(repeat):
             _say(f"round {i + 1}/{repeat}: sequential chain (raw, runtime) ...")
-            add("raw_seq_steps_per_s", await raw.raw_seq_steps_per_s(url, steps=int(600 * scale) or 50))
+            add("raw_seq_steps_per_s", await raw.raw_seq_steps_per_s(url, steps=int(600 * factor) or 50))
             add("seq_steps_per_s", await runtime.seq_steps_per_s(rt, 100))
             _say(f"round {i + 1}/{repeat}: 100 concurrent chains (raw, runtime) ...")
             add(
                 "raw_concurrent_steps_per_s",
-                await raw.raw_concurrent_steps_per_s(url, 100, int(40 * scale) or 5),
+                await raw.raw_concurrent_steps_per_s(url, 100, int(40 * factor) or 5),
             )
             add("concurrent_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, 10))
         if svc is not None and clients is not None:
             await _warm_tools(rt, clients, svc)
             for i in range(repeat):
                 await _tools_round(rt, clients, svc, add, f"tools round {i + 1}/{repeat}")
-        api_n = int(1000 * scale)
+        api_n = int(1000 * factor)
         await api.measure(rt, url, add, repeat=repeat, n=api_n, concurrency=API_CONCURRENCY, say=_say)
         _say(f"{items}-item parallel loops, max_in_flight 100 (local, distributed) ...")
         add("loop_local_iters_per_s", await runtime.loop_iters_per_s(rt, items, "local"))
         add("loop_distributed_iters_per_s", await runtime.loop_iters_per_s(rt, items, "distributed"))
         _say("request -> playbook.processed latency of a 2-step playbook ...")
-        p50, p99 = await runtime.latency_ms(rt, int(200 * scale) or 20)
+        p50, p99 = await runtime.latency_ms(rt, int(200 * factor) or 20)
         add("latency_p50_ms", p50)
         add("latency_p99_ms", p99)
+        fp = await footprint.footprint(rt, url, 5 if quick else 10, 25 if quick else 110, _say)
     out: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    out.update(fp)
     out["loop_items"] = items
     out["api_executions"], out["api_concurrency"] = api_n, API_CONCURRENCY
     if svc is not None:
@@ -148,6 +157,18 @@ async def measure_sync_always(url: str, repeat: int) -> dict[str, Any]:
                 await runtime.concurrent_steps_per_s(rt, 100, 10)
             )
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+async def measure_procs(url: str, quick: bool, repeat: int, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """The figures with the controller and workers as separate processes (`bench.scale`)."""
+    out: dict[str, Any] = {}
+    rows, flat = await scale.growth(url, sizes, _say, quick)
+    out.update(flat)
+    out["growth"] = rows
+    srows, sflat = await scale.scaling(url, 1 if quick else repeat, 100, 10 if quick else 20, _say, quick)
+    out.update(sflat)
+    out["scaling"] = srows
+    return out
 
 
 def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, Any]:
@@ -173,7 +194,21 @@ def main() -> None:
     parser.add_argument(
         "--no-services", action="store_true", help="skip the HTTP/Postgres tool figures (no servers started)"
     )
+    parser.add_argument(
+        "--no-procs",
+        action="store_true",
+        help="skip the figures with controller/worker processes (bench.scale)",
+    )
+    parser.add_argument(
+        "--growth-sizes",
+        default=None,
+        help="comma-separated item counts of the growth figures (default 1000,10000,100000; --quick 100,1000)",
+    )
     args = parser.parse_args()
+    if args.growth_sizes:
+        sizes = tuple(int(x) for x in args.growth_sizes.split(","))
+    else:
+        sizes = (100, 1_000) if args.quick else (1_000, 10_000, 100_000)
     configure("warning")
     t = time.time()
     with contextlib.ExitStack() as stack:
@@ -183,20 +218,68 @@ def main() -> None:
             svc = Services(stack.enter_context(HttpServer()), stack.enter_context(PgServer()), args.quick)
         server = stack.enter_context(EmbeddedNats())
         results = run_event_loop(measure(server.url, args.quick, max(1, args.repeat), svc))
+        if not args.no_procs:
+            results.update(run_event_loop(measure_procs(server.url, args.quick, max(1, args.repeat), sizes)))
     with EmbeddedNats(sync_interval="always") as server:
         results.update(run_event_loop(measure_sync_always(server.url, max(1, args.repeat))))
     results["sync_always_seq_cost"] = results["seq_steps_per_s_sync_always"] / results["seq_steps_per_s"]
     results["machine"] = {"python": platform.python_version(), "platform": platform.platform()}
     results["duration_s"] = round(time.time() - t, 1)
+    results["load_average"] = os.getloadavg()
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
-    width = max(len(k) for k in results)
-    for k, v in results.items():
-        if isinstance(v, float):
-            print(f"{k:<{width}}  {v:,.2f}")
-        elif isinstance(v, int):
-            print(f"{k:<{width}}  {v}")
+    print(report(results))
     print(f"(medians of {args.repeat} rounds; all samples in {args.out})")
+
+
+_PAIRS = (
+    ("sequential chain, steps/s", "raw_seq_steps_per_s", "seq_steps_per_s"),
+    ("100 concurrent executions, steps/s", "raw_concurrent_steps_per_s", "concurrent_steps_per_s"),
+    ("messages per noop step", "raw_messages_per_step", "footprint_messages_per_step"),
+    ("bytes per noop step", "raw_bytes_per_step", "footprint_bytes_per_step"),
+)
+
+
+def report(results: dict[str, Any]) -> str:
+    """The printed tables: raw vs runtime pairs, growth, scaling, the per-step footprint, the rest."""
+    lines = [f"{'figure':<62} {'raw':>10} {'runtime':>10} {'ratio':>7}"]
+    shown: set[str] = set()
+    for label, raw_key, key in _PAIRS:
+        if key in results and raw_key in results:
+            r, v = results[raw_key], results[key]
+            lines.append(f"{label:<62} {r:>10,.1f} {v:>10,.1f} {v / r:>7.2f}")
+            shown |= {raw_key, key}
+    for row in results.get("scaling", []):
+        label = (
+            f"{row['controllers']} ctl ({row['partitions']} partitions), {row['worker_processes']} worker procs, "
+            "steps/s (raw: 2 procs)"
+        )
+        lines.append(
+            f"{label:<62} {row['raw_2proc_steps_per_s']:>10,.1f} {row['steps_per_s']:>10,.1f} {row['ratio']:>7.2f}"
+        )
+    if results.get("growth"):
+        lines += [
+            "",
+            f"{'growth':<17} {'N':>7} {'per s':>8} {'raw 2p':>8} {'ratio':>6} {'wall us':>8} {'ctl cpu':>8} "
+            f"{'wrk cpu':>8}  controller MB base/peak/end  worker MB base/peak/end",
+        ]
+        for g in results["growth"]:
+            lines.append(
+                f"{g['workload']:<17} {g['n']:>7} {g['per_s']:>8,.0f} {g['raw_2proc_per_s']:>8,.0f} "
+                f"{g['ratio']:>6.2f} {g['us_per']:>8,.0f} {g['controller_cpu_us_per']:>8,.0f} "
+                f"{g['worker_cpu_us_per']:>8,.0f}  {g['controller_base_mb']:>9.1f} {g['controller_peak_mb']:>6.1f} "
+                f"{g['controller_end_mb']:>6.1f}  {g['worker_base_mb']:>9.1f} {g['worker_peak_mb']:>6.1f} "
+                f"{g['worker_end_mb']:>6.1f}"
+            )
+    if "footprint" in results:
+        lines += ["", footprint.table(results)]
+    lines.append("")
+    skip = shown | {k for k in results if k.startswith(("scaling_", "footprint_", "growth_"))}
+    rest = [(k, v) for k, v in results.items() if k not in skip and isinstance(v, (int, float))]
+    width = max((len(k) for k, _ in rest), default=10)
+    for k, v in rest:
+        lines.append(f"{k:<{width}}  {v:,.2f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,19 @@ is command publish -> worker continuous pull -> event publish (awaiting the PubA
 continuous pull -> next command, over two work-queue streams, with a ~500-byte msgspec JSON
 envelope, worker and controller on separate connections in this process. No runtime code runs:
 only `ContinuousPuller` (the consumer the runtime uses too).
+
+``worker_process=True`` runs the worker side in a child process (``python -m bench.raw worker URL
+STREAM``), js_limits.py's ``step_c100_2proc``: the denominator of the figures whose controller and
+workers are separate processes (`bench.scale`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import sys
 import time
 import uuid
 from typing import Any
@@ -19,9 +27,11 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
+from noetl_stream.logs import configure
+from noetl_stream.loop import run_event_loop
 from noetl_stream.natsconn import ContinuousPuller, connect
 
-__all__ = ["raw_concurrent_steps_per_s", "raw_seq_steps_per_s"]
+__all__ = ["envelope_bytes", "raw_concurrent_steps_per_s", "raw_seq_steps_per_s"]
 
 
 class Trace(msgspec.Struct):
@@ -84,14 +94,21 @@ def _envelope(execution_id: str, seq: int, kind: str) -> bytes:
     )
 
 
-async def raw_seq_steps_per_s(url: str, steps: int = 600) -> float:
+def envelope_bytes() -> int:
+    """Bytes of one raw message on the wire: subject and envelope (no headers)."""
+    return len("BENCH_CMD_0123ABCD.e000000") + len(_envelope("e000000", 0, "command"))
+
+
+async def raw_seq_steps_per_s(url: str, steps: int = 600, *, worker_process: bool = False) -> float:
     """Steps/s of one chain (each step waits for the previous one)."""
-    return await _run(url, chains=1, steps=steps)
+    return await _run(url, chains=1, steps=steps, worker_process=worker_process)
 
 
-async def raw_concurrent_steps_per_s(url: str, chains: int = 100, steps: int = 40) -> float:
-    """Steps/s of `chains` chains running concurrently."""
-    return await _run(url, chains=chains, steps=steps)
+async def raw_concurrent_steps_per_s(
+    url: str, chains: int = 100, steps: int = 40, *, worker_process: bool = False
+) -> float:
+    """Steps/s of `chains` chains running concurrently (the worker side in a child process if asked)."""
+    return await _run(url, chains=chains, steps=steps, worker_process=worker_process)
 
 
 async def _work_queue(js: JetStreamContext, name: str, consumer: str) -> None:
@@ -113,7 +130,62 @@ async def _work_queue(js: JetStreamContext, name: str, consumer: str) -> None:
     )
 
 
-async def _run(url: str, chains: int, steps: int) -> float:
+def _worker_handler(js: JetStreamContext, evt: str) -> Any:
+    async def on_command(msg: Msg) -> None:  # the worker; the "tool" is a no-op
+        env = _decode(msg.data)
+        await js.publish(f"{evt}.{env.execution_id}", _envelope(env.execution_id, env.seq, "event"))
+        await msg.ack()
+
+    return on_command
+
+
+async def _worker_process_main(url: str, tag: str) -> None:
+    """The worker side alone (``python -m bench.raw worker URL TAG``), until SIGTERM."""
+    cmd, evt = f"BENCH_CMD_{tag}", f"BENCH_EVT_{tag}"
+    nc: NATS = await connect(url, name="bench-worker")
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    on_command = _worker_handler(nc.jetstream(timeout=10), evt)
+    async with ContinuousPuller(nc, cmd, "workers", on_command, max_concurrency=200, batch=200):
+        await nc.flush()
+        print("ready", flush=True)
+        await stop.wait()
+    await nc.close()
+
+
+async def _start_worker_process(url: str, tag: str) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.raw",
+        "worker",
+        url,
+        tag,
+        stdout=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    async with asyncio.timeout(30):
+        line = await proc.stdout.readline()
+    if line.strip() != b"ready":
+        await _stop(proc)
+        raise RuntimeError("the raw worker process did not start")
+    return proc
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(10):
+                await proc.wait()
+        except TimeoutError:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+async def _run(url: str, chains: int, steps: int, worker_process: bool = False) -> float:
     if chains < 1 or steps < 1:
         raise ValueError("chains and steps must be >= 1")
     tag = uuid.uuid4().hex[:8].upper()
@@ -123,11 +195,8 @@ async def _run(url: str, chains: int, steps: int) -> float:
     jsc, jsw = ncc.jetstream(timeout=10), ncw.jetstream(timeout=10)
     remaining = chains
     done = asyncio.Event()
-
-    async def on_command(msg: Msg) -> None:  # the worker; the "tool" is a no-op
-        env = _decode(msg.data)
-        await jsw.publish(f"{evt}.{env.execution_id}", _envelope(env.execution_id, env.seq, "event"))
-        await msg.ack()
+    on_command = _worker_handler(jsw, evt)
+    child: asyncio.subprocess.Process | None = None
 
     async def on_event(msg: Msg) -> None:  # the controller
         nonlocal remaining
@@ -145,9 +214,14 @@ async def _run(url: str, chains: int, steps: int) -> float:
     try:
         await _work_queue(jsc, cmd, "workers")
         await _work_queue(jsc, evt, "ctl")
+        if worker_process:
+            child = await _start_worker_process(url, tag)
         worker = ContinuousPuller(ncw, cmd, "workers", on_command, max_concurrency=200, batch=200)
         controller = ContinuousPuller(ncc, evt, "ctl", on_event, max_concurrency=200, batch=200)
-        async with worker, controller:
+        async with contextlib.AsyncExitStack() as stack:
+            if child is None:
+                await stack.enter_async_context(worker)
+            await stack.enter_async_context(controller)
             await ncc.flush()
             t0 = time.perf_counter()
             await asyncio.gather(
@@ -157,6 +231,8 @@ async def _run(url: str, chains: int, steps: int) -> float:
                 await done.wait()
             elapsed = time.perf_counter() - t0
     finally:
+        if child is not None:
+            await _stop(child)
         for stream in (cmd, evt):
             try:
                 await jsc.delete_stream(stream)
@@ -165,3 +241,11 @@ async def _run(url: str, chains: int, steps: int) -> float:
         await ncw.close()
         await ncc.close()
     return chains * steps / elapsed
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "worker":
+        configure("warning")
+        run_event_loop(_worker_process_main(sys.argv[2], sys.argv[3]))
+    else:
+        sys.exit("usage: python -m bench.raw worker NATS_URL TAG")

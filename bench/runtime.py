@@ -5,9 +5,23 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from typing import Protocol
+
+from nats.aio.client import Client as NATS
 
 from noetl_stream.client import Completions, request_for, submit
-from noetl_stream.local import Runtime
+from noetl_stream.subjects import Topology
+
+
+class Runtime(Protocol):
+    """Where executions are submitted: `noetl_stream.local.Runtime`, or a `bench.procs.Deployment`
+    whose controller and workers are separate processes."""
+
+    @property
+    def nc(self) -> NATS: ...
+
+    @property
+    def topology(self) -> Topology: ...
 
 
 def chain_playbook(steps: int, name: str = "chain") -> str:
@@ -26,6 +40,26 @@ def chain_playbook(steps: int, name: str = "chain") -> str:
         if i < steps:
             lines.append(f"    next: {{arcs: [{{step: s{i + 1}}}]}}")
     return "\n".join(lines) + "\n"
+
+
+def selfloop_playbook(steps: int, name: str = "tick") -> str:
+    """``start`` (a router) then one noop step that routes back to itself ``steps`` times: a chain of
+    any length in one execution without a playbook of that length (the per-step cost as it grows)."""
+    return f"""apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: {name}, path: bench/{name}}}
+workload: {{n: {steps}}}
+workflow:
+  - step: start
+    next: {{arcs: [{{step: tick, args: {{i: 1}}}}]}}
+  - step: tick
+    tool: {{kind: noop}}
+    next:
+      arcs:
+        - step: tick
+          when: "{{{{ args.i < workload.n }}}}"
+          args: {{i: "{{{{ args.i + 1 }}}}"}}
+"""
 
 
 def loop_playbook(items: int, max_in_flight: int, exec_: str) -> str:
@@ -50,12 +84,12 @@ workflow:
 """
 
 
-async def run_one(rt: Runtime, text: str, file: str) -> float:
+async def run_one(rt: Runtime, text: str, file: str, timeout: float = 600) -> float:
     """Submit one execution and wait for its ``playbook.processed`` (no full event follow)."""
     async with Completions(rt.nc, rt.topology) as done:
         t = time.perf_counter()
         execution_id = await submit(rt.nc, rt.topology, request_for(text, file))
-        ev = await done.wait(execution_id, timeout=600)
+        ev = await done.wait(execution_id, timeout=timeout)
         dt = time.perf_counter() - t
     if ev.payload.get("status") != "success":
         raise RuntimeError(f"{file}: {ev.payload.get('status')} {ev.payload.get('error')}")

@@ -118,12 +118,18 @@ class Outbox:
         for subject, data, msg_id in commands:
             futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
         first_error: BaseException | None = None
-        for fut in futures:  # all were sent already: awaiting them one by one costs no extra round trip
-            try:
-                # A publish the server never answers (it died mid-request) must not hang the handler:
-                # after the timeout the caller does not ack, and the input is redelivered.
-                await asyncio.wait_for(fut, self.ack_timeout_s)
-            except Exception as exc:
-                first_error = first_error or exc
+        # All were sent already: awaiting them one by one costs no extra round trip. A publish the server
+        # never answers (it died mid-request) must not hang the handler: after the timeout the caller does
+        # not ack, and the input is redelivered. One deadline for all (not a wait_for per future: each
+        # costs a timer, a task wake-up and a future).
+        try:
+            async with asyncio.timeout(self.ack_timeout_s):
+                for fut in futures:
+                    try:
+                        await fut
+                    except Exception as exc:
+                        first_error = first_error or exc
+        except TimeoutError as exc:
+            first_error = first_error or exc
         if first_error is not None:
             raise first_error

@@ -11,6 +11,7 @@ Names follow DESIGN.md §3 for the default prefix ``noetl``::
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal
 
@@ -33,6 +34,7 @@ MIN_DUPLICATE_WINDOW_S = 120.0
 MAX_PARTITIONS = 1024
 
 
+@functools.lru_cache(maxsize=65536)  # the controller asks several times per event, for a few ids at a time
 def partition_of(execution_id: str, partitions: int) -> int:
     """The partition the events stream stores an execution's events under.
 
@@ -53,9 +55,14 @@ class SubjectError(TopologyError):
     """A value that cannot be used as a subject token (prefix, pool, execution id, ...)."""
 
 
+@functools.lru_cache(maxsize=65536)
+def _is_token(value: str) -> bool:
+    return _TOKEN_RE.fullmatch(value) is not None
+
+
 def check_token(value: str, what: str = "token") -> str:
     """Return `value` if it is a safe single subject token, else raise `SubjectError`."""
-    if not isinstance(value, str) or not _TOKEN_RE.fullmatch(value):
+    if not isinstance(value, str) or not _is_token(value):
         raise SubjectError(
             f"invalid {what} {value!r}: use letters, digits, '_' or '-' "
             "(no dots, spaces, '*' or '>'; it becomes one NATS subject token)"

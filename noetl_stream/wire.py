@@ -5,7 +5,6 @@ Published JSON Schemas in ``schemas/`` are generated from these types.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import time
 import uuid
@@ -177,15 +176,21 @@ _NS = uuid.UUID("6f1c2b8e-51a8-4b8a-9c55-8f3f3f6c9d10")
 
 _last_ms = -1
 _last_iso = ""
+_last_s = -1
+_last_prefix = ""
 
 
 def now_iso() -> str:
-    """UTC now as ISO-8601 with milliseconds (``2026-11-22T02:23:54.185Z``); cached per millisecond."""
-    global _last_ms, _last_iso
+    """UTC now as ISO-8601 with milliseconds (``2026-11-22T02:23:54.185Z``); cached per millisecond, and
+    the part up to the second cached per second (formatting a datetime costs more than the rest)."""
+    global _last_ms, _last_iso, _last_s, _last_prefix
     ms = int(time.time() * 1000)
     if ms != _last_ms:
-        dt = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
-        _last_iso = dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+        s = ms // 1000
+        if s != _last_s:
+            _last_prefix = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(s))
+            _last_s = s
+        _last_iso = f"{_last_prefix}{ms % 1000:03d}Z"
         _last_ms = ms
     return _last_iso
 

@@ -98,10 +98,13 @@ async def test_a_second_live_controller_with_the_same_id_is_refused(nc: NATS, to
 
 
 async def test_a_controller_fenced_off_by_a_newer_owners_snapshot_stops_and_does_not_overwrite_it(
-    nc: NATS, js: JetStreamContext, topo: Topology
+    nc: NATS, js: JetStreamContext, topology: Topology
 ) -> None:
     """Fencing: a snapshot records the lease revision of its writer; a controller whose compare-and-set
-    fails against a snapshot written under a newer lease has lost the partition and stops pulling it."""
+    fails against a snapshot written under a newer lease has lost the partition and stops pulling it.
+    (A long lease TTL: the snapshot write, not a lease renewal, must be what notices.)"""
+    topo = msgspec.structs.replace(topology, partitions=6, lease_ttl_s=60.0)
+    await provision(js, topo)
     ctl = Controller(nc, topo, controller_id="ctl-old")
     await ctl.start()
     try:
@@ -120,7 +123,7 @@ async def test_a_controller_fenced_off_by_a_newer_owners_snapshot_stops_and_does
 
         state.last_seq = 11
         await ctl._write_snapshot(state)
-        await _eventually(lambda: p not in ctl._fences, 2 * TTL_S, "the fenced controller to let go")
+        await _eventually(lambda: p not in ctl._fences, 5, "the fenced controller to let go")
         current = await store.get(eid)
         assert current is not None and current.fence == fence + 100 and current.last_seq == 12
         assert p not in ctl._pullers

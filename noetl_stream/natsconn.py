@@ -260,6 +260,12 @@ class ContinuousPuller:
                     t.cancel()
                 await asyncio.wait(pending)
 
+    def abort(self) -> None:
+        """Cancel the running handlers now (their messages stay unsettled: redelivered after AckWait).
+        Cuts short a `stop()` in progress that is waiting for them."""
+        for task in list(self._tasks):
+            task.cancel()
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self

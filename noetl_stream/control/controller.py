@@ -73,6 +73,7 @@ class Controller:
         self._complete_to: dict[str, int] = {}
         self._rearm_pending: set[int] = set()
         self._partition_locks: dict[int, asyncio.Lock] = {}
+        self._stopping: dict[int, ContinuousPuller] = {}
         """Per execution in memory: the stream sequence up to which every input event is applied (the
         end of the replay that loaded it); events after it were applied live, in delivery order."""
         """Partitions this controller holds, and the fencing token (lease revision) of each."""
@@ -121,6 +122,15 @@ class Controller:
             of=self.topology.partitions,
         )
 
+    def _holds(self, partition: int) -> bool:
+        """Ours, and by our clock nobody else can hold it yet (a stalled loop or failing renewals
+        make this false before the watchdog has released the partition)."""
+        return partition in self._fences and (self.leases is None or self.leases.valid(partition))
+
+    def _check_holds(self, eid: str) -> None:
+        if not self._holds(self.topology.partition_of(eid)):
+            raise LookupError(f"execution {eid}: its partition's lease is not (validly) held here")
+
     def _partition_lock(self, partition: int) -> asyncio.Lock:
         """Starting a partition waits for the end of its previous stop (a lease lost and taken back)."""
         return self._partition_locks.setdefault(partition, asyncio.Lock())
@@ -154,6 +164,8 @@ class Controller:
         Graceful on shutdown and rebalancing (the lease is still ours: in-flight folds finish and
         snapshots are written); otherwise the lease is lost and we stop before it can expire.
         """
+        if not graceful and partition in self._stopping:
+            self._stopping[partition].abort()  # a graceful stop in progress: its lease is gone now
         async with self._partition_lock(partition):
             # No new fold starts from here (they find no fence and hand their events back); the
             # folds already running finish (graceful, within the shutdown grace) or are cut short
@@ -161,20 +173,29 @@ class Controller:
             fence = self._fences.pop(partition, None)
             puller = self._pullers.pop(partition, None)
             if puller is not None:
+                self._stopping[partition] = puller
                 ttl = self.topology.lease_ttl_s
                 # (no renewal runs meanwhile: even a graceful stop ends well before the key expires)
-                await puller.stop(timeout=min(ttl * 0.5, self._grace_s) if graceful else ttl * 0.3)
+                # Graceful: the lease is renewed until we return. Lost: stop.timeout applies twice
+                # (drain, then running handlers), and the folds check the lease themselves.
+                try:
+                    await puller.stop(timeout=self._grace_s if graceful else ttl * 0.1)
+                finally:
+                    self._stopping.pop(partition, None)
+            for eid in [e for e in self._timers if self.topology.partition_of(e) == partition]:
+                self._timers.pop(eid).cancel()  # armed from snapshots too, not only for states in memory
             for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
-                state = self.states.pop(eid)
+                state = self.states.pop(eid, None)
                 self._complete_to.pop(eid, None)
-                if graceful and fence is not None and eid in self._snapshot_at:
-                    await self._write_snapshot(state, fence)
-                self._snapshot_at.pop(eid, None)
-                timer = self._timers.pop(eid, None)
-                if timer is not None:
-                    timer.cancel()
-                if self._snapshots is not None:
-                    self._snapshots.forget(eid)
+                try:
+                    if state is not None and graceful and fence is not None and eid in self._snapshot_at:
+                        await self._write_snapshot(state, fence)
+                except Exception as exc:  # whatever happens, nothing of the partition stays in memory
+                    log.warning("controller.snapshot_failed", execution_id=eid, error=str(exc))
+                finally:
+                    self._snapshot_at.pop(eid, None)
+                    if self._snapshots is not None:
+                        self._snapshots.forget(eid)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -245,9 +266,8 @@ class Controller:
             self._queues.pop(eid, None)
 
     async def _fold(self, eid: str, batch: list[tuple[Msg, Event, int]]) -> None:
-        fence = self._fences.get(self.topology.partition_of(eid))
-        if fence is None:  # released while these were in flight: the partition's next owner takes them
-            raise LookupError(f"execution {eid}: its partition is not held by this controller")
+        self._check_holds(eid)  # released while these were in flight: the partition's next owner takes them
+        fence = self._fences[self.topology.partition_of(eid)]
         first = batch[0][1]
         # A request delivered for the first time starts a new execution. A redelivered one may belong to an
         # execution whose later events a previous controller already handled: rebuild it from the stream.
@@ -291,7 +311,9 @@ class Controller:
                     cmd = await self._offload_command(cmd)
                     data = encode(cmd)
                 outbox.command(cmd, data)
+        self._check_holds(eid)  # the loads and replays above can take long
         await outbox.flush()
+        self._check_holds(eid)  # not acked: the next owner re-derives the same (deduplicated) effects
         if state is not None:
             self._remember(state)
             self._arm_deadline(state)
@@ -364,6 +386,9 @@ class Controller:
         state = self.states.get(eid)
         if state is not None and state.terminal:
             return
+        partition = self.topology.partition_of(eid)
+        if not self._holds(partition):
+            return  # the partition's owner has its own timer
         ev = Event(
             event_id=event_id(eid, "execution", E.EXECUTION_DEADLINE_EXCEEDED),
             execution_id=eid,
@@ -374,6 +399,8 @@ class Controller:
             status="error",
             timestamp=now_iso(),
             payload={"deadline_at": deadline_at},
+            controller=self.controller_id,
+            fence=self._fences.get(partition),
         )
         outbox = Outbox(self.js, self.topology)
         outbox.event(ev)
@@ -498,15 +525,19 @@ class Controller:
         store = self._snapshots
         partition = self.topology.partition_of(state.execution_id)
         fence = fence if fence is not None else self._fences.get(partition)
-        if fence is None:
+        if fence is None or (self.leases is not None and not self.leases.valid(partition)):
             return  # not ours (any more): the partition's owner writes it
         state.fence = fence
         try:
             await store.put(state.execution_id, state)
         except StateConflictError:
-            # Someone wrote it since we last did: a newer owner of the partition (we are fenced off),
-            # or a previous owner before we took over (ours is the newer state).
-            current = await store.get(state.execution_id)
+            # Someone wrote it since we last read or wrote it: a newer owner of the partition (we are
+            # fenced off), or an older one that kept running after it lost the lease (ours wins).
+            try:
+                current = await store.get(state.execution_id)
+            except Exception as exc:
+                log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
+                return
             if current is not None and current.fence > fence:
                 log.warning(
                     "controller.fenced",
@@ -519,7 +550,7 @@ class Controller:
                 if self.leases is not None:
                     self._spawn(self.leases.lost(partition))
                 return
-            if current is not None and current.last_seq > state.last_seq:
+            if current is not None and current.fence == fence and current.last_seq > state.last_seq:
                 log.warning(
                     "controller.snapshot_superseded",
                     execution_id=state.execution_id,

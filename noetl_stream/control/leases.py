@@ -28,6 +28,7 @@ import os
 import random
 import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -57,6 +58,8 @@ def default_controller_id() -> str:
 class LeaseValue(msgspec.Struct, frozen=True):
     owner: str
     acquired_at: float
+    incarnation: str = ""
+    """Random per process: tells a restart of this controller id from a live duplicate of it."""
 
 
 class Lease(msgspec.Struct):
@@ -67,6 +70,8 @@ class Lease(msgspec.Struct):
     """The revision of the last write of the lease (renewals compare-and-set against it)."""
     renewed_at: float
     """Monotonic time at which the last successful renewal was sent."""
+    releasing: bool = False
+    """Being handed over: still renewed while its folds finish, no longer counted in the share."""
 
 
 OnAcquire = Callable[[int, int], Awaitable[None]]
@@ -104,6 +109,10 @@ class Leases:
         self._started_at = time.time()
         self._alive: Any = None
         self._guard: asyncio.Task[None] | None = None
+        self.incarnation = uuid.uuid4().hex
+        self._first_tick = True
+        self.halted = False
+        """Another live process uses this controller id (it keeps the partitions): take none."""
 
     @property
     def interval(self) -> float:
@@ -113,13 +122,22 @@ class Leases:
         lease = self.owned.get(partition)
         return None if lease is None else lease.fence
 
+    def valid(self, partition: int) -> bool:
+        """Held, and renewed recently enough that nobody else can hold it yet (by our clock)."""
+        lease = self.owned.get(partition)
+        return lease is not None and time.monotonic() - lease.renewed_at < self.ttl * LOSE_AFTER
+
     async def start(self) -> None:
         """Claim the controller id (refusing a duplicate of a live one), then take partitions."""
         alive = self.topology.controller_alive_subject(self.controller_id)
         try:
             await self.nc.request(alive, b"", timeout=1.0)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
-            pass  # nobody answers for this id: a previous run of it is dead, its leases are ours to take
+        except nats.errors.NoRespondersError:
+            pass  # nobody is subscribed for this id: a previous run of it is dead, its leases are ours
+        except (nats.errors.TimeoutError, TimeoutError):
+            raise DuplicateControllerError(  # subscribed but silent: alive and busy, or stalled
+                f"a controller with id {self.controller_id!r} is connected but did not answer within 1 s"
+            ) from None
         else:
             raise DuplicateControllerError(
                 f"another controller with id {self.controller_id!r} is running: give each controller its "
@@ -128,11 +146,18 @@ class Leases:
         self._alive = await self.nc.subscribe(alive, cb=self._answer_alive)
         self._kv = await self.js.key_value(self.topology.leases_bucket)
         await self.tick()
+        self._guard = asyncio.create_task(self._renew_loop(), name="controller-lease-renewal")
         self._task = asyncio.create_task(self._run(), name="controller-leases")
-        self._guard = asyncio.create_task(self._watchdog(), name="controller-leases-watchdog")
 
     async def stop(self) -> None:
         """Release every partition (stop pulling, then delete the key), and leave the membership."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        async with self._lock:
+            # All at once; the renewal task runs on, so their folds can finish under a valid lease.
+            await asyncio.gather(*(self._release(p, graceful=True) for p in sorted(self.owned)))
         for task in (self._task, self._guard):
             if task is not None:
                 task.cancel()
@@ -140,7 +165,6 @@ class Leases:
                     await task
         self._task = self._guard = None
         async with self._lock:
-            await asyncio.gather(*(self._release(p, graceful=True) for p in sorted(self.owned)))
             if self._kv is not None:
                 with contextlib.suppress(Exception):
                     await self._kv.delete(self._member_key(self.controller_id))
@@ -157,9 +181,8 @@ class Leases:
 
     async def lost(self, partition: int) -> None:
         """Someone else holds ``partition`` (a fenced write): stop pulling it now."""
-        async with self._lock:
-            if partition in self.owned:
-                await self._release(partition, graceful=False)
+        if partition in self.owned:  # not behind the lock: a slow balance must not delay it
+            await self._release(partition, graceful=False)
 
     async def _run(self) -> None:
         while True:
@@ -172,26 +195,35 @@ class Leases:
                 log.exception("controller.lease_tick_failed", controller=self.controller_id)
 
     async def tick(self) -> None:
-        """Renew, then balance: give up partitions above the fair share, take free ones below it."""
+        """Balance: give up partitions above the fair share, take free ones below it. (Renewal runs
+        on its own task: a slow release or acquire here must not hold the other leases' renewals.)"""
         async with self._lock:
-            await self._renew()
+            if self._first_tick:
+                await self._renew()
             try:
                 owners, members = await self._read()
             except (nats.errors.Error, TimeoutError, OSError) as exc:
                 log.warning("controller.lease_read_failed", error=str(exc) or type(exc).__name__)
                 return
+            first, self._first_tick = self._first_tick, False
+            if self.halted:
+                return
             members.add(self.controller_id)
             share = math.ceil(self.partitions / len(members))
-            mine = sorted(self.owned)
-            for p in mine[share:]:
-                await self._release(p, graceful=True)
-            free = [p for p in range(self.partitions) if p not in owners or owners[p] == self.controller_id]
+            mine = sorted(p for p, lease in self.owned.items() if not lease.releasing)
+            await asyncio.gather(*(self._release(p, graceful=True) for p in mine[share:]))
+
+            def ours(v: LeaseValue) -> bool:
+                # This process's lease, or (first tick only) a previous run's: taken back at once.
+                return v.owner == self.controller_id and (first or v.incarnation == self.incarnation)
+
+            free = [p for p in range(self.partitions) if p not in owners or ours(owners[p])]
             free = [p for p in free if p not in self.owned]
             random.shuffle(free)
             for p in free:
                 if len(self.owned) >= share:
                     break
-                await self._acquire(p, owners.get(p) == self.controller_id)
+                await self._acquire(p, p in owners)
 
     async def _renew(self) -> None:
         assert self._kv is not None
@@ -210,6 +242,7 @@ class Leases:
             )
         except KeyWrongLastSequenceError:
             log.warning("controller.lease_taken", partition=p, controller=self.controller_id)
+            await self._check_duplicate(p)
             await self._release(p, graceful=False)
         except Exception as exc:
             if time.monotonic() - lease.renewed_at > self.ttl * LOSE_AFTER:
@@ -219,24 +252,40 @@ class Leases:
             if self.owned.get(p) is lease:
                 lease.revision, lease.renewed_at = rev, now
 
-    async def _watchdog(self) -> None:
-        """Give up overdue leases on time, whatever the tick is waiting for."""
+    async def _renew_loop(self) -> None:
+        """Renew every interval; between renewals give overdue leases up on time (all at once)."""
+        next_renewal = time.monotonic() + self.interval
         while True:
-            await asyncio.sleep(self.ttl * 0.1)
+            await asyncio.sleep(self.ttl * 0.05)
             now = time.monotonic()
-            for p, lease in list(self.owned.items()):
-                if now - lease.renewed_at > self.ttl * LOSE_AFTER:
-                    log.warning("controller.lease_expired", partition=p, error="not renewed in time")
-                    await self._release(p, graceful=False)
+            overdue = [p for p, lease in self.owned.items() if now - lease.renewed_at > self.ttl * LOSE_AFTER]
+            for p in overdue:
+                log.warning("controller.lease_expired", partition=p, error="not renewed in time")
+            await asyncio.gather(*(self._release(p, graceful=False) for p in overdue))
+            if now >= next_renewal:
+                next_renewal = now + self.interval * random.uniform(0.9, 1.1)
+                try:
+                    await self._renew()
+                except Exception:
+                    log.exception("controller.lease_renew_failed", controller=self.controller_id)
 
-    async def _read(self) -> tuple[dict[int, str], set[str]]:
+    async def _check_duplicate(self, p: int) -> None:
+        """Our lease rewritten under our own id by another process: a live duplicate, which keeps it."""
+        assert self._kv is not None
+        with contextlib.suppress(Exception):
+            value = msgspec.json.decode((await self._kv.get(self._key(p))).value or b"", type=LeaseValue)
+            if value.owner == self.controller_id and value.incarnation != self.incarnation:
+                log.error("controller.duplicate_id", controller=self.controller_id, partition=p)
+                self.halted = True
+
+    async def _read(self) -> tuple[dict[int, LeaseValue], set[str]]:
         """Current partition owners and live members (keys not yet expired)."""
         assert self._kv is not None
         try:
             keys = await self._kv.keys()
         except NoKeysError:
             return {}, set()
-        owners: dict[int, str] = {}
+        owners: dict[int, LeaseValue] = {}
         members: set[str] = set()
         for key in keys:
             kind, _, name = key.partition(".")
@@ -248,7 +297,7 @@ class Leases:
                 except (KeyNotFoundError, NotFoundError):
                     continue
                 if entry.value:
-                    owners[int(name)] = msgspec.json.decode(entry.value, type=LeaseValue).owner
+                    owners[int(name)] = msgspec.json.decode(entry.value, type=LeaseValue)
         return owners, members
 
     async def _acquire(self, p: int, mine: bool) -> None:
@@ -271,13 +320,20 @@ class Leases:
             await self._release(p, graceful=True)
 
     async def _release(self, p: int, *, graceful: bool) -> None:
-        lease = self.owned.pop(p, None)
-        if lease is None:
+        """Graceful: the lease stays in `owned`, renewed, until on_release returns. Lost: gone now."""
+        lease = self.owned.get(p)
+        if lease is None or (graceful and lease.releasing):
             return
+        lease.releasing = True
+        if not graceful:
+            del self.owned[p]
         try:
             await self.on_release(p, graceful)
         except Exception:
             log.exception("controller.partition_stop_failed", partition=p)
+        finally:
+            if self.owned.get(p) is lease:
+                del self.owned[p]
         if graceful and self._kv is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self._key(p), last=lease.revision)
@@ -286,7 +342,9 @@ class Leases:
         )
 
     def _value(self) -> bytes:
-        return msgspec.json.encode(LeaseValue(owner=self.controller_id, acquired_at=self._started_at))
+        return msgspec.json.encode(
+            LeaseValue(owner=self.controller_id, acquired_at=self._started_at, incarnation=self.incarnation)
+        )
 
     @staticmethod
     def _key(p: int) -> str:

@@ -113,7 +113,14 @@ class Controller:
             self._start_partition,
             self._stop_partition,
         )
-        await self.leases.start()
+        try:
+            await self.leases.start()
+        except BaseException:  # e.g. a live controller with this id: leave nothing running
+            await self.leases.stop()
+            self.leases = None
+            await self.intake.stop()
+            await self.poison.stop()
+            raise
         log.info(
             "controller.started",
             prefix=self.topology.prefix,
@@ -428,7 +435,7 @@ class Controller:
             partition = self.topology.partition_of(key)
             if partition not in partitions or partition not in self._fences:
                 continue
-            state = await self._snapshots.get(key)
+            state = await self._snapshots.get(key, record=False)
             if state is not None and not state.terminal and state.deadline_at is not None:
                 self._arm_deadline(state)
 

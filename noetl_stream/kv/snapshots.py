@@ -27,14 +27,18 @@ class SnapshotStore(Generic[S]):
     async def open(cls, js: JetStreamContext, topology: Topology, type_: type[S]) -> SnapshotStore[S]:
         return cls(await js.key_value(topology.executions_bucket), type_)
 
-    async def get(self, execution_id: str) -> S | None:
+    async def get(self, execution_id: str, *, record: bool = True) -> S | None:
+        """The snapshot, remembering its revision for the next `put` (compare-and-set) unless not
+        ``record``: a reader that does not write next (deadline timers, inspection) must not make a
+        stale writer's next put succeed over a newer owner's snapshot."""
         try:
             entry = await self.kv.get(execution_id)
         except (KeyNotFoundError, NotFoundError):
             return None
         if entry.value is None:
             return None
-        self.revisions[execution_id] = entry.revision or 0
+        if record:
+            self.revisions[execution_id] = entry.revision or 0
         return self._decoder.decode(entry.value)
 
     async def put(self, execution_id: str, state: S) -> None:

@@ -1,31 +1,71 @@
-"""Execution snapshots in the ``noetl_executions`` bucket: a state and the stream sequence it reflects."""
+"""Execution snapshots in the ``noetl_executions`` bucket: a state and the stream sequence it reflects.
+
+A state above `INLINE_LIMIT` (a distributed loop over many items keeps them all) does not fit in a KV
+value (the server's message limit is 1 MiB): it goes to the object store under a name of its own for
+each write, and the KV value is a small pointer to it. The compare-and-set is on the KV key either way,
+so fencing holds: a writer whose compare-and-set fails never replaced what the pointer names (it
+deletes its own object), and the previous object is deleted once the new pointer is in place.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import uuid
 from typing import Generic, TypeVar
 
 import msgspec
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 
 from noetl_stream.errors import StateConflictError
 from noetl_stream.subjects import Topology
 
 S = TypeVar("S", bound=msgspec.Struct)
 
+INLINE_LIMIT = 512 * 1024
+"""Encoded states above this many bytes are stored in the object store, the KV value points to them."""
+_POINTER = b'{"$snapshot":'
+
+
+class _Pointer(msgspec.Struct, frozen=True):
+    object: str
+    size: int
+    sha256: str
+
+
+class _PointerValue(msgspec.Struct, frozen=True, rename={"snapshot": "$snapshot"}):
+    snapshot: _Pointer
+
 
 class SnapshotStore(Generic[S]):
     """Typed snapshots keyed by execution id; remembers the revision it last read or wrote."""
 
-    def __init__(self, kv: KeyValue, type_: type[S]) -> None:
+    def __init__(
+        self, kv: KeyValue, type_: type[S], js: JetStreamContext | None = None, objects_bucket: str = ""
+    ) -> None:
         self.kv = kv
         self._decoder = msgspec.json.Decoder(type_)
         self.revisions: dict[str, int] = {}
+        self._js = js
+        self._objects_bucket = objects_bucket
+        self._objects: ObjectStore | None = None
+        self._pointers: dict[str, str] = {}
+        """The object each large snapshot we last wrote or read lives in (deleted when replaced)."""
+        self.inline_limit = INLINE_LIMIT
 
     @classmethod
     async def open(cls, js: JetStreamContext, topology: Topology, type_: type[S]) -> SnapshotStore[S]:
-        return cls(await js.key_value(topology.executions_bucket), type_)
+        return cls(await js.key_value(topology.executions_bucket), type_, js, topology.results_store)
+
+    async def _object_store(self) -> ObjectStore:
+        if self._objects is None:
+            if self._js is None or not self._objects_bucket:
+                raise StateConflictError("this snapshot store has no object store for large snapshots")
+            self._objects = await self._js.object_store(self._objects_bucket)
+        return self._objects
 
     async def get(self, execution_id: str, *, record: bool = True) -> S | None:
         """The snapshot, remembering its revision for the next `put` (compare-and-set) unless not
@@ -37,9 +77,17 @@ class SnapshotStore(Generic[S]):
             return None
         if entry.value is None:
             return None
+        data = entry.value
+        if data.startswith(_POINTER):
+            pointer = msgspec.json.decode(data, type=_PointerValue).snapshot
+            data = (await (await self._object_store()).get(pointer.object)).data or b""
+            if "sha256:" + hashlib.sha256(data).hexdigest() != pointer.sha256:
+                raise ValueError(f"snapshot of {execution_id}: object {pointer.object} has another checksum")
+            if record:
+                self._pointers[execution_id] = pointer.object
         if record:
             self.revisions[execution_id] = entry.revision or 0
-        return self._decoder.decode(entry.value)
+        return self._decoder.decode(data)
 
     async def put(self, execution_id: str, state: S) -> None:
         """Compare-and-set: create the key, or update it from the revision this store last saw.
@@ -48,6 +96,14 @@ class SnapshotStore(Generic[S]):
         of the execution cannot overwrite the owner's snapshot).
         """
         data = msgspec.json.encode(state)
+        name = None
+        if len(data) > self.inline_limit:
+            name = f"snapshots/{execution_id}/{uuid.uuid4().hex}"
+            await (await self._object_store()).put(name, data)
+            pointer = _Pointer(
+                object=name, size=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest()
+            )
+            data = msgspec.json.encode(_PointerValue(snapshot=pointer))
         last = self.revisions.get(execution_id)
         try:
             if last is None:
@@ -55,8 +111,19 @@ class SnapshotStore(Generic[S]):
             else:
                 rev = await self.kv.update(execution_id, data, last=last)
         except KeyWrongLastSequenceError:
+            if name is not None:
+                await self._delete_object(name)  # ours, never pointed to
             raise StateConflictError(f"snapshot of {execution_id} changed since revision {last}") from None
         self.revisions[execution_id] = rev
+        previous = self._pointers.pop(execution_id, None)
+        if name is not None:
+            self._pointers[execution_id] = name
+        if previous is not None and previous != name:
+            await self._delete_object(previous)
+
+    async def _delete_object(self, name: str) -> None:
+        with contextlib.suppress(Exception):  # a leftover object costs space, never correctness
+            await (await self._object_store()).delete(name)
 
     async def put_any(self, execution_id: str, state: S) -> None:
         """Unconditional write (tests and tools only)."""
@@ -64,3 +131,4 @@ class SnapshotStore(Generic[S]):
 
     def forget(self, execution_id: str) -> None:
         self.revisions.pop(execution_id, None)
+        self._pointers.pop(execution_id, None)

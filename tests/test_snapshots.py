@@ -1,0 +1,74 @@
+"""Snapshots above the KV value limit live in the object store behind a pointer (real server)."""
+
+from __future__ import annotations
+
+import pytest
+from nats.js import JetStreamContext
+
+from noetl_stream.control.state import ExecutionState, LoopRun, StepRun
+from noetl_stream.errors import StateConflictError
+from noetl_stream.kv.provision import provision
+from noetl_stream.kv.snapshots import SnapshotStore
+from noetl_stream.subjects import Topology
+
+
+def _big(eid: str, n: int, last_seq: int) -> ExecutionState:
+    """A distributed loop over `n` items, half done: well above the 1 MiB message limit for 100k."""
+    loop = LoopRun(total=n, items=list(range(n)), max_in_flight=100, next_index=n // 2, done=n // 2)
+    loop.results = {i: {"value": i} for i in range(n // 2)}
+    run = StepRun(step="start", run_id="start-1", status="looping", loop=loop)
+    return ExecutionState(execution_id=eid, runs={"start-1": run}, last_seq=last_seq)
+
+
+async def _objects(js: JetStreamContext, topology: Topology) -> list[str]:
+    store = await js.object_store(topology.results_store)
+    try:
+        return sorted(o.name for o in await store.list() if not o.deleted)
+    except Exception:  # nats-py raises when the bucket is empty
+        return []
+
+
+async def test_a_large_snapshot_round_trips_and_its_replaced_object_is_deleted(
+    js: JetStreamContext, topology: Topology
+) -> None:
+    await provision(js, topology)
+    store = await SnapshotStore.open(js, topology, ExecutionState)
+    eid = "bigsnapshot1"
+    first = _big(eid, 100_000, last_seq=10)
+    await store.put(eid, first)
+    entry = await (await js.key_value(topology.executions_bucket)).get(eid)
+    assert entry.value is not None and entry.value.startswith(b'{"$snapshot":') and len(entry.value) < 400
+    reader = await SnapshotStore.open(js, topology, ExecutionState)
+    assert await reader.get(eid) == first
+    (only,) = await _objects(js, topology)
+
+    second = _big(eid, 100_000, last_seq=20)
+    await store.put(eid, second)
+    assert await reader.get(eid) == second
+    (now,) = await _objects(js, topology)
+    assert now != only  # a new object per write, the replaced one deleted
+
+    small = ExecutionState(execution_id=eid, last_seq=30)  # back under the limit: inline again
+    await store.put(eid, small)
+    assert await reader.get(eid) == small
+    assert await _objects(js, topology) == []
+
+
+async def test_a_fenced_writer_of_a_large_snapshot_changes_nothing(
+    js: JetStreamContext, topology: Topology
+) -> None:
+    """Compare-and-set stays on the KV key: a writer that lost the race leaves the owner's snapshot (and
+    its object) as they are, and removes the object it uploaded."""
+    await provision(js, topology)
+    eid = "bigsnapshot2"
+    old = await SnapshotStore.open(js, topology, ExecutionState)
+    await old.put(eid, _big(eid, 100_000, last_seq=10))
+    new = await SnapshotStore.open(js, topology, ExecutionState)
+    await new.get(eid)
+    owners = _big(eid, 100_000, last_seq=20)
+    await new.put(eid, owners)
+    (owners_object,) = await _objects(js, topology)
+    with pytest.raises(StateConflictError):
+        await old.put(eid, _big(eid, 100_000, last_seq=15))
+    assert await _objects(js, topology) == [owners_object]
+    assert await (await SnapshotStore.open(js, topology, ExecutionState)).get(eid) == owners

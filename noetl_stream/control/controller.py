@@ -70,13 +70,11 @@ class Controller:
         self.controller_id = controller_id or default_controller_id()
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
-        self._complete_to: dict[str, int] = {}
+        """Partitions this controller holds, and the fencing token (lease revision) of each."""
         self._rearm_pending: set[int] = set()
         self._partition_locks: dict[int, asyncio.Lock] = {}
         self._stopping: dict[int, ContinuousPuller] = {}
-        """Per execution in memory: the stream sequence up to which every input event is applied (the
-        end of the replay that loaded it); events after it were applied live, in delivery order."""
-        """Partitions this controller holds, and the fencing token (lease revision) of each."""
+        """Partitions whose puller is being stopped (a lost lease aborts it)."""
         self.leases: Leases | None = None
         self.intake = Intake(nc, topology, self.states, extensions=extensions)
         self.observer: Callable[[Event, list[Event], ExecutionState | None], None] | None = None
@@ -193,7 +191,6 @@ class Controller:
                 self._timers.pop(eid).cancel()  # armed from snapshots too, not only for states in memory
             for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
                 state = self.states.pop(eid, None)
-                self._complete_to.pop(eid, None)
                 try:
                     if state is not None and graceful and fence is not None and eid in self._snapshot_at:
                         await self._write_snapshot(state, fence)
@@ -279,20 +276,10 @@ class Controller:
         # A request delivered for the first time starts a new execution. A redelivered one may belong to an
         # execution whose later events a previous controller already handled: rebuild it from the stream.
         new = first.name == E.EXECUTION_REQUESTED and batch[0][0].metadata.num_delivered == 1
-        state = await self._load(eid, batch[0][2], new)
+        state = await self._load(eid, new)
         if state is not None and not state.terminal:
             await self._ensure_plan(state)  # the plan cache may have evicted it
         outbox = Outbox(self.js, self.topology)
-        complete_to = self._complete_to.get(eid, 0)
-        if state is not None and any(
-            complete_to < seq <= state.last_seq and msg.metadata.num_delivered == 1 for msg, _, seq in batch
-        ):
-            # A first delivery older than an event this state applied live (not by replay): it was
-            # overtaken on its way here, and skipping it would lose it. Rebuild the state from the
-            # stream, in stream order (the pullers are ordered, so this is a safety net).
-            log.warning("controller.out_of_order", execution_id=eid, last_seq=state.last_seq)
-            self.states.pop(eid, None)
-            state = await self._load(eid, min(seq for _, _, seq in batch), False)
         for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
                 continue  # already applied (a redelivery after a crash)
@@ -440,13 +427,12 @@ class Controller:
                 self._arm_deadline(state)
 
     # -- state ------------------------------------------------------------------------------------
-    async def _load(self, execution_id: str, seq: int, new: bool = False) -> ExecutionState | None:
+    async def _load(self, execution_id: str, new: bool = False) -> ExecutionState | None:
         state = self.states.get(execution_id)
         if state is not None:
             self.states.move_to_end(execution_id)
             return state
         if new:
-            self._complete_to[execution_id] = 0
             return None  # a request starts a new execution (a redelivered one re-derives the same effects)
         assert self._snapshots is not None
         state = await self._snapshots.get(execution_id)
@@ -460,7 +446,6 @@ class Controller:
         async with self._replays:
             state = await self._replay(execution_id, state, after, None)
         if state is not None:
-            self._complete_to[execution_id] = state.last_seq
             self._remember(state)
         return state
 
@@ -513,7 +498,6 @@ class Controller:
             if not old.terminal:
                 break
             del self.states[old_id]
-            self._complete_to.pop(old_id, None)
 
     async def _maybe_snapshot(self, state: ExecutionState, fence: int) -> None:
         now = time.monotonic()

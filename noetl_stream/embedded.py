@@ -11,6 +11,7 @@ signalled, by PID.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import msgspec
 
@@ -384,10 +385,14 @@ class EmbeddedCluster(_StartsOnEnter):
         self.wait_healthy()
 
     def wait_healthy(self, timeout: float | None = None) -> None:
-        """Wait until every running node's ``/healthz`` is ok (a meta leader, streams current)."""
+        """Wait until every running node's ``/healthz`` is ok (a meta leader, streams current) and
+        the meta leader counts every running node as a current peer: until then, placing an R3
+        stream fails with "no suitable peers for placement, peer offline"."""
         deadline = time.monotonic() + (self._ready_timeout if timeout is None else timeout)
         while True:
             sick = [n for n in self.nodes if n.running and not n.healthy]
+            if not sick:
+                sick = self._peers_unseen_by_leader()
             if not sick:
                 return
             if time.monotonic() > deadline:
@@ -396,6 +401,25 @@ class EmbeddedCluster(_StartsOnEnter):
                     f"cluster nodes not healthy: {[n.server_name for n in sick]}\n{tails}"
                 )
             time.sleep(0.1)
+
+    def _peers_unseen_by_leader(self) -> list[EmbeddedNats]:
+        """The running nodes the meta leader does not (yet) list as current peers; every running
+        node if no meta leader is known."""
+        running = [n for n in self.nodes if n.running]
+        meta = _jsz_meta(running[0]) if running else None
+        leader = self._by_name(meta.get("leader")) if meta else None
+        lead_meta = _jsz_meta(leader) if leader is not None and leader.running else None
+        if leader is None or lead_meta is None or lead_meta.get("leader") != leader.server_name:
+            return running
+        current = {
+            r.get("name")
+            for r in lead_meta.get("replicas") or []
+            if r.get("current") and not r.get("offline")
+        }
+        return [n for n in running if n is not leader and n.server_name not in current]
+
+    def _by_name(self, server_name: object) -> EmbeddedNats | None:
+        return next((n for n in self.nodes if n.server_name == server_name), None)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every node (SIGTERM, SIGKILL after `timeout`). The stores are kept."""
@@ -411,6 +435,16 @@ class EmbeddedCluster(_StartsOnEnter):
         for n in self.nodes:
             n.close()
         self._finalizer()
+
+
+def _jsz_meta(node: EmbeddedNats) -> dict[str, Any] | None:
+    """The ``meta_cluster`` section of a node's ``/jsz``, or None if it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"{node.monitor_url}/jsz", timeout=1.0) as resp:
+            meta = json.load(resp).get("meta_cluster")
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def _free_ports(n: int) -> list[int]:

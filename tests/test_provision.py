@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 from nats.js import JetStreamContext, api
+from nats.js.errors import APIError
 
 from noetl_stream import events
-from noetl_stream.kv.provision import ProvisionError, provision, stream_names
+from noetl_stream.kv.provision import ProvisionError, _transient, provision, stream_names
 from noetl_stream.subjects import SubjectError, Topology
 
 
@@ -160,3 +161,16 @@ async def test_a_runtime_process_keeps_the_installations_partition_count(
     info = await js.stream_info(topology.events_stream)
     assert info.config.subject_transform is not None
     assert "partition(4,1)" in (info.config.subject_transform.dest or "")
+
+
+def test_only_cluster_formation_errors_are_retried() -> None:
+    """A peer the meta leader has not heard from yet (a cluster still forming) and JetStream briefly
+    unavailable are retried; a placement that can never succeed fails at once."""
+    offline = APIError(code=500, err_code=10005, description="no suitable peers for placement, peer offline")
+    unavailable = APIError(code=503, err_code=10008, description="JetStream system temporarily unavailable")
+    too_few = APIError(code=500, err_code=10005, description="no suitable peers for placement")
+    bad_config = APIError(
+        code=400, err_code=10058, description="stream name already in use with a different configuration"
+    )
+    assert _transient(offline) and _transient(unavailable)
+    assert not _transient(too_few) and not _transient(bad_config)

@@ -24,13 +24,16 @@ that happens to start without ``NOETL_REPLICAS``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
-from collections.abc import Awaitable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import NamedTuple
 
 import msgspec
 import nats.errors
+import structlog
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 from nats.js.manager import JetStreamManager
@@ -54,6 +57,21 @@ CONTROLLER_MAX_ACK_PENDING = 20_000
 # Buckets read far more often than written, where a direct get (any replica answers) pays off.
 # The keychain is read rarely and prefers leader reads.
 _DIRECT_BUCKETS = ("executions", "ctx", "loops", "catalog")
+# How long a create/update keeps retrying while a cluster is still forming.
+_TRANSIENT_RETRY_S = 30.0
+# JSClusterNotAvailErr: "JetStream system temporarily unavailable".
+_CLUSTER_NOT_AVAILABLE = 10008
+
+log = structlog.get_logger(__name__)
+
+
+def _transient(e: APIError) -> bool:
+    """An error the cluster outgrows by itself: a peer not yet seen by the meta leader ("no suitable
+    peers for placement, peer offline", 10005) or JetStream briefly unavailable. A placement error
+    without "offline" (R3 asked of a two-node cluster) is permanent and fails at once."""
+    return e.err_code == _CLUSTER_NOT_AVAILABLE or "offline" in (e.description or "")
+
+
 # Duration fields travel as integer nanoseconds; float round trips may differ by a few ns.
 _DURATIONS = frozenset({"max_age", "duplicate_window", "ack_wait", "idle_heartbeat", "inactive_threshold"})
 
@@ -371,14 +389,14 @@ class _Provisioner:
         try:
             info = await self.js.stream_info(str(cfg.name))
         except NotFoundError:
-            await self._call(label, "create", self.js.add_stream(cfg))
+            await self._call(label, "create", lambda: self.js.add_stream(cfg))
             self.created.append(label)
             return
         actual = info.config.as_dict()
         if _drift(cfg, actual, ignore=self._ignore):
             if self._ignore:
                 cfg = _with_replicas(cfg, actual.get("num_replicas"))
-            await self._call(label, "update", self.js.update_stream(cfg))
+            await self._call(label, "update", lambda: self.js.update_stream(cfg))
             self.updated.append(label)
         else:
             self.unchanged.append(label)
@@ -388,28 +406,39 @@ class _Provisioner:
         try:
             info = await self.js.consumer_info(spec.stream, str(spec.config.name))
         except NotFoundError:
-            await self._call(label, "create", self.js.add_consumer(spec.stream, spec.config))
+            await self._call(label, "create", lambda: self.js.add_consumer(spec.stream, spec.config))
             self.created.append(label)
             return
         if _drift(spec.config, info.config.as_dict(), ignore=frozenset()):
             # Consumer create without an action is create-or-update on the server.
-            await self._call(label, "update", self.js.add_consumer(spec.stream, spec.config))
+            await self._call(label, "update", lambda: self.js.add_consumer(spec.stream, spec.config))
             self.updated.append(label)
         else:
             self.unchanged.append(label)
 
     @staticmethod
-    async def _call(label: str, what: str, aw: Awaitable[object]) -> None:
-        try:
-            await aw
-        except APIError as e:
-            raise ProvisionError(f"cannot {what} {label}: {e.description} (err_code {e.err_code})") from e
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError) as e:
-            raise ProvisionError(
-                f"cannot {what} {label}: no answer from the JetStream API ({type(e).__name__}); this NATS user "
-                "may not be allowed to change JetStream objects: provision as an admin user "
-                "(`noetl-stream provision`) and check the server's permissions"
-            ) from e
+    async def _call(label: str, what: str, call: Callable[[], Awaitable[object]]) -> None:
+        deadline = time.monotonic() + _TRANSIENT_RETRY_S
+        delay = 0.2
+        while True:
+            try:
+                await call()
+                return
+            except APIError as e:
+                if _transient(e) and time.monotonic() + delay < deadline:
+                    # A cluster that is still forming (or re-forming after a restart): the meta
+                    # leader has not heard from every peer yet. It settles in seconds.
+                    log.info("provision.retry", object=label, error=e.description, err_code=e.err_code)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                raise ProvisionError(f"cannot {what} {label}: {e.description} (err_code {e.err_code})") from e
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError) as e:
+                raise ProvisionError(
+                    f"cannot {what} {label}: no answer from the JetStream API ({type(e).__name__}); this NATS "
+                    "user may not be allowed to change JetStream objects: provision as an admin user "
+                    "(`noetl-stream provision`) and check the server's permissions"
+                ) from e
 
 
 async def provision(

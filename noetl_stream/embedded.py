@@ -338,19 +338,23 @@ class EmbeddedCluster(_StartsOnEnter):
             raise EmbeddedNatsError("a cluster needs at least one node")
         self.dir = Path(tempfile.mkdtemp(prefix="noetl-nats-cluster-") if base_dir is None else base_dir)
         self._ready_timeout = ready_timeout
-        ports = _free_ports(size)
-        routes = tuple(f"nats://127.0.0.1:{p}" for p in ports)
+        # Every port of every node chosen at once: a route port chosen here and released must not be
+        # handed to another node's client or monitoring listener by the OS before that node binds it.
+        ports = _free_ports(3 * size)
+        route_ports, client_ports, monitor_ports = ports[:size], ports[size : 2 * size], ports[2 * size :]
+        routes = tuple(f"nats://127.0.0.1:{p}" for p in route_ports)
         self.nodes = [
             EmbeddedNats(
                 self.dir / f"n{i}",
-                monitor_port=0,
+                port=client_ports[i - 1],
+                monitor_port=monitor_ports[i - 1],
                 sync_interval=sync_interval,
                 binary=binary,
                 ready_timeout=ready_timeout,
                 server_name=f"n{i}",
                 cluster=ClusterRoutes(name, port, routes),
             )
-            for i, port in enumerate(ports, 1)
+            for i, port in enumerate(route_ports, 1)
         ]
         self._finalizer = weakref.finalize(
             self, _release_cluster, [n._res for n in self.nodes], self.dir, base_dir is None

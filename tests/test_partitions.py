@@ -75,7 +75,7 @@ async def test_partitions_spread_over_controllers_and_move_when_one_stops(nc: NA
         assert set(a._fences).isdisjoint(b._fences)
         fences_before = dict(b._fences)
         await a.shutdown()  # graceful: the leases are deleted, b takes them at its next tick
-        await _eventually(lambda: len(b._fences) == 6, 3 * TTL_S, "b to take every partition")
+        await _eventually(lambda: len(b._fences) == 6, 10 * TTL_S, "b to take every partition")
         assert all(b._fences[p] == f for p, f in fences_before.items())  # held on: same token
         taken = set(b._fences) - set(fences_before)
         assert taken and all(b._fences[p] > max(fences_before.values()) for p in taken)

@@ -221,9 +221,8 @@ class Leases:
             free = [p for p in free if p not in self.owned]
             random.shuffle(free)
             for p in free:
-                if len(self.owned) >= share:
+                if len(self.owned) >= share or not await self._acquire(p, p in owners):
                     break
-                await self._acquire(p, p in owners)
 
     async def _renew(self) -> None:
         assert self._kv is not None
@@ -300,7 +299,8 @@ class Leases:
                     owners[int(name)] = msgspec.json.decode(entry.value, type=LeaseValue)
         return owners, members
 
-    async def _acquire(self, p: int, mine: bool) -> None:
+    async def _acquire(self, p: int, mine: bool) -> bool:
+        """Try to take partition `p`; False if the server did not answer (try again next tick)."""
         assert self._kv is not None
         now = time.monotonic()
         try:
@@ -310,7 +310,12 @@ class Leases:
             else:
                 rev = await self._kv.create(self._key(p), self._value())
         except (KeyWrongLastSequenceError, KeyNotFoundError, NotFoundError):
-            return  # someone else was faster
+            return True  # someone else was faster
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            # A server that stalls or restarts now must not fail the controller's start. If the write
+            # did land, the next tick finds this incarnation's lease and takes it back.
+            log.warning("controller.lease_acquire_failed", partition=p, error=str(exc) or type(exc).__name__)
+            return False
         self.owned[p] = Lease(partition=p, fence=rev, revision=rev, renewed_at=now)
         log.info("controller.partition_acquired", partition=p, fence=rev, controller=self.controller_id)
         try:
@@ -318,6 +323,7 @@ class Leases:
         except Exception:
             log.exception("controller.partition_start_failed", partition=p)
             await self._release(p, graceful=True)
+        return True
 
     async def _release(self, p: int, *, graceful: bool) -> None:
         """Graceful: the lease stays in `owned`, renewed, until on_release returns. Lost: gone now."""

@@ -286,9 +286,12 @@ def targets(t: Translation, value: Any, path: Path, who: str) -> list[dict[str, 
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         ip = (*path, i) if isinstance(value, list) else path
+        problem = target_problem(item)
+        if problem is not None:
+            raise t.error(ip, f"{who}: a 'next' target is a step name or {{step, args}}, got {problem}")
         if isinstance(item, str):
             out.append(t.mark({"step": item}, ip))
-        elif isinstance(item, dict) and isinstance(item.get("step"), str):
+        elif isinstance(item, dict):
             extra = [k for k in item if k not in ("step", "args", "with")]
             if extra:
                 raise t.error(
@@ -302,9 +305,32 @@ def targets(t: Translation, value: Any, path: Path, who: str) -> list[dict[str, 
                 arc["args"] = args
                 t.origins.mark_key(arc, "args", (*ip, "args" if "args" in item else "with"))
             out.append(arc)
-        else:
-            raise t.error(ip, f"{who}: a 'next' target is a step name or {{step, args}}")
     return out
+
+
+def target_problem(item: Any) -> str | None:
+    """What is wrong with a transition target (None: a step name, or a mapping with one in 'step')."""
+    if isinstance(item, str):
+        return None
+    if isinstance(item, dict):
+        if "step" not in item:
+            return "a mapping without 'step'"
+        step = item["step"]
+        return None if isinstance(step, str) else f"a mapping whose 'step' is {shown(step)}"
+    return shown(item)
+
+
+def shown(value: Any) -> str:
+    """A value as an author wrote it, for messages (YAML words for the scalars YAML spells so)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
 
 
 def parse_retry(t: Translation, raw: Any, path: Path, who: str) -> list[LegacyRule]:
@@ -404,4 +430,5 @@ __all__ = [
     "guard_expr",
     "parse_case",
     "parse_retry",
+    "target_problem",
 ]

@@ -89,7 +89,9 @@ def _then(t: Translation, then: dict[str, Any], path: Path, who: str) -> dict[st
     if "set_vars" in out:
         sv = out.pop("set_vars")
         if isinstance(sv, dict):
-            merged = dict(out.get("set_iter") or {})
+            merged = _mapping(
+                t, out.get("set_iter"), (*path, "set_iter"), f"{who}: 'set_iter' next to set_vars"
+            )
             clash = sorted(set(merged) & set(sv))
             if clash:
                 t.error((*path, "set_vars"), f"{who}: set_vars and set_iter both write {', '.join(clash)}")
@@ -106,13 +108,24 @@ def _then(t: Translation, then: dict[str, Any], path: Path, who: str) -> dict[st
     if "set_shared" in out:
         sh = out.pop("set_shared")
         if isinstance(sh, dict):
-            merged = dict(out.get("set_ctx") or {})
+            merged = _mapping(
+                t, out.get("set_ctx"), (*path, "set_ctx"), f"{who}: 'set_ctx' next to set_shared"
+            )
             merged.update(sh)
             out["set_ctx"] = t.mark(merged, (*path, "set_shared"))
             t.warn((*path, "set_shared"), f"{who}: 002 'set_shared' translated to 'set_ctx'")
         else:
             out["set_shared"] = sh
     return out
+
+
+def _mapping(t: Translation, value: Any, path: Path, what: str) -> dict[str, Any]:
+    """A copy of ``value``, a mapping another one is merged into (absent: empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise t.error(path, f"{what} must be a mapping of names to values")
+    return dict(value)
 
 
 def expand_set_prev(t: Translation, tasks: list[Any], path: Path, who: str) -> list[Any]:
@@ -143,7 +156,8 @@ def expand_set_prev(t: Translation, tasks: list[Any], path: Path, who: str) -> l
             if then is None:
                 continue
             has_else = has_else or "else" in rule
-            rpath = _then_path(rule, (*path, k, "spec", "policy", "rules", i))
+            # where the author wrote it (an 'eval' entry, a rule): the path it has now is not in the file
+            rpath = t.origins.path_of(then) or _then_path(rule, (*path, k, "spec", "policy", "rules", i))
             do = then.get("do", "continue")
             if "set_prev" not in then:
                 if do == "continue":
@@ -162,7 +176,15 @@ def expand_set_prev(t: Translation, tasks: list[Any], path: Path, who: str) -> l
                 label += "_"
             labels.add(label)
             key = f"prev_{name}"
-            then["set_iter"] = {**(then.get("set_iter") or {}), key: value}
+            current = then.get("set_iter")
+            if current is not None and not isinstance(current, dict):
+                t.error(
+                    (*rpath, "set_iter"),
+                    f"{who} task '{name}': 'set_iter' next to set_prev must be a mapping of names to values",
+                )
+                del then["set_iter"]  # reported here, where the author wrote it: not again by the validator
+                continue
+            then["set_iter"] = {**(current or {}), key: value}
             after = {k2: then[k2] for k2 in ("to",) if k2 in then}
             then["do"], then["to"] = "jump", label
             noop_then: dict[str, Any] = {"do": do, **after}

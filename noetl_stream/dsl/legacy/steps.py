@@ -7,6 +7,7 @@ from typing import Any
 
 from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.legacy.build import LegacyStep
+from noetl_stream.dsl.legacy.case import target_problem
 from noetl_stream.dsl.legacy.context import Translation
 from noetl_stream.dsl.legacy.evalrules import check_no_task_legacy, expand_set_prev, translate_rule_list
 from noetl_stream.dsl.legacy.shapes import SUCCEEDED, legacy_tool_keys, put_spec, rename_key
@@ -47,6 +48,13 @@ def translate_step(
             raise t.error(
                 (*path, "next"), f"{who}: a 'next' router next to 000 'case' rules: route with one of them"
             )
+        for i, target in enumerate(targets):  # they become arcs here, not in the validator
+            problem = target_problem(target)
+            if problem is not None:
+                raise t.error(
+                    (*path, "next", i) if isinstance(raw_next, list) else (*path, "next"),
+                    f"{who}: a 'next' target is a step name or {{step, args}}, got {problem}",
+                )
         step.pop("next", None)
         if targets:
             t.warn(

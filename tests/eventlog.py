@@ -204,7 +204,7 @@ async def post_mortem(
                         "failed": r.loop.failed,
                         "finished": r.loop.finished,
                         "stopping": r.loop.stopping,
-                        "have": sorted(set(r.loop.results) | set(r.loop.errors)),
+                        "have": [i for i in range(r.loop.total) if r.loop.is_settled(i)],
                     }
                     for k, r in state.runs.items()
                     if r.loop is not None

@@ -28,6 +28,7 @@ from noetl_stream.control.controller import Controller
 from noetl_stream.control.leases import DuplicateControllerError, Leases
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
@@ -260,27 +261,27 @@ async def test_a_live_but_busy_controller_is_not_taken_for_dead(
     assert pulling.overlaps == []
 
 
-# --- D5: deadline timers armed from snapshots survive the release of their partition ----------------
+# --- D5: deadline timers armed from the index survive the release of their partition ------------
 
 
 async def test_deadline_timers_of_a_released_partition_are_cancelled(
     nc: NATS, js: JetStreamContext, topology: Topology
 ) -> None:
-    """_rearm_deadlines arms timers from snapshots without putting the states in `self.states`;
-    _stop_partition cancels only the timers of states in memory. After the partition moves, the
-    old owner still fires `execution.deadline.exceeded` for it, unfenced (no controller/fence)."""
+    """Re-arming arms timers from the deadline index without putting the states in `self.states`;
+    a release that cancelled only the timers of states in memory left them armed: after the partition
+    moved, the old owner still fired `execution.deadline.exceeded` for it, unfenced (no controller/fence)."""
     t = await _topo(js, topology, 2)
     eid = next(f"d{i}x" for i in range(100) if t.partition_of(f"d{i}x") == 1)
     store = await SnapshotStore.open(js, t, ExecutionState)
-    await store.put_any(
-        eid, ExecutionState(execution_id=eid, status="running", deadline_at=time.time() + 1.5)
-    )
+    deadline_at = time.time() + 1.5
+    await store.put_any(eid, ExecutionState(execution_id=eid, status="running", deadline_at=deadline_at))
+    await (await DeadlineIndex.open(js, t)).add(1, eid, deadline_at)
     a = Controller(nc, t, controller_id="ctl-a")
     await a.start()
     b = Leases(nc, t, 2, "ctl-b", *Pulling().callbacks("ctl-b"))  # folds nothing, writes nothing
     try:
         deadline = time.monotonic() + 5
-        while eid not in a._timers:
+        while eid not in a.deadlines.timers:
             assert time.monotonic() < deadline, "timer never armed"
             await asyncio.sleep(0.02)
         await b.start()  # B joins: A hands partition 1 over at its next tick (rebalancing)
@@ -292,7 +293,7 @@ async def test_deadline_timers_of_a_released_partition_are_cancelled(
         written = [ev async for _, ev in read_events(js, t, eid) if ev.name == E.EXECUTION_DEADLINE_EXCEEDED]
         assert written == [], (
             f"{[(ev.name, ev.controller, ev.fence) for ev in written]} written for an execution of "
-            f"partition 1, held by ctl-b (which writes nothing here), by ctl-a; timers left: {list(a._timers)}"
+            f"partition 1, held by ctl-b (which writes nothing here), by ctl-a; timers left: {list(a.deadlines.timers)}"
         )
     finally:
         await b.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from nats.js import JetStreamContext
 
-from noetl_stream.control.state import ExecutionState, LoopRun, StepRun
+from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
@@ -13,11 +13,8 @@ from noetl_stream.subjects import Topology
 
 
 def _big(eid: str, n: int, last_seq: int) -> ExecutionState:
-    """A distributed loop over `n` items, half done: well above the 1 MiB message limit for 100k."""
-    loop = LoopRun(total=n, items=list(range(n)), max_in_flight=100, next_index=n // 2, done=n // 2)
-    loop.results = {i: {"value": i} for i in range(n // 2)}
-    run = StepRun(step="start", run_id="start-1", status="looping", loop=loop)
-    return ExecutionState(execution_id=eid, runs={"start-1": run}, last_seq=last_seq)
+    """A state with a large ctx: well above the 1 MiB message limit for 100k rows."""
+    return ExecutionState(execution_id=eid, ctx={"rows": [{"value": i} for i in range(n)]}, last_seq=last_seq)
 
 
 async def _objects(js: JetStreamContext, topology: Topology) -> list[str]:

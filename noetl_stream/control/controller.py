@@ -18,16 +18,20 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.errors import NoKeysError
+from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
+from noetl_stream.control.deadlines import Deadlines
 from noetl_stream.control.intake import Intake
+from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.leases import Leases, default_controller_id
+from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import Effects, PlanCache, Reducer
 from noetl_stream.control.resume import resume
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
+from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
@@ -39,8 +43,7 @@ from noetl_stream.wire import Command, Event, decode_event, encode, event_id, no
 
 log = structlog.get_logger(__name__)
 
-SAFE_MESSAGE_BYTES = 512 * 1024
-"""Above this, the controller moves results into the object store (the server's default limit is 1 MiB)."""
+__all__ = ["SAFE_MESSAGE_BYTES", "Controller"]
 
 
 class Controller:
@@ -67,11 +70,13 @@ class Controller:
         self._queues: dict[str, list[tuple[Msg, Event, int]]] = {}
         self._snapshot_at: dict[str, float] = {}
         self._snapshots: SnapshotStore[ExecutionState] | None = None
+        self._retired: set[str] = set()
+        """Terminal executions whose final snapshot is written: their cached state is kept lean (no
+        results, no runs) for the status queries, never folded into or written again."""
         self.controller_id = controller_id or default_controller_id()
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
         """Partitions this controller holds, and the fencing token (lease revision) of each."""
-        self._rearm_pending: set[int] = set()
         self._partition_locks: dict[int, asyncio.Lock] = {}
         self._stopping: dict[int, ContinuousPuller] = {}
         """Partitions whose puller is being stopped (a lost lease aborts it)."""
@@ -81,7 +86,14 @@ class Controller:
         """Called with each folded input event and the events the reducer wrote for it (metrics)."""
         self.poison = PoisonHandler(nc, topology)
         self.results = ResultStore(self.js, topology)
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.deadlines = Deadlines(
+            self.js,
+            topology,
+            self.controller_id,
+            fence_of=self._fence_of,
+            is_terminal=self._is_terminal,
+            spawn=self._spawn,
+        )
         self._replays = asyncio.Semaphore(16)
         """Replays read history with ephemeral consumers: bound them (JetStream caps consumers per stream)."""
         self._background: set[asyncio.Task[None]] = set()
@@ -101,6 +113,7 @@ class Controller:
         # The partition count and lease TTL are the installation's (read from the server), not ours.
         self.topology = await provisioned_topology(self.js, self.topology)
         self._snapshots = await SnapshotStore.open(self.js, self.topology, ExecutionState)
+        self.deadlines.open(DeadlineIndex(self._snapshots.kv), self.topology)
         await self.intake.start()
         await self.poison.start()
         self.leases = Leases(
@@ -159,9 +172,7 @@ class Controller:
                 await puller.stop(timeout=1.0)  # nothing half-started keeps pulling
                 raise
             self._pullers[partition] = puller
-        self._rearm_pending.add(partition)
-        if len(self._rearm_pending) == 1:  # one listing of the snapshots for the partitions of a tick
-            self._spawn(self._rearm_deadlines())
+        self.deadlines.acquired(partition)
 
     async def _stop_partition(self, partition: int, graceful: bool) -> None:
         """Stop pulling ``partition`` and forget its executions (their next owner rebuilds them).
@@ -187,16 +198,16 @@ class Controller:
                     await puller.stop(timeout=self._grace_s if graceful else ttl * 0.1)
                 finally:
                     self._stopping.pop(partition, None)
-            for eid in [e for e in self._timers if self.topology.partition_of(e) == partition]:
-                self._timers.pop(eid).cancel()  # armed from snapshots too, not only for states in memory
+            self.deadlines.release(partition)
             for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
-                state = self.states.pop(eid, None)
+                state = self.states.get(eid)
                 try:
                     if state is not None and graceful and fence is not None and eid in self._snapshot_at:
                         await self._write_snapshot(state, fence)
                 except Exception as exc:  # whatever happens, nothing of the partition stays in memory
                     log.warning("controller.snapshot_failed", execution_id=eid, error=str(exc))
                 finally:
+                    self._drop(eid)
                     self._snapshot_at.pop(eid, None)
                     if self._snapshots is not None:
                         self._snapshots.forget(eid)
@@ -214,9 +225,7 @@ class Controller:
         if self._stopped.is_set():
             return
         self._grace_s = grace_s
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        self.deadlines.cancel_all()
         for task in list(self._background):
             task.cancel()
         await self.intake.stop()
@@ -259,7 +268,7 @@ class Controller:
                 except Exception as exc:
                     # Effects may not be stored: forget the in-memory state (it is rebuilt from the
                     # snapshot and the stream) and let JetStream redeliver the batch.
-                    self.states.pop(eid, None)
+                    self._drop(eid)
                     log.warning(
                         "controller.batch_failed", execution_id=eid, error=str(exc) or type(exc).__name__
                     )
@@ -276,9 +285,14 @@ class Controller:
         # A request delivered for the first time starts a new execution. A redelivered one may belong to an
         # execution whose later events a previous controller already handled: rebuild it from the stream.
         new = first.name == E.EXECUTION_REQUESTED and batch[0][0].metadata.num_delivered == 1
+        cached = eid in self.states
         state = await self._load(eid, new)
         if state is not None and not state.terminal:
             await self._ensure_plan(state)  # the plan cache may have evicted it
+            await self._ensure_items(state)
+        # A state loaded from its snapshot may have folded later events already (resume): as changed.
+        before = _version(state if cached else None)
+        was_terminal = cached and state is not None and state.terminal
         outbox = Outbox(self.js, self.topology)
         for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
@@ -292,12 +306,15 @@ class Controller:
                 state, fx = self._internal_failure(state, event, seq, exc)
             if self.observer is not None:
                 self.observer(event, fx.events, state)
+            for blob in fx.blobs:  # before anything that depends on it is published or snapshotted
+                await self.results.put_encoded(blob.key, blob.data)
             for ev in fx.events:
                 ev.controller, ev.fence = self.controller_id, fence
-                data = encode(ev)
-                if len(data) > SAFE_MESSAGE_BYTES and "result" in ev.payload:
-                    ev = await self._offload_event(ev)
-                    data = encode(ev)
+                spec = fx.loop_results.get(ev.event_id)
+                if spec is not None:
+                    async with self._replays:  # it reads the loop's events back (a consumer)
+                        ev = await complete(self.js, self.topology, self.results, ev, spec)
+                ev, data = await fit(self.results, ev)
                 outbox.event(ev, data)
             for cmd in fx.commands:
                 data = encode(cmd)
@@ -308,9 +325,11 @@ class Controller:
         self._check_holds(eid)  # the loads and replays above can take long
         await outbox.flush()
         self._check_holds(eid)  # not acked: the next owner re-derives the same (deduplicated) effects
-        if state is not None:
+        if state is not None and _version(state) != before:
             self._remember(state)
-            self._arm_deadline(state)
+            self.deadlines.arm_state(state)
+            deadline = any(ev.name == E.EXECUTION_DEADLINE_EXCEEDED for _, ev, _ in batch)
+            await self.deadlines.track(state, was_terminal, deadline)
             await self._maybe_snapshot(state, fence)  # under the lease this fold published with
         for msg, _, _ in batch:
             await msg.ack()
@@ -342,11 +361,6 @@ class Controller:
         return state, fx
 
     # -- reference-first --------------------------------------------------------------------------
-    async def _offload_event(self, ev: Event) -> Event:
-        """A boundary the controller writes itself (a distributed loop's results) above the limit."""
-        ref = await self.results.put(f"{ev.execution_id}/{ev.entity_id}/result", ev.payload["result"])
-        return msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})
-
     async def _offload_command(self, cmd: Command) -> Command:
         """Large step results a command would carry travel as references the worker resolves."""
         results = dict(cmd.results)
@@ -356,75 +370,12 @@ class Controller:
         return msgspec.structs.replace(cmd, results=results)
 
     # -- deadlines --------------------------------------------------------------------------------
-    def _arm_deadline(self, state: ExecutionState) -> None:
-        eid = state.execution_id
-        if state.terminal or state.deadline_at is None:
-            timer = self._timers.pop(eid, None)
-            if timer is not None:
-                timer.cancel()
-            return
-        if eid in self._timers:
-            return
-        delay = max(0.0, state.deadline_at - time.time())
-        loop = asyncio.get_running_loop()
-        self._timers[eid] = loop.call_later(delay, self._spawn_deadline, eid, state.deadline_at)
+    def _fence_of(self, partition: int) -> int | None:
+        return self._fences.get(partition) if self._holds(partition) else None
 
-    def _spawn_deadline(self, eid: str, deadline_at: float) -> None:
-        task = asyncio.ensure_future(self._fire_deadline(eid, deadline_at))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _fire_deadline(self, eid: str, deadline_at: float) -> None:
-        """Record ``execution.deadline.exceeded`` (deterministic id: firing twice is deduplicated)."""
-        self._timers.pop(eid, None)
-        state = self.states.get(eid)
-        if state is not None and state.terminal:
-            return
-        partition = self.topology.partition_of(eid)
-        if not self._holds(partition):
-            return  # the partition's owner has its own timer
-        ev = Event(
-            event_id=event_id(eid, "execution", E.EXECUTION_DEADLINE_EXCEEDED),
-            execution_id=eid,
-            name=E.EXECUTION_DEADLINE_EXCEEDED,
-            source="server",
-            entity_type="execution",
-            entity_id=eid,
-            status="error",
-            timestamp=now_iso(),
-            payload={"deadline_at": deadline_at},
-            controller=self.controller_id,
-            fence=self._fences.get(partition),
-        )
-        outbox = Outbox(self.js, self.topology)
-        outbox.event(ev)
-        try:
-            await outbox.flush()
-        except Exception as exc:  # retried when the next event of the execution re-arms the timer
-            log.warning("controller.deadline_publish_failed", execution_id=eid, error=str(exc))
-
-    async def _rearm_deadlines(self) -> None:
-        """On taking partitions: timers for their non-terminal executions that have a deadline."""
-        assert self._snapshots is not None
-        await asyncio.sleep(0)  # let the other acquisitions of this tick join
-        partitions, self._rearm_pending = self._rearm_pending, set()
-        keys: list[str] = []
-        for attempt in range(3):  # nats-py's keys() can report none while the bucket changes
-            try:
-                keys = await self._snapshots.kv.keys()
-                break
-            except NoKeysError:
-                await asyncio.sleep(0.2 * (attempt + 1))
-            except Exception as exc:
-                log.warning("controller.rearm_failed", error=str(exc) or type(exc).__name__)
-                return
-        for key in keys:
-            partition = self.topology.partition_of(key)
-            if partition not in partitions or partition not in self._fences:
-                continue
-            state = await self._snapshots.get(key, record=False)
-            if state is not None and not state.terminal and state.deadline_at is not None:
-                self._arm_deadline(state)
+    def _is_terminal(self, execution_id: str) -> bool:
+        state = self.states.get(execution_id)
+        return state is not None and state.terminal
 
     # -- state ------------------------------------------------------------------------------------
     async def _load(self, execution_id: str, new: bool = False) -> ExecutionState | None:
@@ -436,8 +387,17 @@ class Controller:
             return None  # a request starts a new execution (a redelivered one re-derives the same effects)
         assert self._snapshots is not None
         state = await self._snapshots.get(execution_id)
-        if state is not None and not state.terminal:
+        if state is not None and state.terminal:  # nothing folds into it any more
+            self._remember(state)
+            self._retire(state)
+            return state
+        if state is not None:
             await self._ensure_plan(state)
+            try:
+                await self._ensure_items(state)
+            except ItemsMissingError as exc:  # e.g. a snapshot of an earlier layout: rebuild from events
+                log.warning("controller.rebuild_from_events", execution_id=execution_id, reason=str(exc))
+                state = None
         after = state.last_seq if state is not None else 0
         # Always fold everything stored after the snapshot, up to the end of the stream (not just up to
         # this message, which may be a redelivery older than events a dead controller handled and acked
@@ -468,6 +428,28 @@ class Controller:
                 "diagnostics or a different content hash)"
             )
 
+    async def _ensure_items(self, state: ExecutionState) -> None:
+        """A resumed distributed loop's packed items are in the object store: load them for the reducer
+        (only for loops that still have items to dispatch)."""
+        for run in state.runs.values():
+            lr = run.loop
+            if lr is None or lr.finished:
+                continue
+            if not lr.compatible:
+                raise ItemsMissingError(f"loop {run.run_id}: a snapshot of an earlier layout")
+            if (
+                lr.items_key is None
+                or lr.stopping
+                or lr.next_index >= lr.total
+                or self.reducer.items.get(state.execution_id, run.run_id) is not None
+            ):
+                continue
+            try:
+                data = await self.results.get_encoded(lr.items_key, lr.items_checksum)
+            except (NotFoundError, ValueError) as exc:
+                raise ItemsMissingError(f"loop {run.run_id}: items {lr.items_key}: {exc}") from None
+            self.reducer.items.put(state.execution_id, run.run_id, data)
+
     async def _replay(
         self, execution_id: str, state: ExecutionState | None, after: int, before: int | None
     ) -> ExecutionState | None:
@@ -479,7 +461,15 @@ class Controller:
             ev.controller, ev.fence = self.controller_id, fence
 
         out = await resume(
-            self.js, self.topology, self.reducer, execution_id, state, after=after, before=before, stamp=stamp
+            self.js,
+            self.topology,
+            self.reducer,
+            execution_id,
+            state,
+            after=after,
+            before=before,
+            stamp=stamp,
+            results=self.results,
         )
         if out.replayed:
             log.info(
@@ -497,7 +487,22 @@ class Controller:
             old_id, old = next(iter(self.states.items()))
             if not old.terminal:
                 break
-            del self.states[old_id]
+            self._drop(old_id)
+
+    def _drop(self, execution_id: str) -> None:
+        """Forget an execution's in-memory state (it is rebuilt from its snapshot and events)."""
+        self.states.pop(execution_id, None)
+        self._retired.discard(execution_id)
+        self.reducer.items.forget(execution_id)
+
+    def _retire(self, state: ExecutionState) -> None:
+        """A terminal execution whose final snapshot is written: keep only what status queries read."""
+        state.results = {}
+        state.runs = {}
+        state.joins = {}
+        state.deferred = []
+        self._retired.add(state.execution_id)
+        self.reducer.items.forget(state.execution_id)
 
     async def _maybe_snapshot(self, state: ExecutionState, fence: int) -> None:
         now = time.monotonic()
@@ -506,21 +511,27 @@ class Controller:
             self._snapshot_at[state.execution_id] = now  # short executions snapshot once, at the end
             return
         if state.terminal or last is None or now - last >= self.snapshot_interval_s:
-            await self._write_snapshot(state, fence)
+            written = await self._write_snapshot(state, fence)
             self._snapshot_at[state.execution_id] = now
             if state.terminal:
                 self._snapshot_at.pop(state.execution_id, None)
+                if written and self.states.get(state.execution_id) is state:
+                    self._retire(state)  # its results and loops are in the snapshot and the events
 
-    async def _write_snapshot(self, state: ExecutionState, fence: int | None = None) -> None:
+    async def _write_snapshot(self, state: ExecutionState, fence: int | None = None) -> bool:
+        """Write the state's snapshot under our fence; True when it is stored."""
         assert self._snapshots is not None
         store = self._snapshots
+        if state.execution_id in self._retired:
+            return True  # lean copy of a terminal state whose snapshot is stored: never written again
         partition = self.topology.partition_of(state.execution_id)
         fence = fence if fence is not None else self._fences.get(partition)
         if fence is None or (self.leases is not None and not self.leases.valid(partition)):
-            return  # not ours (any more): the partition's owner writes it
+            return False  # not ours (any more): the partition's owner writes it
         state.fence = fence
         try:
             await store.put(state.execution_id, state)
+            return True
         except StateConflictError:
             # Someone wrote it since we last read or wrote it: a newer owner of the partition (we are
             # fenced off), or an older one that kept running after it lost the lease (ours wins).
@@ -528,7 +539,7 @@ class Controller:
                 current = await store.get(state.execution_id)
             except Exception as exc:
                 log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
-                return
+                return False
             if current is not None and current.fence > fence:
                 log.warning(
                     "controller.fenced",
@@ -537,10 +548,10 @@ class Controller:
                     ours=fence,
                     theirs=current.fence,
                 )
-                self.states.pop(state.execution_id, None)
+                self._drop(state.execution_id)
                 if self.leases is not None:
                     self._spawn(self.leases.lost(partition))
-                return
+                return False
             if current is not None and current.fence == fence and current.last_seq > state.last_seq:
                 log.warning(
                     "controller.snapshot_superseded",
@@ -548,14 +559,16 @@ class Controller:
                     ours=state.last_seq,
                     theirs=current.last_seq,
                 )
-                self.states.pop(state.execution_id, None)
-                return
+                self._drop(state.execution_id)
+                return False
             try:
                 await store.put(state.execution_id, state)
+                return True
             except Exception as exc:
                 log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
         except Exception as exc:  # the stream is the truth; a missed snapshot costs only replay time
             log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
+        return False
 
     async def _flush_snapshots(self) -> None:
         for eid in list(self._snapshot_at):
@@ -566,3 +579,10 @@ class Controller:
     def status(self, execution_id: str) -> dict[str, Any] | None:
         state = self.states.get(execution_id)
         return None if state is None else msgspec.to_builtins(state)
+
+
+def _version(state: ExecutionState | None) -> tuple[int, int, int, str]:
+    """What changes when a fold applies something (a fold that applied nothing writes no snapshot)."""
+    if state is None:
+        return (0, -1, -1, "")
+    return (id(state), state.events_applied, state.last_seq, state.status)

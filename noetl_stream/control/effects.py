@@ -18,10 +18,33 @@ from noetl_stream.wire import (
 )
 
 
+@dataclass(frozen=True)
+class Blob:
+    """An immutable object the controller stores (results object store) before it publishes the effects
+    (the packed items of a distributed loop; the state refers to it by key and checksum)."""
+
+    key: str
+    data: bytes | bytearray
+
+
+@dataclass(frozen=True)
+class LoopResults:
+    """The ``loop.done`` event ``event_id`` is published with ``result``: the results of the iterations of
+    ``step_run_id`` in item order, assembled by the controller from their stored events."""
+
+    event_id: str
+    step_run_id: str
+    total: int
+    after_seq: int
+
+
 @dataclass
 class Effects:
     events: list[Event] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
+    blobs: list[Blob] = field(default_factory=list)
+    loop_results: dict[str, LoopResults] = field(default_factory=dict)
+    """By event id: the events of ``events`` whose result the controller fills in before publishing."""
 
 
 LEGACY_ADVICE = (

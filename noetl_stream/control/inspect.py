@@ -19,6 +19,7 @@ from nats.js.kv import KeyValue
 
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.deadlines import is_index_key
 from noetl_stream.kv.history import read_events
 from noetl_stream.operations import (
     MAX_PAGE,
@@ -239,7 +240,7 @@ class Inspector:
                 async for entry in watcher:
                     if entry is None:
                         break
-                    if not entry.value:
+                    if not entry.value or is_index_key(entry.key):
                         continue
                     created: Any = entry.created
                     when = _iso(created) if isinstance(created, datetime.datetime) else None

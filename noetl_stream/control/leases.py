@@ -152,17 +152,13 @@ class Leases:
     async def stop(self) -> None:
         """Release every partition (stop pulling, then delete the key), and leave the membership."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await _cancel(self._task)
         async with self._lock:
             # All at once; the renewal task runs on, so their folds can finish under a valid lease.
             await asyncio.gather(*(self._release(p, graceful=True) for p in sorted(self.owned)))
         for task in (self._task, self._guard):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await _cancel(task)
         self._task = self._guard = None
         async with self._lock:
             if self._kv is not None:
@@ -359,3 +355,14 @@ class Leases:
     @staticmethod
     def _member_key(controller_id: str) -> str:
         return f"member.{controller_id}"
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for its end, cancelling again while it runs on: Python 3.11's
+    ``asyncio.wait_for`` (under nats-py's requests) returns the result instead of raising when the
+    cancellation arrives as its future completes, and the loop would go on with the cancel spent."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -19,6 +19,7 @@ from noetl_stream.control.effects import (
     invalid_playbook_error,
     rejection_events,
 )
+from noetl_stream.control.items import LoopItems
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.control.transitions import Run as _Run
@@ -77,6 +78,8 @@ class Reducer:
 
     def __init__(self, plans: PlanCache) -> None:
         self.plans = plans
+        self.items = LoopItems()
+        """The packed items of running distributed loops (not in the state: see `control/items.py`)."""
 
     # -- entry point ------------------------------------------------------------------------------
     def apply(
@@ -96,6 +99,8 @@ class Reducer:
                     f"execution {state.execution_id}: playbook {state.content_hash[:12]} not loaded"
                 )
             _Run(self, state, plan, fx).on_event(event)
+        if state is not None and state.terminal:
+            self.items.forget(state.execution_id)  # e.g. cancelled mid-loop: its items are not needed
         if state is not None:
             state.events_applied += 1
             if seq:

@@ -21,9 +21,12 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
+from noetl_stream.control.effects import Blob, LoopResults
+from noetl_stream.control.loopresults import complete, fit
 from noetl_stream.control.reducer import Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.outbox import MSG_ID, Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event
@@ -52,14 +55,18 @@ async def resume(
     after: int,
     before: int | None = None,
     stamp: Callable[[Event], None] | None = None,
+    results: ResultStore | None = None,
 ) -> Resumed:
-    """Fold the inputs stored after ``after`` into ``state`` and publish the effects not yet stored."""
+    """Fold the inputs stored after ``after`` into ``state`` and publish the effects not yet stored
+    (as the controller does: blobs first, a loop's result assembled, large results by reference)."""
     out = Resumed()
     out.state = state
     stored: set[str] = set()
     worked: set[tuple[str | None, int | None]] = set()
     effects_events: list[Event] = []
     effects_commands: list[Command] = []
+    blobs: dict[str, Blob] = {}
+    loop_results: dict[str, LoopResults] = {}
     async for seq, event in read_events(js, topology, execution_id, after_seq=after, before_seq=before):
         stored.add(event.event_id)
         if event.source == "worker" or event.name in _RUN_OVER:
@@ -72,17 +79,27 @@ async def resume(
         out.replayed += 1
         effects_events.extend(fx.events)
         effects_commands.extend(fx.commands)
+        blobs.update((b.key, b) for b in fx.blobs)
+        loop_results.update(fx.loop_results)
     out.events = [ev for ev in effects_events if ev.event_id not in stored]
     unknown = [cmd for cmd in effects_commands if not _worked_on(cmd, worked)]
     if unknown:
         queued = await queued_command_ids(js, topology, execution_id)
         out.commands = [cmd for cmd in unknown if cmd.command_id not in queued]
+    results = results or ResultStore(js, topology)
+    for blob in blobs.values():  # the state may refer to them (a loop the fold started)
+        await results.put_encoded(blob.key, blob.data)
     if out.events or out.commands:
         outbox = Outbox(js, topology)
-        for ev in out.events:
+        for i, ev in enumerate(out.events):
             if stamp is not None:
                 stamp(ev)
-            outbox.event(ev)
+            spec = loop_results.get(ev.event_id)
+            if spec is not None:
+                ev = await complete(js, topology, results, ev, spec)
+            ev, data = await fit(results, ev)
+            out.events[i] = ev
+            outbox.event(ev, data)
         for cmd in out.commands:
             outbox.command(cmd)
         await outbox.flush()

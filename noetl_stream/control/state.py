@@ -11,19 +11,47 @@ RunStatus = Literal["scheduled", "routing", "looping", "done", "failed", "skippe
 
 
 class LoopRun(msgspec.Struct):
-    """Progress of a distributed loop, owned by the controller."""
+    """Progress of a distributed loop, owned by the controller.
+
+    Its size does not grow with the results: which iterations are settled is a bitmap, only the first
+    failure (by index) is kept, and the results stay in their ``loop.iteration.done`` events, assembled
+    once for ``loop.done`` (`control/loopresults.py`). The items are packed once (`control/items.py`):
+    inline when small, else in the object store under ``items_key``.
+    """
 
     total: int
-    items: list[Any]
     max_in_flight: int
     next_index: int = 0
     in_flight: int = 0
     done: int = 0
     failed: int = 0
-    results: dict[int, Any] = {}
-    errors: dict[int, Any] = {}
+    settled: bytearray = msgspec.field(default_factory=bytearray)
+    """Bit ``i`` is set once iteration ``i`` is done or failed (later duplicates are ignored);
+    ``(total + 7) // 8`` bytes. Empty in a snapshot written before this layout (see `compatible`)."""
+    first_error: dict[str, Any] | None = None
+    first_error_index: int = -1
+    """The failed iteration with the lowest index and its error (a fail-fast loop's error)."""
+    packed_items: str | None = None
+    """The packed items (JSON lines) when small."""
+    items_key: str | None = None
+    items_checksum: str = ""
+    """Where the packed items are in the results object store when they are not inline."""
+    after_seq: int = 0
+    """Every iteration event of this loop is stored after this stream sequence."""
     stopping: bool = False
     finished: bool = False
+
+    @property
+    def compatible(self) -> bool:
+        """False for a loop read from a snapshot of the earlier layout (items and results in the state):
+        the controller rebuilds such an execution from its events instead."""
+        return self.finished or self.total == 0 or len(self.settled) == (self.total + 7) >> 3
+
+    def is_settled(self, index: int) -> bool:
+        return bool(self.settled[index >> 3] & (1 << (index & 7)))
+
+    def settle(self, index: int) -> None:
+        self.settled[index >> 3] |= 1 << (index & 7)
 
 
 class StepRun(msgspec.Struct):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from noetl_stream import events as E
-from noetl_stream.control.effects import Effects, _plain, _server_event
+from noetl_stream.control.effects import Blob, Effects, LoopResults, _plain, _server_event
+from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.routing import EventName
 from noetl_stream.control.state import ExecutionState, JoinState, LoopRun, StepRun
@@ -260,81 +261,118 @@ class Run:
             if mif < 1:
                 self.fail_run(run, {"kind": "loop_error", "message": f"{where}: max_in_flight must be >= 1"})
                 return
+        try:
+            packed = pack(items)
+        except TypeError as exc:
+            message = f"{where}: 'in' holds a value that cannot be sent to a worker as JSON: {exc}"
+            self.fail_run(run, {"kind": "loop_error", "message": message})
+            return
         run.status = "looping"
-        run.loop = LoopRun(total=len(items), items=items, max_in_flight=mif)
+        eid, total = self.state.execution_id, len(items)
+        lr = LoopRun(
+            total=total,
+            max_in_flight=mif,
+            settled=bytearray((total + 7) >> 3),
+            after_seq=self.state.last_seq,
+        )
+        if len(packed) <= INLINE_ITEMS_BYTES:
+            lr.packed_items = packed.decode()
+        else:  # stored once; the controller writes it before it publishes anything of this fold
+            lr.items_key = f"{eid}/{run.run_id}/items"
+            lr.items_checksum = checksum(packed)
+            self.fx.blobs.append(Blob(lr.items_key, packed))
+        self.reducer.items.put(eid, run.run_id, packed)
+        run.loop = lr
         self.emit(
             E.LOOP_STARTED,
             "loop",
             run.run_id,
             "in_progress",
             run.run_id,
-            {"total": len(items), "max_in_flight": mif, "exec": "distributed", "pool": self.pool(step)},
+            {"total": total, "max_in_flight": mif, "exec": "distributed", "pool": self.pool(step)},
             step.name,
             run.run_id,
         )
         self.pump_loop(step, run)
 
+    def loop_items(self, run: StepRun) -> Packed:
+        """The packed items of a running distributed loop (inline in the state, or loaded by the
+        controller from the object store before the fold)."""
+        assert run.loop is not None
+        eid = self.state.execution_id
+        packed = self.reducer.items.get(eid, run.run_id)
+        if packed is None and run.loop.packed_items is not None:
+            self.reducer.items.put(eid, run.run_id, run.loop.packed_items.encode())
+            packed = self.reducer.items.get(eid, run.run_id)
+        if packed is None:
+            raise ItemsMissingError(f"execution {eid}: the items of loop {run.run_id} are not loaded")
+        return packed
+
     def pump_loop(self, step: Step, run: StepRun) -> None:
         lr = run.loop
         assert lr is not None
-        while not lr.stopping and lr.in_flight < lr.max_in_flight and lr.next_index < lr.total:
-            i = lr.next_index
-            lr.next_index += 1
-            lr.in_flight += 1
-            self.fx.commands.append(
-                self.command(step, run, Iteration(index=i, item=lr.items[i], total=lr.total))
-            )
+        if not lr.stopping and lr.in_flight < lr.max_in_flight and lr.next_index < lr.total:
+            items = self.loop_items(run)
+            while not lr.stopping and lr.in_flight < lr.max_in_flight and lr.next_index < lr.total:
+                i = lr.next_index
+                lr.next_index += 1
+                lr.in_flight += 1
+                self.fx.commands.append(
+                    self.command(step, run, Iteration(index=i, item=items[i], total=lr.total))
+                )
         if lr.in_flight == 0 and not lr.finished and (lr.stopping or lr.next_index >= lr.total):
             lr.finished = True
-            results = [lr.results.get(i) for i in range(lr.total)]
+            self.reducer.items.drop(self.state.execution_id, run.run_id)
+            counts = {"total": lr.total, "done": lr.done, "failed": lr.failed}
             if lr.stopping:
-                first = min(lr.errors) if lr.errors else None
-                error = lr.errors.get(first) if first is not None else {"kind": "loop_error"}
+                error = lr.first_error if lr.first_error is not None else {"kind": "loop_error"}
                 self.emit(
                     E.STEP_FAILED,
                     "step",
                     run.run_id,
                     "error",
                     run.run_id,
-                    {"error": error, "total": lr.total, "done": lr.done, "failed": lr.failed},
+                    {"error": error, **counts},
                     step.name,
                     run.run_id,
                 )
             else:
+                # The result (every iteration's, in item order) is not in the state: the controller
+                # assembles it from the stored iteration events when it publishes this event.
                 self.emit(
                     E.LOOP_DONE,
                     "loop",
                     run.run_id,
                     "success" if lr.failed == 0 else "error",
                     run.run_id,
-                    {"result": results, "total": lr.total, "done": lr.done, "failed": lr.failed},
+                    counts,
                     step.name,
                     run.run_id,
+                )
+                done = self.fx.events[-1]
+                self.fx.loop_results[done.event_id] = LoopResults(
+                    done.event_id, run.run_id, lr.total, lr.after_seq
                 )
 
     def on_iteration(self, event: Event) -> None:
         run = self.state.runs.get(event.step_run_id or "")
-        if run is None or run.loop is None:
-            return
+        if run is None or run.loop is None or run.loop.finished:
+            return  # a finished loop has settled every iteration it started: a late duplicate
         lr = run.loop
         index = event.payload.get("index")
-        if (
-            not isinstance(index, int)
-            or index in lr.results
-            or index in lr.errors
-            or not 0 <= index < lr.total
-        ):
+        if not isinstance(index, int) or not 0 <= index < lr.total or lr.is_settled(index):
             return
+        lr.settle(index)
         lr.in_flight = max(0, lr.in_flight - 1)
         self.apply_ctx_patches(event, run.run_id)
         step = self.plan.steps[run.step]
         if event.name == E.LOOP_ITERATION_DONE:
             lr.done += 1
-            lr.results[index] = event.payload.get("result")
         else:
             lr.failed += 1
-            lr.errors[index] = event.payload.get("error") or {"kind": "error"}
-            lr.results[index] = None
+            if lr.first_error is None or index < lr.first_error_index:
+                lr.first_error_index = index
+                lr.first_error = event.payload.get("error") or {"kind": "error"}
             if step.failure_mode == "fail_fast":
                 lr.stopping = True
         self.pump_loop(step, run)

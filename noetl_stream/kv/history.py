@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import nats.errors
+from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 
@@ -32,10 +35,7 @@ async def read_events(
     ``names`` restricts to some event names (e.g. the controller's inputs). Reads with an
     ephemeral pull consumer that is deleted at the end; stops at the stream's end or ``before_seq``.
     """
-    if names is None:
-        filters = [topology.events_filter(execution_id)]
-    else:
-        filters = sorted(topology.stored_event_filter(execution_id, n) for n in names)
+    filters = _filters(topology, execution_id, names)
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after_seq else api.DeliverPolicy.ALL,
@@ -73,3 +73,88 @@ async def read_events(
                 await js.delete_consumer(topology.events_stream, name)
         except Exception:
             pass
+
+
+async def scan(
+    js: JetStreamContext,
+    topology: Topology,
+    execution_id: str,
+    on_event: Callable[[bytes], bool],
+    *,
+    names: Iterable[str] | None = None,
+    after_seq: int = 0,
+    idle_timeout_s: float = 5.0,
+) -> None:
+    """Call ``on_event`` with each encoded event of the execution (of ``names``), in stream order, from
+    after ``after_seq`` to the end of the stream as it is now; stop early when it returns False.
+
+    For long histories read whole (a distributed loop's iterations): an ordered push consumer, several
+    times faster than `read_events`' pull fetches (no task and timer per message), and nothing is
+    buffered beyond what ``on_event`` keeps (it runs as each message arrives, under flow control).
+    Raises `HistoryReadError` when no message arrives for ``idle_timeout_s`` before the end.
+    """
+    filters = _filters(topology, execution_id, names)
+    done = asyncio.Event()
+    seen = 0
+    failure: BaseException | None = None
+
+    async def deliver(msg: Msg) -> None:
+        nonlocal seen, failure
+        if done.is_set():
+            return
+        seen += 1
+        try:
+            more = on_event(msg.data)
+        except Exception as exc:  # nats-py would only log it: hand it to the caller
+            failure, more = exc, False
+        if not more or _pending(msg) == 0:
+            done.set()
+
+    config = api.ConsumerConfig(
+        opt_start_seq=after_seq + 1 if after_seq else None,
+        filter_subjects=filters if len(filters) > 1 else None,
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        mem_storage=True,
+    )
+    sub = await js.subscribe(
+        filters[0] if len(filters) == 1 else "",
+        stream=topology.events_stream,
+        cb=deliver,
+        ordered_consumer=True,
+        config=config,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after_seq else api.DeliverPolicy.ALL,
+        inactive_threshold=idle_timeout_s,
+    )
+    try:
+        info = await sub.consumer_info()
+        if not info.num_pending and not (info.delivered.consumer_seq if info.delivered else 0):
+            done.set()  # nothing to read
+        while not done.is_set():
+            before = seen
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), idle_timeout_s)
+            if not done.is_set() and seen == before:
+                raise HistoryReadError(
+                    f"execution {execution_id}: its events stopped arriving from {topology.events_stream}"
+                )
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    if failure is not None:
+        raise failure
+
+
+def _filters(topology: Topology, execution_id: str, names: Iterable[str] | None) -> list[str]:
+    if names is None:
+        return [topology.events_filter(execution_id)]
+    return sorted(topology.stored_event_filter(execution_id, n) for n in names)
+
+
+def _pending(msg: Msg) -> int:
+    """The messages still to come after this one, read from the delivery's reply subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>``) without building the
+    whole metadata, which the other form (with domain and account hash) falls back to."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9 and tokens[8].isdigit():
+        return int(tokens[8])
+    return int(msg.metadata.num_pending or 0)

@@ -52,9 +52,12 @@ class ResultStore:
 
     async def put(self, key: str, value: Any) -> dict[str, Any]:
         """Store ``value`` (JSON) and return its reference."""
-        data = msgspec.json.encode(value)
+        return await self.put_encoded(key, msgspec.json.encode(value))
+
+    async def put_encoded(self, key: str, data: bytes | bytearray) -> dict[str, Any]:
+        """Store ``data`` (already encoded JSON, or any bytes) and return its reference."""
         store = await self._bucket()
-        await store.put(key, data)
+        await store.put(key, data if isinstance(data, bytes) else bytes(data))
         return {
             REF: {
                 "store": "nats.object_store",
@@ -68,13 +71,16 @@ class ResultStore:
     async def get(self, ref: dict[str, Any]) -> Any:
         """The value behind a reference (its checksum is verified)."""
         info = ref[REF]
+        return msgspec.json.decode(await self.get_encoded(str(info["key"]), info.get("checksum") or ""))
+
+    async def get_encoded(self, key: str, checksum: str = "") -> bytes:
+        """The bytes stored under ``key``, checked against ``checksum`` when given."""
         store = await self._bucket()
-        result = await store.get(str(info["key"]))
+        result = await store.get(key)
         data = result.data or b""
-        checksum = "sha256:" + hashlib.sha256(data).hexdigest()
-        if info.get("checksum") and checksum != info["checksum"]:
-            raise ValueError(f"result {info['key']}: checksum mismatch")
-        return msgspec.json.decode(data)
+        if checksum and "sha256:" + hashlib.sha256(data).hexdigest() != checksum:
+            raise ValueError(f"result {key}: checksum mismatch")
+        return data
 
     async def resolve(self, value: Any, _depth: int = 0) -> Any:
         """``value`` with every reference inside it (top level, dict values, list items) fetched."""

@@ -1,0 +1,166 @@
+"""Execution deadlines: a timer per running execution with a deadline, and the index that re-arms them.
+
+When the timer of an execution fires, the controller that holds its partition records
+``execution.deadline.exceeded`` (deterministic id: firing twice is deduplicated); the reducer fails
+the execution when it folds it. Timers live in one process, so the executions that have a deadline and
+are not finished are also kept in an index by partition (`kv/deadlines.py`): a controller that takes a
+partition over lists that partition's keys and arms their timers, without reading any snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+from nats.js.client import JetStreamContext
+
+from noetl_stream import events as E
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.deadlines import DeadlineIndex
+from noetl_stream.outbox import Outbox
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event, event_id, now_iso
+
+log = structlog.get_logger(__name__)
+
+
+class Deadlines:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        topology: Topology,
+        controller_id: str,
+        *,
+        fence_of: Callable[[int], int | None],
+        is_terminal: Callable[[str], bool],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        """``fence_of(partition)``: the fencing token while this controller validly holds the partition,
+        else None. ``is_terminal(eid)``: the execution is known (in memory) to be over."""
+        self.js = js
+        self.topology = topology
+        self.controller_id = controller_id
+        self._fence_of = fence_of
+        self._is_terminal = is_terminal
+        self._spawn = spawn
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.index: DeadlineIndex | None = None
+        self._indexed: set[str] = set()
+        """Executions this controller has put in the index (and not removed since)."""
+        self._pending: set[int] = set()
+
+    def open(self, index: DeadlineIndex, topology: Topology) -> None:
+        """Start indexing (``topology``: the installation's, as the controller read it at start)."""
+        self.index = index
+        self.topology = topology
+
+    # -- timers ------------------------------------------------------------------------------------
+    def arm_state(self, state: ExecutionState) -> None:
+        eid = state.execution_id
+        if state.terminal or state.deadline_at is None:
+            timer = self.timers.pop(eid, None)
+            if timer is not None:
+                timer.cancel()
+            return
+        self.arm(eid, state.deadline_at)
+
+    def arm(self, eid: str, deadline_at: float) -> None:
+        if eid in self.timers:
+            return
+        delay = max(0.0, deadline_at - time.time())
+        loop = asyncio.get_running_loop()
+        self.timers[eid] = loop.call_later(delay, self._fire_soon, eid, deadline_at)
+
+    def release(self, partition: int) -> None:
+        """The partition is not ours any more: its timers go (armed from the index too, not only for
+        the states in memory), its next owner re-arms them."""
+        for eid in [e for e in self.timers if self.topology.partition_of(e) == partition]:
+            self.timers.pop(eid).cancel()
+        for eid in [e for e in self._indexed if self.topology.partition_of(e) == partition]:
+            self._indexed.discard(eid)
+
+    def cancel_all(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+
+    def _fire_soon(self, eid: str, deadline_at: float) -> None:
+        self._spawn(self.fire(eid, deadline_at))
+
+    async def fire(self, eid: str, deadline_at: float) -> None:
+        """Record ``execution.deadline.exceeded`` (deterministic id: firing twice is deduplicated)."""
+        self.timers.pop(eid, None)
+        if self._is_terminal(eid):
+            return
+        fence = self._fence_of(self.topology.partition_of(eid))
+        if fence is None:
+            return  # the partition's owner has its own timer
+        ev = Event(
+            event_id=event_id(eid, "execution", E.EXECUTION_DEADLINE_EXCEEDED),
+            execution_id=eid,
+            name=E.EXECUTION_DEADLINE_EXCEEDED,
+            source="server",
+            entity_type="execution",
+            entity_id=eid,
+            status="error",
+            timestamp=now_iso(),
+            payload={"deadline_at": deadline_at},
+            controller=self.controller_id,
+            fence=fence,
+        )
+        outbox = Outbox(self.js, self.topology)
+        outbox.event(ev)
+        try:
+            await outbox.flush()
+        except Exception as exc:  # retried when the next event of the execution re-arms the timer
+            log.warning("controller.deadline_publish_failed", execution_id=eid, error=str(exc))
+
+    # -- index -------------------------------------------------------------------------------------
+    async def track(self, state: ExecutionState, was_terminal: bool, deadline_folded: bool) -> None:
+        """After a fold: index an execution with a deadline while it runs, remove it when it ends (also
+        when a deadline event reached an execution that had ended: a key left by a crash)."""
+        if state.deadline_at is None or self.index is None:
+            return
+        eid = state.execution_id
+        partition = self.topology.partition_of(eid)
+        try:
+            if not state.terminal:
+                if eid not in self._indexed:
+                    await self.index.add(partition, eid, state.deadline_at)
+                    self._indexed.add(eid)
+            elif not was_terminal or eid in self._indexed or deadline_folded:
+                self._indexed.discard(eid)
+                await self.index.remove(partition, eid)
+        except Exception as exc:  # a missing key costs a timer after a takeover; a stale one, nothing
+            log.warning("controller.deadline_index_failed", execution_id=eid, error=str(exc))
+
+    def acquired(self, partition: int) -> None:
+        """A partition was taken: re-arm its timers (one task for the partitions of the same tick)."""
+        self._pending.add(partition)
+        if len(self._pending) == 1:
+            self._spawn(self.rearm())
+
+    async def rearm(self) -> None:
+        """Timers for the acquired partitions' executions in the index (those with a deadline that have
+        not ended: the listing does not grow with the other executions of the bucket)."""
+        await asyncio.sleep(0)  # let the other acquisitions of this tick join
+        partitions, self._pending = self._pending, set()
+        if self.index is None:
+            return
+        for partition in sorted(partitions):
+            if self._fence_of(partition) is None:
+                continue
+            try:
+                indexed = await self.index.of_partition(partition)
+            except Exception as exc:
+                log.warning(
+                    "controller.rearm_failed", partition=partition, error=str(exc) or type(exc).__name__
+                )
+                continue
+            for eid, deadline_at in indexed:
+                ours = self._fence_of(partition) is not None  # (still: the listing awaited)
+                if ours and self.topology.partition_of(eid) == partition and not self._is_terminal(eid):
+                    self.arm(eid, deadline_at)

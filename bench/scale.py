@@ -215,5 +215,10 @@ if __name__ == "__main__":
     from noetl_stream.logs import configure
     from noetl_stream.loop import run_event_loop
 
+    if {"-h", "--help"} & set(sys.argv):
+        print(
+            "python -m bench.scale [--quick]: growth (1k/10k/100k) and scaling figures, processes as in make bench"
+        )
+        raise SystemExit(0)
     configure("warning")
     run_event_loop(_main("--quick" in sys.argv))

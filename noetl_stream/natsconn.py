@@ -17,7 +17,7 @@ import contextlib
 import inspect
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -26,15 +26,128 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    MsgAlreadyAckdError,
+    NotJSMessageError,
+    OutboundBufferLimitError,
+)
 
-__all__ = ["ContinuousPuller", "Handler", "connect"]
+__all__ = [
+    "ContinuousPuller",
+    "Handler",
+    "ack",
+    "check_writable",
+    "connect",
+    "num_delivered",
+    "stream_seq",
+    "subscribe_inline",
+    "write",
+]
 
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
 
 _ACK_PREFIX = "$JS.ACK."
+_CONNECTED = NATS.CONNECTED
 _PENDING_MSGS = "Nats-Pending-Messages"
+
+
+class _Inline(asyncio.Future[Msg]):
+    """A "future" that never completes: each ``set_result(msg)`` calls `callback` instead."""
+
+    def __init__(self, callback: Callable[[Msg], None], subject: str) -> None:
+        super().__init__()
+        self._callback, self._subject = callback, subject
+
+    def set_result(self, result: Msg, /) -> None:
+        try:
+            self._callback(result)
+        except Exception:  # raised into nats-py's read loop, it would end the connection's reading
+            log.exception("nats.inline_callback_failed", subject=self._subject)
+
+
+async def subscribe_inline(nc: NATS, subject: str, callback: Callable[[Msg], None]) -> Subscription:
+    """Subscribe with a plain function called in nats-py's read loop, as each message is parsed.
+
+    nats-py hands the messages of a callback subscription to a task of the subscription through a
+    queue (a put, a get and a task switch per message); a subscription made with ``future=`` (the path
+    of its single-response requests) gets each one through the future's ``set_result`` instead, at
+    once. `callback` must be quick and must not block: it runs between two messages of the socket.
+    Its exceptions are logged. Unsubscribe and drain as usual.
+    """
+    return await nc.subscribe(subject, future=_Inline(callback, subject))
+
+
+# --- writing protocol commands without nats-py's per-publish work ----------------------------------
+# nats-py's ``Client.publish`` validates the subject with a regex, builds the command with an f-string
+# and, with headers, checks each header name with a regex: a few microseconds per message on the hot
+# path. `write` puts ready-made protocol bytes into the same outgoing buffer the same way
+# (``_send_command``, then a kick of the flusher task), after the same checks (`check_writable`).
+
+
+def check_writable(nc: NATS, size: int) -> None:
+    """Raise what ``Client.publish`` raises when `size` more payload bytes cannot be written now
+    (closed, draining, or reconnecting with a full buffer). While reconnecting, writes are buffered."""
+    if nc._status == _CONNECTED:
+        return
+    if nc.is_closed:
+        raise ConnectionClosedError
+    if nc.is_draining_pubs:
+        raise ConnectionDrainingError
+    if not nc.is_connected and (
+        nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size
+    ):
+        raise OutboundBufferLimitError
+
+
+async def write(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> None:
+    """Queue protocol commands (`messages` of them, `payload_bytes` of payload) for the flusher."""
+    stats = nc.stats
+    stats["out_msgs"] += messages
+    stats["out_bytes"] += payload_bytes
+    await nc._send_command(data)
+    queue = nc._flush_queue
+    if queue is not None and queue.empty():
+        await nc._flush_pending()
+
+
+async def ack(msg: Msg) -> None:
+    """``msg.ack()`` without nats-py's per-publish work (see `write`): the delivery is settled."""
+    if msg._ackd:
+        raise MsgAlreadyAckdError(msg)
+    if not msg.reply:
+        raise NotJSMessageError
+    nc = msg._client
+    check_writable(nc, 4)
+    await write(nc, b"PUB %b 4\r\n+ACK\r\n" % msg.reply.encode(), 1, 4)
+    msg._ackd = True
+
+
+def _ack_tokens(msg: Msg) -> tuple[list[str], int]:
+    """The reply subject's tokens and where the delivery fields start: ``$JS.ACK.<stream>.<consumer>.
+    <delivered>.<stream seq>.<consumer seq>.<time>.<pending>``, or with ``<domain>.<account hash>``
+    after ``ACK`` (then 2 later, and a random token at the end)."""
+    tokens = (msg.reply or "").split(".")
+    n = len(tokens)
+    if (n == 9 or n >= 11) and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return tokens, 4 if n == 9 else 6
+    raise NotJSMessageError
+
+
+def stream_seq(msg: Msg) -> int:
+    """The stream sequence of a JetStream delivery, read from its reply subject alone (``msg.metadata``
+    builds dataclasses and a datetime for every field: a few microseconds per message)."""
+    tokens, at = _ack_tokens(msg)
+    return int(tokens[at + 1])
+
+
+def num_delivered(msg: Msg) -> int:
+    """How many times this message was delivered (1 the first time), from the reply subject alone."""
+    tokens, at = _ack_tokens(msg)
+    return int(tokens[at])
 
 
 class _Queued:
@@ -178,6 +291,7 @@ class ContinuousPuller:
         self._running = 0
         self._queue: collections.deque[_Queued] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._aux: set[asyncio.Task[None]] = set()  # intake's asynchronous work (statuses, hand-backs)
         self._watchdog: asyncio.Task[None] | None = None
         self._stopping = False
         self._needs_reset = False
@@ -228,7 +342,7 @@ class ContinuousPuller:
         self._last_activity = loop.time()
         self._reconnects = self._nc.stats["reconnects"]
         self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
+        self._sub = await subscribe_inline(self._nc, self._inbox, self._on_msg)
         await self._top_up()
         self._watchdog = asyncio.create_task(self._watch(), name=f"puller-watchdog:{self.consumer}")
 
@@ -252,6 +366,8 @@ class ContinuousPuller:
                 await self._sub.drain()  # type: ignore[no-untyped-call]
         except Exception as e:  # closed or reconnecting connection: nothing more will arrive
             self._log.debug("puller.drain_failed", error=repr(e))
+        if self._aux:
+            await asyncio.wait(set(self._aux), timeout=timeout)
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
             if pending:
@@ -276,20 +392,27 @@ class ContinuousPuller:
         await self.stop()
 
     # --- intake -----------------------------------------------------------------------------------
-    async def _on_msg(self, msg: Msg) -> None:
+    def _on_msg(self, msg: Msg) -> None:
+        """Called in the connection's read loop (`subscribe_inline`): file the message, start handlers."""
         self._last_activity = asyncio.get_running_loop().time()
         if not msg.reply.startswith(_ACK_PREFIX):
-            await self._on_status(msg)
+            self._spawn(self._on_status(msg))
             return
         if self._outstanding > 0:
             self._outstanding -= 1
         if self._stopping:
-            await self._hand_back(msg)
+            self._spawn(self._hand_back(msg))
             return
+        # A delivery moves a message from requested to held: the window is unchanged, no pull to top up.
         self._held += 1
         self._queue.append(_Queued(msg, self._last_activity))
         self._dispatch()
-        await self._top_up()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run the rare asynchronous part of intake (a status, a hand-back) as a task stop() waits for."""
+        task = asyncio.create_task(coro)
+        self._aux.add(task)
+        task.add_done_callback(self._aux.discard)
 
     async def _on_status(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -309,11 +432,19 @@ class ContinuousPuller:
         if status not in ("404", "408"):
             self._log.warning("puller.status", status=status, description=headers.get("Description", ""))
 
-    async def _top_up(self) -> None:
+    def _pull_size(self) -> int:
+        """How many messages a pull request should ask for now; 0 while the window is over half full."""
         in_hand = self._outstanding + self._held
         if self._stopping or in_hand > self.batch // 2 or not self._nc.is_connected:
-            return
-        n = self.batch - in_hand
+            return 0
+        return self.batch - in_hand
+
+    async def _top_up(self) -> None:
+        n = self._pull_size()
+        if n:
+            await self._pull(n)
+
+    async def _pull(self, n: int) -> None:
         req = {"batch": n, "expires": self._expires_ns, "idle_heartbeat": int(self._hb_s * 1e9)}
         self._outstanding += n
         try:
@@ -344,29 +475,30 @@ class ContinuousPuller:
         try:
             while True:
                 try:
-                    await self._handle(msg)
+                    await self._handler(msg)
+                except Exception:
+                    await self._failed(msg)
                 finally:
                     self._held -= 1
                 if self._stopping or not self._queue or self._ordered:
                     break
                 msg = self._queue.popleft().msg
-                await self._top_up()
+                if n := self._pull_size():
+                    await self._pull(n)
         finally:
             self._running -= 1
         if self._ordered:
             self._dispatch()  # queued messages start in delivery order, each in a task of its own
-        await self._top_up()
+        if n := self._pull_size():
+            await self._pull(n)
 
-    async def _handle(self, msg: Msg) -> None:
-        try:
-            await self._handler(msg)
-        except Exception:
-            self._log.exception("puller.handler_failed", subject=msg.subject)
-            if self._nak_delay is not None and not msg.is_acked:
-                try:
-                    await msg.nak(delay=self._nak_delay)
-                except Exception as e:
-                    self._log.warning("puller.nak_failed", error=repr(e))
+    async def _failed(self, msg: Msg) -> None:
+        self._log.exception("puller.handler_failed", subject=msg.subject)
+        if self._nak_delay is not None and not msg.is_acked:
+            try:
+                await msg.nak(delay=self._nak_delay)
+            except Exception as e:
+                self._log.warning("puller.nak_failed", error=repr(e))
 
     # --- watchdog ---------------------------------------------------------------------------------
     async def _watch(self) -> None:

@@ -10,29 +10,30 @@ event confirms the ones before it were processed too: one ack round trip (and on
 ack message to parse) per flush instead of one per event, which is what bounds
 throughput in Python (perf/README.md). Commands are acked individually: each one
 is a unit of work that must not be lost. Duplicates are dropped by the server
-through ``Nats-Msg-Id`` either way.
+through ``Nats-Msg-Id`` either way. The publishes go through the connection's
+`jspublish.Publisher` (headers built once as bytes, acks matched by a counter).
 
 A flush that fails for a reason that passes by itself (a clustered stream electing a new leader
-after its node died answers 503 "no responders" for several seconds; a reconnect; an ack that never
-came) publishes everything again, with the same ``Nats-Msg-Id``s, with backoff for up to
-``retry_s``. Without that a worker would hand its command back and run the tool again, and a
+after its node died answers 503 "no responders" for several seconds; a reconnect, which fails the
+acks still awaited; an ack that never came) publishes everything again, with the same
+``Nats-Msg-Id``s, with backoff for up to ``retry_s``. Without that a worker would hand its command back and run the tool again, and a
 command handed back ``max_deliver`` times during one election would fail its step.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import nats.errors
 import structlog
 from nats.js.client import JetStreamContext
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
+from noetl_stream.jspublish import MSG_ID, PubAck, publisher
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, encode
 
-MSG_ID = "Nats-Msg-Id"
+__all__ = ["MSG_ID", "Outbox"]
 
 log = structlog.get_logger(__name__)
 
@@ -47,7 +48,7 @@ _TRANSIENT = (
 
 
 class Outbox:
-    __slots__ = ("_commands", "_events", "ack_timeout_s", "js", "nc", "retry_s", "topology")
+    __slots__ = ("_commands", "_events", "_pub", "ack_timeout_s", "js", "nc", "retry_s", "topology")
 
     def __init__(
         self, js: JetStreamContext, topology: Topology, ack_timeout_s: float = 10.0, retry_s: float = 30.0
@@ -56,6 +57,7 @@ class Outbox:
         self.ack_timeout_s = ack_timeout_s
         self.retry_s = retry_s
         self.nc = js._nc
+        self._pub = publisher(self.nc)
         self.topology = topology
         self._events: list[tuple[str, bytes, str]] = []
         self._commands: list[tuple[str, bytes, str]] = []
@@ -73,9 +75,7 @@ class Outbox:
         """Publish one event at once, without waiting for its ack (progress that should not wait for
         the next flush; the flush's acked last event confirms it)."""
         subject = self.topology.event_subject(event.execution_id, event.name)
-        await self.nc.publish(
-            subject, data if data is not None else encode(event), headers={MSG_ID: event.event_id}
-        )
+        await self._pub.publish(subject, data if data is not None else encode(event), event.event_id)
 
     def __len__(self) -> int:
         return len(self._events) + len(self._commands)
@@ -109,27 +109,29 @@ class Outbox:
     async def _publish(
         self, events: list[tuple[str, bytes, str]], commands: list[tuple[str, bytes, str]]
     ) -> None:
-        futures: list[asyncio.Future[Any]] = []
-        if events:
-            for subject, data, msg_id in events[:-1]:
-                await self.nc.publish(subject, data, headers={MSG_ID: msg_id})
-            subject, data, msg_id = events[-1]
-            futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
-        for subject, data, msg_id in commands:
-            futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
+        futures: list[asyncio.Future[PubAck]] = []
         first_error: BaseException | None = None
-        # All were sent already: awaiting them one by one costs no extra round trip. A publish the server
-        # never answers (it died mid-request) must not hang the handler: after the timeout the caller does
-        # not ack, and the input is redelivered. One deadline for all (not a wait_for per future: each
-        # costs a timer, a task wake-up and a future).
+        ok = False
         try:
-            async with asyncio.timeout(self.ack_timeout_s):
-                for fut in futures:
-                    try:
-                        await fut
-                    except Exception as exc:
-                        first_error = first_error or exc
-        except TimeoutError as exc:
-            first_error = first_error or exc
+            # Events but the last as plain publishes, then the last event and each command with an ack.
+            futures = await self._pub.send(events + commands, max(0, len(events) - 1), self.ack_timeout_s)
+            # All were sent already: awaiting them one by one costs no extra round trip. A publish the
+            # server never answers (it died mid-request) must not hang the handler: its future fails
+            # after `ack_timeout_s` (TimeoutError), the caller does not ack, and the input is redelivered.
+            for fut in futures:
+                try:
+                    await fut
+                except Exception as exc:
+                    first_error = first_error or exc
+            ok = first_error is None
+        finally:
+            if not ok:
+                _discard(futures)  # failed or cancelled: an ack that comes later is ignored
         if first_error is not None:
             raise first_error
+
+
+def _discard(futures: list[asyncio.Future[PubAck]]) -> None:
+    for fut in futures:
+        if not fut.cancel() and not fut.cancelled():
+            fut.exception()  # retrieved: no "exception was never retrieved" when it is collected

@@ -36,7 +36,7 @@ from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.logs import bound
-from noetl_stream.natsconn import ContinuousPuller
+from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, decode_event, encode, event_id, now_iso
@@ -245,7 +245,7 @@ class Controller:
             await msg.term()
             return
         eid = event.execution_id
-        item = (msg, event, msg.metadata.sequence.stream)
+        item = (msg, event, stream_seq(msg))
         queue = self._queues.get(eid)
         if queue is not None:
             queue.append(item)  # the handler draining this execution will fold it
@@ -284,7 +284,7 @@ class Controller:
         first = batch[0][1]
         # A request delivered for the first time starts a new execution. A redelivered one may belong to an
         # execution whose later events a previous controller already handled: rebuild it from the stream.
-        new = first.name == E.EXECUTION_REQUESTED and batch[0][0].metadata.num_delivered == 1
+        new = first.name == E.EXECUTION_REQUESTED and num_delivered(batch[0][0]) == 1
         cached = eid in self.states
         state = await self._load(eid, new)
         if state is not None and not state.terminal:
@@ -332,7 +332,7 @@ class Controller:
             await self.deadlines.track(state, was_terminal, deadline)
             await self._maybe_snapshot(state, fence)  # under the lease this fold published with
         for msg, _, _ in batch:
-            await msg.ack()
+            await ack(msg)
 
     def _internal_failure(
         self, state: ExecutionState | None, event: Event, seq: int, exc: Exception

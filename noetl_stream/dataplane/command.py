@@ -45,6 +45,8 @@ class CommandRun:
         self.pending: list[Event] = []
         self.finished = False
         self.wake: asyncio.Event | None = None
+        self.watcher: asyncio.Task[None] | None = None
+        """Publishes progress and keeps the message alive while the command runs long (worker.py)."""
         self.trace = tracing.step_run(cmd, worker.name)  # None unless OpenTelemetry tracing is on
         self.trace_id = cmd.trace_id if self.trace is None else self.trace.trace_id
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import socket
 from collections import OrderedDict
@@ -28,7 +29,7 @@ from noetl_stream.dataplane.command import CommandRun
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
-from noetl_stream.natsconn import ContinuousPuller
+from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import decode_command, decode_event
@@ -67,6 +68,9 @@ class Worker:
         """Executions that ended (cancelled, failed, deadline) while commands of theirs may run here."""
         self._stopped = asyncio.Event()
         self._log = log.bind(worker=self.name, pool=pool)
+        # Commands running, for the progress scan: their message, start time and logging context.
+        self._active: dict[CommandRun, tuple[Msg, float, contextvars.Context]] = {}
+        self._scan: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -128,6 +132,9 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self._ended_sub.unsubscribe()
             self._ended_sub = None
+        if self._scan is not None:
+            self._scan.cancel()
+            self._scan = None
         await self.services.close()
         self._stopped.set()
 
@@ -142,30 +149,40 @@ class Worker:
         ids = {"execution_id": cmd.execution_id, "step": cmd.step, "step_run_id": cmd.step_run_id}
         with bound(**ids, worker=self.name):  # on every log line about this command
             outbox = Outbox(self.js, self.topology)
-            run = CommandRun(self, cmd, outbox, redelivered=msg.metadata.num_delivered > 1)
+            run = CommandRun(self, cmd, outbox, redelivered=num_delivered(msg) > 1)
             await self._supervise(msg, run)
             await run.publish_pending()
-            await msg.ack()
+            await ack(msg)
 
     async def _supervise(self, msg: Msg, run: CommandRun) -> None:
         """Run the command. If it is still running after ``PROGRESS_EVERY_S``, a watcher publishes its
-        progress events and keeps the message alive until it ends (fast commands pay one timer)."""
+        progress events and keeps the message alive until it ends. One periodic scan finds such commands
+        (fast commands pay a dict entry, not a timer each)."""
         loop = asyncio.get_running_loop()
-        watcher: list[asyncio.Task[None]] = []
-        handle = loop.call_later(
-            PROGRESS_EVERY_S, lambda: watcher.append(asyncio.ensure_future(self._watch(msg, run)))
-        )
+        self._active[run] = (msg, loop.time(), contextvars.copy_context())
+        if self._scan is None:
+            self._scan = loop.call_later(PROGRESS_EVERY_S / 2, self._scan_active)
         try:
             await run.execute()
         finally:
-            handle.cancel()
+            del self._active[run]
             run.finished = True
             if run.trace is not None:
                 run.trace.end()
             if run.wake is not None:
                 run.wake.set()
-            for task in watcher:  # let it finish its current publish: no event is dropped half-sent
-                await task
+            if run.watcher is not None:  # let it finish its current publish: no event is dropped half-sent
+                await run.watcher
+
+    def _scan_active(self) -> None:
+        """Start a watcher for each command running longer than ``PROGRESS_EVERY_S``; again in a moment
+        while any command runs."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for run, (msg, since, context) in self._active.items():
+            if run.watcher is None and now - since >= PROGRESS_EVERY_S:
+                run.watcher = loop.create_task(self._watch(msg, run), context=context)
+        self._scan = loop.call_later(PROGRESS_EVERY_S / 2, self._scan_active) if self._active else None
 
     async def _watch(self, msg: Msg, run: CommandRun) -> None:
         keep_alive_every = max(0.5, self.topology.command_ack_wait_s / 3)

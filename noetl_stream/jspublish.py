@@ -1,0 +1,275 @@
+"""JetStream publishes for the hot path: one ack inbox per connection, acks matched by a counter.
+
+The outbox publishes every event and command with a ``Nats-Msg-Id`` and waits for one JetStream ack
+per flush. nats-py's ``publish_async`` costs, per call, a random token (``secrets.token_hex``: a
+``getrandom`` syscall), a semaphore acquired through ``asyncio.wait_for``, a done-callback, a regex
+check per header and, per ack, ``json.loads`` into a dataclass (docs/performance.md, candidate 3).
+`Publisher` does the same protocol work with less: the ``HPUB`` line and its one header are built as
+bytes, reply tokens come from a counter, acks are decoded with msgspec as the read loop parses them
+(`natsconn.subscribe_inline`: no queue and task switch per ack). It also settles what
+``publish_async`` leaves hanging: an API error in the ack (``{"error": {...}}``) fails its future
+instead of being raised inside nats-py's callback, and a disconnect fails every ack still awaited
+(the acks of a lost connection never come; the outbox publishes again, same ids, which the server
+drops as duplicates).
+
+It writes to the connection's outgoing buffer as ``Client.publish`` does (`natsconn.write`, after the
+same checks), so ordering with the connection's other publishes, buffering while reconnecting and the
+flusher are nats-py's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import weakref
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
+
+from noetl_stream.natsconn import check_writable, subscribe_inline, write
+
+__all__ = ["PubAck", "Publisher", "publisher"]
+
+MSG_ID = "Nats-Msg-Id"
+
+# HPUB <subject> [reply] <header bytes> <total bytes>, the header (one line: Nats-Msg-Id), the payload.
+_HPUB = b"HPUB %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
+_HPUB_REPLY = b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
+_HEADER_LEN = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
+_NO_RESPONDERS = "503"
+_CONNECTED = NATS.CONNECTED
+_TICK_S = 0.25
+DEFAULT_TIMEOUT_S = 10.0
+
+
+Message = tuple[str, bytes, str]
+"""subject, payload, ``Nats-Msg-Id``"""
+
+
+class ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int | None = None
+    description: str = ""
+
+
+class PubAck(msgspec.Struct):
+    """The server's answer to a JetStream publish (``duplicate`` when ``Nats-Msg-Id`` was seen before)."""
+
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    domain: str | None = None
+    error: ApiError | None = None
+
+
+_decode_ack = msgspec.json.Decoder(PubAck).decode
+
+
+def api_error(err: ApiError) -> APIError:
+    """nats-py's error for an API error (503 is ``ServiceUnavailableError``, as ``js.publish`` raises)."""
+    cls = {503: ServiceUnavailableError, 500: ServerError, 404: NotFoundError, 400: BadRequestError}
+    return cls.get(err.code, APIError)(code=err.code, err_code=err.err_code, description=err.description)
+
+
+class Publisher:
+    """Publishes with a ``Nats-Msg-Id`` on one connection; `acked` returns a future of the `PubAck`.
+
+    Use `publisher(nc)` to get the connection's one instance. A future fails with
+    ``NoStreamResponseError`` when no stream takes the subject, with nats-py's ``APIError`` (or a
+    subclass) when the stream refuses the message, with ``ConnectionReconnectingError`` /
+    ``ConnectionClosedError`` when the connection is lost before the ack came, with ``TimeoutError``
+    when no ack came within ``timeout_s`` (checked by one timer per connection, a few times a second,
+    instead of a timer per publish: the deadline is kept to within a quarter of a second). A caller may
+    also cancel a future; an ack arriving later is then ignored.
+    """
+
+    def __init__(self, nc: NATS) -> None:
+        self._nc_ref = weakref.ref(nc)  # the registry is keyed by the connection: no strong ref back
+        self._prefix = ""  # reply subjects are <prefix><token>; set by the first acked publish
+        self._prefix_b = b""
+        self._next = 0
+        self._futures: dict[str, asyncio.Future[PubAck]] = {}
+        # (deadline, token, future) in publish order: deadlines grow as long as callers use one timeout
+        self._deadlines: collections.deque[tuple[float, str, asyncio.Future[PubAck]]] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._init_lock = asyncio.Lock()
+        self._chain_disconnected(nc)
+
+    @property
+    def pending(self) -> int:
+        """Acks awaited (futures not yet settled)."""
+        return sum(1 for f in self._futures.values() if not f.done())
+
+    def _conn(self) -> NATS:
+        nc = self._nc_ref()
+        if nc is None:
+            raise nats.errors.ConnectionClosedError
+        return nc
+
+    # -- publishing ----------------------------------------------------------------------------------
+    async def publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        """Publish without asking for an ack (a later acked publish on this connection confirms it:
+        JetStream stores one connection's messages to a stream in order)."""
+        await self.send([(subject, payload, msg_id)], 1)
+
+    async def acked(
+        self, subject: str, payload: bytes, msg_id: str, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> asyncio.Future[PubAck]:
+        """Publish with an ack request; the future settles when the server answers (see the class)."""
+        (fut,) = await self.send([(subject, payload, msg_id)], 0, timeout_s)
+        return fut
+
+    async def send(
+        self, messages: list[Message], ack_from: int, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> list[asyncio.Future[PubAck]]:
+        """Publish `messages` (subject, payload, ``Nats-Msg-Id``) in order, as one write to the
+        connection's buffer; those from index `ack_from` on ask for an ack: their futures, in order,
+        each failing with ``TimeoutError`` if its ack has not come after `timeout_s`."""
+        nc = self._conn()
+        check_writable(nc, sum(len(m[1]) for m in messages) if nc._status != _CONNECTED else 0)
+        if ack_from < len(messages) and not self._prefix:
+            await self._subscribe()
+        max_payload = nc._max_payload
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        deadlines = self._deadlines
+        futures: list[asyncio.Future[PubAck]] = []
+        parts: list[bytes] = []
+        size = 0
+        try:
+            for i, (subject, payload, msg_id) in enumerate(messages):
+                n = len(payload)
+                if n > max_payload:
+                    raise nats.errors.MaxPayloadError
+                size += n
+                if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
+                    raise nats.errors.BadHeaderError(MSG_ID)
+                mid = msg_id.encode()
+                hlen = _HEADER_LEN + len(mid)
+                if i < ack_from:
+                    parts.append(_HPUB % (_subject(subject), hlen, hlen + n, mid, payload))
+                    continue
+                self._next += 1
+                token = str(self._next)
+                fut: asyncio.Future[PubAck] = loop.create_future()
+                futures.append(fut)
+                self._futures[token] = fut
+                deadlines.append((deadline, token, fut))
+                reply = self._prefix_b + token.encode()
+                parts.append(_HPUB_REPLY % (_subject(subject), reply, hlen, hlen + n, mid, payload))
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+        if futures and self._timer is None:
+            self._timer = loop.call_later(min(_TICK_S, timeout_s / 4), self._expire)
+        await write(nc, parts[0] if len(parts) == 1 else b"".join(parts), len(messages), size)
+        return futures
+
+    # -- acks ----------------------------------------------------------------------------------------
+    async def _subscribe(self) -> None:
+        """One wildcard subscription for every ack of this connection (nats-py replays it after a
+        reconnect)."""
+        async with self._init_lock:
+            if self._prefix:
+                return
+            nc = self._conn()
+            if nc.is_closed:
+                raise nats.errors.ConnectionClosedError
+            prefix = nc.new_inbox() + "."
+            await subscribe_inline(nc, prefix + "*", self._on_ack)
+            self._prefix, self._prefix_b = prefix, prefix.encode()
+
+    def _on_ack(self, msg: Msg) -> None:
+        fut = self._futures.pop(msg.subject[len(self._prefix) :], None)
+        if fut is None or fut.done():
+            return
+        headers = msg.headers
+        if headers and headers.get("Status") == _NO_RESPONDERS:
+            fut.set_exception(NoStreamResponseError())
+            return
+        try:
+            ack = _decode_ack(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            fut.set_exception(APIError(description=f"unreadable publish ack {msg.data[:200]!r}: {exc}"))
+            return
+        if ack.error is not None:
+            fut.set_exception(api_error(ack.error))
+        else:
+            fut.set_result(ack)
+
+    def _expire(self) -> None:
+        """Forget settled futures and fail those past their deadline, oldest first; again in a moment
+        while any is left."""
+        self._timer = None
+        deadlines, futures = self._deadlines, self._futures
+        now = asyncio.get_running_loop().time()
+        while deadlines:
+            deadline, token, fut = deadlines[0]
+            if not fut.done():
+                if deadline > now:
+                    break
+                fut.set_exception(TimeoutError(f"no JetStream ack within the deadline (token {token})"))
+            deadlines.popleft()
+            futures.pop(token, None)
+        if deadlines:
+            self._timer = asyncio.get_running_loop().call_later(_TICK_S, self._expire)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        futures, self._futures = self._futures, {}
+        for fut in futures.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _chain_disconnected(self, nc: NATS) -> None:
+        """Fail the awaited acks when the connection drops: a reply lost with the connection never comes,
+        and the outbox should publish again after the reconnect rather than wait out its timeout.
+        nats-py has one ``disconnected_cb``: ours runs first, then the one the connection was made with.
+        """
+        previous: Callable[[], Awaitable[None]] | None = nc._disconnected_cb
+        ref = weakref.ref(self)
+
+        async def on_disconnected() -> None:
+            me, conn = ref(), nc_ref()
+            if me is not None and conn is not None:
+                if conn.is_closed:  # its subscriptions are gone: subscribe again if it is reconnected
+                    me._prefix, me._prefix_b = "", b""
+                    me._fail_all(nats.errors.ConnectionClosedError())
+                else:
+                    me._fail_all(nats.errors.ConnectionReconnectingError())
+            if previous is not None:
+                await previous()
+
+        nc_ref = weakref.ref(nc)
+        nc._disconnected_cb = on_disconnected
+
+
+@functools.lru_cache(maxsize=8192)  # an execution's subjects repeat, step after step
+def _subject(subject: str) -> bytes:
+    """What nats-py refuses in a subject (whitespace would end the protocol line), and control characters."""
+    if not subject or " " in subject or not subject.isprintable():
+        raise nats.errors.BadSubjectError
+    return subject.encode()
+
+
+_PUBLISHERS: weakref.WeakKeyDictionary[NATS, Publisher] = weakref.WeakKeyDictionary()
+
+
+def publisher(nc: NATS) -> Publisher:
+    """The connection's `Publisher` (one per connection: one ack subscription, one counter)."""
+    pub = _PUBLISHERS.get(nc)
+    if pub is None:
+        pub = _PUBLISHERS[nc] = Publisher(nc)
+    return pub

@@ -1,0 +1,104 @@
+"""natsconn helpers against a real server: delivery fields from the reply subject, inline subscriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import MsgAlreadyAckdError, NotJSMessageError
+from nats.js import JetStreamContext
+
+from noetl_stream.natsconn import ack, num_delivered, stream_seq, subscribe_inline
+
+Eventually = Callable[..., Awaitable[None]]
+
+
+async def test_stream_seq_and_num_delivered_agree_with_nats_py_metadata(
+    nc: NATS, js: JetStreamContext
+) -> None:
+    name = "MD" + uuid.uuid4().hex[:8].upper()
+    await js.add_stream(name=name, subjects=[f"{name}.>"])
+    try:
+        for i in range(3):
+            await js.publish(f"{name}.x", f"{i}".encode())
+        sub = await js.pull_subscribe(f"{name}.x", durable="d", stream=name)
+        first = await sub.fetch(3, timeout=5)
+        for msg in first[1:]:
+            await msg.nak()
+        again = await sub.fetch(2, timeout=5)
+        for msg in [*first, *again]:
+            meta = msg.metadata
+            assert (stream_seq(msg), num_delivered(msg)) == (meta.sequence.stream, meta.num_delivered)
+        assert [num_delivered(m) for m in again] == [2, 2]
+    finally:
+        await js.delete_stream(name)
+
+
+def test_the_domain_form_of_the_reply_subject_is_read_too() -> None:
+    # $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>.<token>
+    msg = Msg(_client=None, subject="s", reply="$JS.ACK.hub.ACC.S.C.4.812.33.1700000000000000000.0.abc")  # type: ignore[arg-type]
+    assert (stream_seq(msg), num_delivered(msg)) == (812, 4)
+    assert (stream_seq(msg), num_delivered(msg)) == (msg.metadata.sequence.stream, msg.metadata.num_delivered)
+    with pytest.raises(NotJSMessageError):
+        stream_seq(Msg(_client=None, subject="s", reply="_INBOX.abc"))  # type: ignore[arg-type]
+
+
+async def test_an_inline_callback_sees_every_message_in_order_and_its_errors_do_not_stop_the_connection(
+    nc: NATS, eventually: Eventually
+) -> None:
+    subject = "inline." + uuid.uuid4().hex
+    seen: list[bytes] = []
+
+    def on_msg(msg: Msg) -> None:
+        seen.append(msg.data)
+        if msg.data == b"3":
+            raise RuntimeError("a bug in a callback")
+
+    sub = await subscribe_inline(nc, subject, on_msg)
+    for i in range(200):
+        await nc.publish(subject, str(i).encode())
+    await eventually(lambda: len(seen) == 200)
+    assert seen == [str(i).encode() for i in range(200)]
+
+    # The connection still reads: a request round trip works, and so does unsubscribing.
+    async def respond(msg: Msg) -> None:
+        await msg.respond(msg.data)
+
+    echo = await nc.subscribe(subject + ".echo", cb=respond)
+    reply = await nc.request(subject + ".echo", b"ping", timeout=5)
+    assert reply.data == b"ping"
+    await sub.unsubscribe()
+    await echo.unsubscribe()
+    await nc.publish(subject, b"after")
+    await nc.flush()
+    await asyncio.sleep(0.05)
+    assert seen[-1] == b"199"
+
+
+async def test_ack_settles_a_delivery_like_msg_ack(
+    nc: NATS, js: JetStreamContext, eventually: Eventually
+) -> None:
+    name = "ACK" + uuid.uuid4().hex[:8].upper()
+    await js.add_stream(name=name, subjects=[f"{name}.>"])
+    try:
+        for i in range(5):
+            await js.publish(f"{name}.x", f"{i}".encode())
+        sub = await js.pull_subscribe(f"{name}.x", durable="d", stream=name)
+        msgs = await sub.fetch(5, timeout=5)
+        for msg in msgs:
+            await ack(msg)
+            assert msg.is_acked
+        with pytest.raises(MsgAlreadyAckdError):
+            await ack(msgs[0])
+
+        async def settled() -> bool:
+            info = await js.consumer_info(name, "d")
+            return info.num_ack_pending == 0 and info.num_pending == 0 and info.ack_floor.stream_seq == 5
+
+        await eventually(settled)
+    finally:
+        await js.delete_stream(name)

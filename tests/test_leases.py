@@ -250,6 +250,7 @@ async def test_a_live_but_busy_controller_is_not_taken_for_dead(
         await msg.respond(b"alive")
 
     a._alive = await nc.subscribe(t.controller_alive_subject("same"), cb=busy)
+    await nc.flush()  # the server has the subscription before b, on another connection, asks
     b = Leases(nc2, t, 2, "same", *pulling.callbacks("b"))
     try:
         with pytest.raises(DuplicateControllerError):

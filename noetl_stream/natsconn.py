@@ -150,6 +150,12 @@ def num_delivered(msg: Msg) -> int:
     return int(tokens[at])
 
 
+def num_pending(msg: Msg) -> int:
+    """How many messages of the consumer are still to come after this one, from the reply subject alone."""
+    tokens, at = _ack_tokens(msg)
+    return int(tokens[at + 4])
+
+
 class _Queued:
     """A delivered message waiting for a free handler, and when it last reset its AckWait."""
 

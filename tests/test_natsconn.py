@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from nats.errors import MsgAlreadyAckdError, NotJSMessageError
 from nats.js import JetStreamContext
 
-from noetl_stream.natsconn import ack, num_delivered, stream_seq, subscribe_inline
+from noetl_stream.natsconn import ack, num_delivered, num_pending, stream_seq, subscribe_inline
 
 Eventually = Callable[..., Awaitable[None]]
 
@@ -32,7 +32,12 @@ async def test_stream_seq_and_num_delivered_agree_with_nats_py_metadata(
         again = await sub.fetch(2, timeout=5)
         for msg in [*first, *again]:
             meta = msg.metadata
-            assert (stream_seq(msg), num_delivered(msg)) == (meta.sequence.stream, meta.num_delivered)
+            assert (stream_seq(msg), num_delivered(msg), num_pending(msg)) == (
+                meta.sequence.stream,
+                meta.num_delivered,
+                meta.num_pending,
+            )
+        assert [num_pending(m) for m in first] == [2, 1, 0]
         assert [num_delivered(m) for m in again] == [2, 2]
     finally:
         await js.delete_stream(name)
@@ -40,8 +45,9 @@ async def test_stream_seq_and_num_delivered_agree_with_nats_py_metadata(
 
 def test_the_domain_form_of_the_reply_subject_is_read_too() -> None:
     # $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>.<token>
-    msg = Msg(_client=None, subject="s", reply="$JS.ACK.hub.ACC.S.C.4.812.33.1700000000000000000.0.abc")  # type: ignore[arg-type]
-    assert (stream_seq(msg), num_delivered(msg)) == (812, 4)
+    msg = Msg(_client=None, subject="s", reply="$JS.ACK.hub.ACC.S.C.4.812.33.1700000000000000000.7.abc")  # type: ignore[arg-type]
+    assert (stream_seq(msg), num_delivered(msg), num_pending(msg)) == (812, 4, 7)
+    assert num_pending(msg) == msg.metadata.num_pending
     assert (stream_seq(msg), num_delivered(msg)) == (msg.metadata.sequence.stream, msg.metadata.num_delivered)
     with pytest.raises(NotJSMessageError):
         stream_seq(Msg(_client=None, subject="s", reply="_INBOX.abc"))  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from noetl_stream.errors import NoetlError
+from noetl_stream.natsconn import num_pending
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, decode_event
 
@@ -107,7 +108,7 @@ async def scan(
             more = on_event(msg.data)
         except Exception as exc:  # nats-py would only log it: hand it to the caller
             failure, more = exc, False
-        if not more or _pending(msg) == 0:
+        if not more or num_pending(msg) == 0:
             done.set()
 
     config = api.ConsumerConfig(
@@ -148,13 +149,3 @@ def _filters(topology: Topology, execution_id: str, names: Iterable[str] | None)
     if names is None:
         return [topology.events_filter(execution_id)]
     return sorted(topology.stored_event_filter(execution_id, n) for n in names)
-
-
-def _pending(msg: Msg) -> int:
-    """The messages still to come after this one, read from the delivery's reply subject
-    (``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>``) without building the
-    whole metadata, which the other form (with domain and account hash) falls back to."""
-    tokens = msg.reply.split(".")
-    if len(tokens) == 9 and tokens[8].isdigit():
-        return int(tokens[8])
-    return int(msg.metadata.num_pending or 0)

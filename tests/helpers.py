@@ -10,11 +10,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from noetl_stream.client import RunSummary
+import msgspec
+
+from noetl_stream import events as E
+from noetl_stream.client import RunSummary, request_for
 from noetl_stream.local import Runtime
-from noetl_stream.wire import Event
+from noetl_stream.wire import Event, event_id, now_iso
 
 RUN_TIMEOUT_S = 30.0
+
+
+def requested(eid: str, text: str, file: str = "t.yaml") -> Event:
+    """The ``playbook.execution.requested`` event the controller's intake records for playbook `text`
+    (to drive the reducer directly, or to store an execution's start as intake would)."""
+    return Event(
+        event_id=event_id(eid, "execution", E.EXECUTION_REQUESTED),
+        execution_id=eid,
+        name=E.EXECUTION_REQUESTED,
+        source="server",
+        entity_type="playbook",
+        entity_id=file,
+        status="in_progress",
+        timestamp=now_iso(),
+        payload={"request": msgspec.to_builtins(request_for(text, file))},
+    )
 
 
 def playbook(workflow: str, *, workload: dict[str, Any] | None = None, name: str = "t") -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from helpers import JOURNAL_CODE, playbook
+from helpers import JOURNAL_CODE, playbook, requested
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -37,7 +37,7 @@ from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.local import Runtime
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, event_id, now_iso
+from noetl_stream.wire import Event, now_iso
 
 # --- the reducer alone ----------------------------------------------------------------------------
 
@@ -55,20 +55,6 @@ BIG = playbook(
     """,
     workload={"n": N},
 )
-
-
-def _requested(eid: str, text: str) -> Event:
-    return Event(
-        event_id=event_id(eid, "execution", E.EXECUTION_REQUESTED),
-        execution_id=eid,
-        name=E.EXECUTION_REQUESTED,
-        source="server",
-        entity_type="playbook",
-        entity_id="t.yaml",
-        status="in_progress",
-        timestamp=now_iso(),
-        payload={"request": msgspec.to_builtins(request_for(text, "t.yaml"))},
-    )
 
 
 def _iteration(eid: str, run_id: str, index: Any, *, failed: bool = False, attempt: int = 1) -> Event:
@@ -94,7 +80,7 @@ def _iteration(eid: str, run_id: str, index: Any, *, failed: bool = False, attem
 def test_a_100k_item_loop_state_encodes_small_and_resumes_from_its_packed_items() -> None:
     eid = "bigloop1"
     reducer = Reducer(PlanCache())
-    state, fx = reducer.apply(None, _requested(eid, BIG), 1)
+    state, fx = reducer.apply(None, requested(eid, BIG), 1)
     assert state is not None
     (blob,) = fx.blobs  # the items, stored once
     assert blob.key == f"{eid}/start-1/items" and len(blob.data) > INLINE_ITEMS_BYTES
@@ -150,7 +136,7 @@ def test_loop_done_asks_for_the_results_and_a_fail_fast_loop_reports_its_lowest_
         book = text.replace(
             "- step: start\n", f"- step: start\n    spec: {{policy: {{failure: {{mode: {mode}}}}}}}\n"
         )
-        state, fx = reducer.apply(None, _requested(eid, book), 1)
+        state, fx = reducer.apply(None, requested(eid, book), 1)
         assert state is not None and fx.blobs == []  # small items stay in the state
         assert [c.iteration.item for c in fx.commands if c.iteration] == ["a", "b", "c", "d"]
         seq = 1

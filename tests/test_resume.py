@@ -7,12 +7,10 @@ nothing twice, however long ago the first attempt was (JetStream's duplicate win
 
 from __future__ import annotations
 
-import msgspec
-from helpers import playbook
+from helpers import playbook, requested
 from nats.js import JetStreamContext
 
 from noetl_stream import events as E
-from noetl_stream.client import request_for
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.resume import queued_command_ids, resume
 from noetl_stream.kv.history import read_events
@@ -29,20 +27,6 @@ BOOK = playbook(
 )
 
 
-def _requested(eid: str) -> Event:
-    return Event(
-        event_id=event_id(eid, "execution", E.EXECUTION_REQUESTED),
-        execution_id=eid,
-        name=E.EXECUTION_REQUESTED,
-        source="server",
-        entity_type="playbook",
-        entity_id="t.yaml",
-        status="in_progress",
-        timestamp=now_iso(),
-        payload={"request": msgspec.to_builtins(request_for(BOOK, "t.yaml"))},
-    )
-
-
 async def _names(js: JetStreamContext, topo: Topology, eid: str) -> list[str]:
     return [ev.name async for _, ev in read_events(js, topo, eid)]
 
@@ -53,10 +37,10 @@ async def test_resume_publishes_what_a_dead_controller_did_not_and_nothing_twice
     await provision(js, topology)
     eid = "resume0execution"
     outbox = Outbox(js, topology)
-    outbox.event(_requested(eid))
+    outbox.event(requested(eid, BOOK))
     await outbox.flush()
     # The dead controller's fold: it stored the first two of its three events, and not the command.
-    _, fx = Reducer(PlanCache()).apply(None, _requested(eid), 1)
+    _, fx = Reducer(PlanCache()).apply(None, requested(eid, BOOK), 1)
     names = [ev.name for ev in fx.events]
     assert names == [E.REQUEST_EVALUATED, E.WORKFLOW_STARTED, E.STEP_SCHEDULED] and len(fx.commands) == 1
     outbox = Outbox(js, topology)
@@ -84,9 +68,9 @@ async def test_a_command_a_worker_took_and_finished_is_not_sent_again(
     await provision(js, topology)
     eid = "resume1execution"
     outbox = Outbox(js, topology)
-    outbox.event(_requested(eid))
+    outbox.event(requested(eid, BOOK))
     await outbox.flush()
-    _, fx = Reducer(PlanCache()).apply(None, _requested(eid), 1)
+    _, fx = Reducer(PlanCache()).apply(None, requested(eid, BOOK), 1)
     (cmd,) = fx.commands
     outbox = Outbox(js, topology)
     for ev in fx.events:

@@ -121,12 +121,16 @@ def run(
             on_event = progress.on_event if progress else None
             return await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
 
+    from noetl_stream.errors import ConfigurationError
     from noetl_stream.loop import run_event_loop
 
     try:
         summary = run_event_loop(go())
     except KeyboardInterrupt:
         sys.exit(130)
+    except ConfigurationError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
     except (OSError, ConnectionError, RuntimeError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_FAILED)

@@ -37,6 +37,16 @@ from noetl_stream.loop import run_event_loop
 API_CONCURRENCY = 16
 """Calls in flight at once for the API figures (`bench.api`)."""
 
+CONCURRENT_CHAIN = 40
+"""Steps per chain of the 100-concurrent figure, raw and runtime alike: the same workload on both sides
+(100 chains of 40 steps; `concurrent_short_steps_per_s` is the runtime with 10-step executions, where
+starting and finishing an execution weighs 4x as much)."""
+
+
+def concurrent_chain(quick: bool) -> int:
+    """`CONCURRENT_CHAIN`, scaled down for ``--quick`` as the other sizes are."""
+    return int(CONCURRENT_CHAIN * (0.2 if quick else 1.0)) or 5
+
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
@@ -100,6 +110,7 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
 
     factor = 0.2 if quick else 1.0
     items = int(10_000 * factor)
+    chain = concurrent_chain(quick)
     key = KeychainKey([generate_key()])
     async with contextlib.AsyncExitStack() as stack:
         rt = await stack.enter_async_context(local_runtime(url, workers=1, concurrency=128, keychain_key=key))
@@ -115,12 +126,10 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
             _say(f"round {i + 1}/{repeat}: sequential chain (raw, runtime) ...")
             add("raw_seq_steps_per_s", await raw.raw_seq_steps_per_s(url, steps=int(600 * factor) or 50))
             add("seq_steps_per_s", await runtime.seq_steps_per_s(rt, 100))
-            _say(f"round {i + 1}/{repeat}: 100 concurrent chains (raw, runtime) ...")
-            add(
-                "raw_concurrent_steps_per_s",
-                await raw.raw_concurrent_steps_per_s(url, 100, int(40 * factor) or 5),
-            )
-            add("concurrent_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, 10))
+            _say(f"round {i + 1}/{repeat}: 100 concurrent chains (raw, runtime x{chain}, runtime x10) ...")
+            add("raw_concurrent_steps_per_s", await raw.raw_concurrent_steps_per_s(url, 100, chain))
+            add("concurrent_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, chain))
+            add("concurrent_short_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, 10))
         if svc is not None and clients is not None:
             await _warm_tools(rt, clients, svc)
             for i in range(repeat):
@@ -144,7 +153,7 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
     return _ratios(out, samples)
 
 
-async def measure_sync_always(url: str, repeat: int) -> dict[str, Any]:
+async def measure_sync_always(url: str, repeat: int, chain: int) -> dict[str, Any]:
     """The cost of durability: the same step figures on a server that fsyncs every write."""
     samples: dict[str, list[float]] = {}
     async with local_runtime(url, workers=1, concurrency=128) as rt:
@@ -154,7 +163,7 @@ async def measure_sync_always(url: str, repeat: int) -> dict[str, Any]:
                 await runtime.seq_steps_per_s(rt, 100)
             )
             samples.setdefault("concurrent_steps_per_s_sync_always", []).append(
-                await runtime.concurrent_steps_per_s(rt, 100, 10)
+                await runtime.concurrent_steps_per_s(rt, 100, chain)
             )
     return {k: statistics.median(v) for k, v in samples.items()}
 
@@ -165,7 +174,7 @@ async def measure_procs(url: str, quick: bool, repeat: int, sizes: tuple[int, ..
     rows, flat = await scale.growth(url, sizes, _say, quick)
     out.update(flat)
     out["growth"] = rows
-    srows, sflat = await scale.scaling(url, 1 if quick else repeat, 100, 10 if quick else 20, _say, quick)
+    srows, sflat = await scale.scaling(url, 1 if quick else repeat, 100, concurrent_chain(quick), _say, quick)
     out.update(sflat)
     out["scaling"] = srows
     return out
@@ -174,6 +183,7 @@ async def measure_procs(url: str, quick: bool, repeat: int, sizes: tuple[int, ..
 def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, Any]:
     out["seq_ratio"] = out["seq_steps_per_s"] / out["raw_seq_steps_per_s"]
     out["concurrent_ratio"] = out["concurrent_steps_per_s"] / out["raw_concurrent_steps_per_s"]
+    out["concurrent_short_ratio"] = out["concurrent_short_steps_per_s"] / out["raw_concurrent_steps_per_s"]
     for ratio, num, den in (
         ("http_ratio", "http_tasks_per_s", "http_direct_per_s"),
         ("pg_ratio", "pg_tool_inserts_per_s", "pg_direct_inserts_per_s"),
@@ -221,8 +231,12 @@ def main() -> None:
         if not args.no_procs:
             results.update(run_event_loop(measure_procs(server.url, args.quick, max(1, args.repeat), sizes)))
     with EmbeddedNats(sync_interval="always") as server:
-        results.update(run_event_loop(measure_sync_always(server.url, max(1, args.repeat))))
+        chain = concurrent_chain(args.quick)
+        results.update(run_event_loop(measure_sync_always(server.url, max(1, args.repeat), chain)))
     results["sync_always_seq_cost"] = results["seq_steps_per_s_sync_always"] / results["seq_steps_per_s"]
+    results["sync_always_concurrent_cost"] = (
+        results["concurrent_steps_per_s_sync_always"] / results["concurrent_steps_per_s"]
+    )
     results["machine"] = {"python": platform.python_version(), "platform": platform.platform()}
     results["duration_s"] = round(time.time() - t, 1)
     results["load_average"] = os.getloadavg()
@@ -234,7 +248,12 @@ def main() -> None:
 
 _PAIRS = (
     ("sequential chain, steps/s", "raw_seq_steps_per_s", "seq_steps_per_s"),
-    ("100 concurrent executions, steps/s", "raw_concurrent_steps_per_s", "concurrent_steps_per_s"),
+    ("100 concurrent executions x 40 steps, steps/s", "raw_concurrent_steps_per_s", "concurrent_steps_per_s"),
+    (
+        "100 concurrent executions x 10 steps, steps/s",
+        "raw_concurrent_steps_per_s",
+        "concurrent_short_steps_per_s",
+    ),
     ("messages per noop step", "raw_messages_per_step", "footprint_messages_per_step"),
     ("bytes per noop step", "raw_bytes_per_step", "footprint_bytes_per_step"),
 )

@@ -8,11 +8,12 @@
   the wall clock to other processes taking the CPUs, though on a VM that does not report stolen time it
   still rises with the host's load; linear cost means a flat CPU µs/item as N grows tenfold), and per role
   the RSS after the warm-up (``base``), the peak during the run (``VmHWM``) and the RSS at the end.
-* **Scaling** (`scaling`): 100 concurrent executions of 20 noop steps (the ``concurrent_steps_per_s``
-  workload, longer) with 1, 2 and 4 worker processes (``noetl-stream worker --processes N``) behind one
+* **Scaling** (`scaling`): 100 concurrent executions of 40 noop steps (the ``concurrent_steps_per_s``
+  workload) with 1, 2 and 4 worker processes (``noetl-stream worker --processes N``) behind one
   controller, and with 1 and 2 controllers (``--partitions 4``, leases settled before the clock starts)
   and 2 worker processes. Each configuration's rounds are interleaved with the raw two-process step figure
-  (`bench.raw`, worker side in a child process) of the same run, their ratio is reported.
+  (`bench.raw`, 100 chains of as many steps, worker side in a child process) of the same run, their ratio
+  is reported.
 
 Every growth row is preceded by its raw two-process figure (one chain for ``steps``, 100 chains for the
 loops) and reports the ratio. ``python -m bench.scale [--quick]`` runs both alone.
@@ -149,7 +150,7 @@ async def scaling(
     url: str, repeat: int, executions: int, steps: int, say: Say, quick: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Per configuration: medians of `repeat` rounds of `executions` concurrent `steps`-step executions,
-    each round after a raw two-process round of 100 chains of 40 steps (5 when `quick`)."""
+    each round after a raw two-process round of 100 chains of `steps` steps (the same workload)."""
     rows: list[dict[str, Any]] = []
     flat: dict[str, float] = {}
     for name, controllers, workers, partitions in CONFIGS:
@@ -167,7 +168,7 @@ async def scaling(
             await warm(d)
             for _ in range(repeat):
                 samples["raw"].append(
-                    await raw.raw_concurrent_steps_per_s(url, 100, 5 if quick else 40, worker_process=True)
+                    await raw.raw_concurrent_steps_per_s(url, 100, steps, worker_process=True)
                 )
                 samples["runtime"].append(await runtime.concurrent_steps_per_s(d, executions, steps))
             mem = {p.name: p.memory() for p in d.procs}
@@ -203,7 +204,7 @@ async def _main(quick: bool) -> None:  # pragma: no cover - manual entry point
         rows, flat = await growth(server.url, sizes, say, quick)
         for r in rows:
             print(r)
-        srows, sflat = await scaling(server.url, 1 if quick else 3, 100, 10 if quick else 20, say, quick)
+        srows, sflat = await scaling(server.url, 1 if quick else 3, 100, 8 if quick else 40, say, quick)
         for r in srows:
             print(r)
         print({**flat, **sflat})

@@ -54,11 +54,16 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
     except ConfigurationError:
         coro.close()  # never started: no "coroutine was never awaited" warning
         raise
-    if os.environ.get("NOETL_EVENT_LOOP", "uvloop") == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.run(coro)
-    return asyncio.run(coro)
+    try:
+        if os.environ.get("NOETL_EVENT_LOOP", "uvloop") == "uvloop":
+            try:
+                import uvloop
+            except ImportError:
+                pass
+            else:
+                return uvloop.run(coro)
+        return asyncio.run(coro)
+    finally:
+        # Give the frozen objects back to the collector: the interpreter's last collection at exit
+        # skips frozen ones, and extension modules then report their objects as leaked.
+        gc.unfreeze()

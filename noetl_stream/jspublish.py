@@ -15,6 +15,17 @@ drops as duplicates).
 It writes to the connection's outgoing buffer as ``Client.publish`` does (`natsconn.write`, after the
 same checks), so ordering with the connection's other publishes, buffering while reconnecting and the
 flusher are nats-py's own.
+
+A message can also be published on the condition that its subject holds no message yet (`send`'s
+``expect_new``: the header ``Nats-Expected-Last-Subject-Sequence: 0``): an insert-if-absent without a
+read round trip first, which holds beyond the duplicate window. The server checks the subject as
+stored (after the stream's subject transform) and refuses the message with a 400 whose ``err_code`` is
+`WRONG_LAST_SEQUENCE` ("wrong last sequence: N") when it holds one. nats-server 2.15 does so before
+looking at the duplicate window on a single server (a message with the stored one's ``Nats-Msg-Id`` is
+refused too), after it in a cluster (acked as a duplicate there). A clustered stream also answers
+"not now" while another publish is being stored: `WRONG_LAST_SEQUENCE_PENDING` to a conditional one on
+the same subject, `DUPLICATE_IN_PROCESS` to any with the same ``Nats-Msg-Id``; a moment later the
+answer is final.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import asyncio
 import collections
 import functools
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import msgspec
 import nats.errors
@@ -40,14 +51,36 @@ from nats.js.errors import (
 
 from noetl_stream.natsconn import check_writable, subscribe_inline, write
 
-__all__ = ["PubAck", "Publisher", "publisher"]
+__all__ = [
+    "DUPLICATE_IN_PROCESS",
+    "EXPECTED_LAST_SUBJECT_SEQUENCE",
+    "WRONG_LAST_SEQUENCE",
+    "WRONG_LAST_SEQUENCE_PENDING",
+    "PubAck",
+    "Publisher",
+    "publisher",
+]
 
 MSG_ID = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+WRONG_LAST_SEQUENCE = 10071
+"""The ``err_code`` of a publish refused because its subject's last sequence is not the expected one."""
+WRONG_LAST_SEQUENCE_PENDING = 10164
+"""The ``err_code`` of a conditional publish a clustered stream refuses because another message on the
+subject is being stored (it cannot tell the last sequence yet): the answer may differ a moment later."""
+DUPLICATE_IN_PROCESS = 10158
+"""The ``err_code`` (with a 409) of a publish a clustered stream refuses because a message with the same
+``Nats-Msg-Id`` is being stored: a moment later it is acked as a duplicate (or stored, if that failed)."""
 
 # HPUB <subject> [reply] <header bytes> <total bytes>, the header (one line: Nats-Msg-Id), the payload.
 _HPUB = b"HPUB %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
 _HPUB_REPLY = b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\n\r\n%b\r\n"
 _HEADER_LEN = len(b"NATS/1.0\r\nNats-Msg-Id: \r\n\r\n")
+# The same with a second header line: store only if the subject has no message yet (acked publishes only).
+_HPUB_REPLY_NEW = (
+    b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\nNats-Expected-Last-Subject-Sequence: 0\r\n\r\n%b\r\n"
+)
+_HEADER_LEN_NEW = len(b"NATS/1.0\r\nNats-Msg-Id: \r\nNats-Expected-Last-Subject-Sequence: 0\r\n\r\n")
 _NO_RESPONDERS = "503"
 _CONNECTED = NATS.CONNECTED
 _TICK_S = 0.25
@@ -125,18 +158,40 @@ class Publisher:
         await self.send([(subject, payload, msg_id)], 1)
 
     async def acked(
-        self, subject: str, payload: bytes, msg_id: str, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        subject: str,
+        payload: bytes,
+        msg_id: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        expect_new: bool = False,
     ) -> asyncio.Future[PubAck]:
-        """Publish with an ack request; the future settles when the server answers (see the class)."""
-        (fut,) = await self.send([(subject, payload, msg_id)], 0, timeout_s)
+        """Publish with an ack request; the future settles when the server answers (see the class).
+        With `expect_new`, only if the subject holds no message yet (see `send`)."""
+        (fut,) = await self.send([(subject, payload, msg_id)], 0, timeout_s, (0,) if expect_new else ())
         return fut
 
     async def send(
-        self, messages: list[Message], ack_from: int, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        messages: list[Message],
+        ack_from: int,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        expect_new: Collection[int] = (),
     ) -> list[asyncio.Future[PubAck]]:
         """Publish `messages` (subject, payload, ``Nats-Msg-Id``) in order, as one write to the
         connection's buffer; those from index `ack_from` on ask for an ack: their futures, in order,
-        each failing with ``TimeoutError`` if its ack has not come after `timeout_s`."""
+        each failing with ``TimeoutError`` if its ack has not come after `timeout_s`.
+
+        The messages at the indices `expect_new` are stored only if their subject (as stored) holds no
+        message yet; the server refuses them otherwise, and their futures fail with a
+        ``BadRequestError`` whose ``err_code`` is `WRONG_LAST_SEQUENCE` (or, on a cluster while another
+        message on the subject is being stored, `WRONG_LAST_SEQUENCE_PENDING`). They must ask for an ack
+        (an index from `ack_from` on): a refusal nobody hears of would be a message silently lost."""
+        if expect_new and (min(expect_new) < ack_from or max(expect_new) >= len(messages)):
+            raise ValueError(
+                f"expect_new {sorted(expect_new)}: each index must be an acked message's "
+                f"(from {ack_from} to {len(messages) - 1})"
+            )
         nc = self._conn()
         check_writable(nc, sum(len(m[1]) for m in messages) if nc._status != _CONNECTED else 0)
         if ack_from < len(messages) and not self._prefix:
@@ -168,6 +223,10 @@ class Publisher:
                 self._futures[token] = fut
                 deadlines.append((deadline, token, fut))
                 reply = self._prefix_b + token.encode()
+                if expect_new and i in expect_new:
+                    hlen = _HEADER_LEN_NEW + len(mid)
+                    parts.append(_HPUB_REPLY_NEW % (_subject(subject), reply, hlen, hlen + n, mid, payload))
+                    continue
                 parts.append(_HPUB_REPLY % (_subject(subject), reply, hlen, hlen + n, mid, payload))
         except BaseException:
             for fut in futures:

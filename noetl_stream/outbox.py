@@ -18,6 +18,15 @@ after its node died answers 503 "no responders" for several seconds; a reconnect
 acks still awaited; an ack that never came) publishes everything again, with the same
 ``Nats-Msg-Id``s, with backoff for up to ``retry_s``. Without that a worker would hand its command back and run the tool again, and a
 command handed back ``max_deliver`` times during one election would fail its step.
+
+An event queued with ``expect_new`` is stored only if its subject holds no message yet (an insert-if-
+absent, e.g. the one ``playbook.execution.requested`` of an execution): it and every message after it
+in the flush are published with an ack, and a refusal raises `AlreadyStored`, which is not retried.
+
+A clustered stream refuses a message for a moment while another with its ``Nats-Msg-Id`` (or, for an
+``expect_new`` event, on its subject) is being stored: publishes of one deterministic id racing each
+other, e.g. a request admitted twice at once. That is retried like the transient failures, and
+settles as stored, a duplicate or `AlreadyStored`.
 """
 
 from __future__ import annotations
@@ -27,13 +36,21 @@ import asyncio
 import nats.errors
 import structlog
 from nats.js.client import JetStreamContext
-from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
-from noetl_stream.jspublish import MSG_ID, PubAck, publisher
+from noetl_stream.errors import StateConflictError
+from noetl_stream.jspublish import (
+    DUPLICATE_IN_PROCESS,
+    MSG_ID,
+    WRONG_LAST_SEQUENCE,
+    WRONG_LAST_SEQUENCE_PENDING,
+    PubAck,
+    publisher,
+)
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, encode
 
-__all__ = ["MSG_ID", "Outbox"]
+__all__ = ["MSG_ID", "AlreadyStored", "Outbox"]
 
 log = structlog.get_logger(__name__)
 
@@ -46,9 +63,29 @@ _TRANSIENT = (
     TimeoutError,
 )
 
+Message = tuple[str, bytes, str]
+
+
+class AlreadyStored(StateConflictError):
+    """An event queued with ``expect_new`` was refused: a message is already stored on its subject.
+
+    Possibly by an earlier attempt of this same flush: an attempt that failed for a transient reason
+    (no ack in time, a reconnect) may have stored it all the same, and the retry is refused (a single
+    server refuses it even with the stored message's ``Nats-Msg-Id``; a cluster acks that as a
+    duplicate within the duplicate window, and the flush succeeds). Either way the subject holds a
+    message that was there first. The other messages of the flush were published too (the server
+    refuses only that one), without a guarantee that they are stored: a caller queues with the event
+    only what may be lost with it.
+    """
+
+    def __init__(self, subject: str, msg_id: str, description: str | None) -> None:
+        super().__init__(f"a message is already stored on {subject} ({description or 'refused'})")
+        self.subject = subject
+        self.msg_id = msg_id
+
 
 class Outbox:
-    __slots__ = ("_commands", "_events", "_pub", "ack_timeout_s", "js", "nc", "retry_s", "topology")
+    __slots__ = ("_commands", "_events", "_new", "_pub", "ack_timeout_s", "js", "nc", "retry_s", "topology")
 
     def __init__(
         self, js: JetStreamContext, topology: Topology, ack_timeout_s: float = 10.0, retry_s: float = 30.0
@@ -59,12 +96,16 @@ class Outbox:
         self.nc = js._nc
         self._pub = publisher(self.nc)
         self.topology = topology
-        self._events: list[tuple[str, bytes, str]] = []
-        self._commands: list[tuple[str, bytes, str]] = []
+        self._events: list[Message] = []
+        self._commands: list[Message] = []
+        self._new: list[int] = []  # indices in `_events` of the events queued with expect_new
 
-    def event(self, event: Event, data: bytes | None = None) -> None:
-        """Queue an event (``data`` if the caller already encoded it)."""
+    def event(self, event: Event, data: bytes | None = None, *, expect_new: bool = False) -> None:
+        """Queue an event (``data`` if the caller already encoded it). With `expect_new` it is stored only
+        if its subject holds no message yet; `flush` raises `AlreadyStored` otherwise."""
         subject = self.topology.event_subject(event.execution_id, event.name)
+        if expect_new:
+            self._new.append(len(self._events))
         self._events.append((subject, data if data is not None else encode(event), event.event_id))
 
     def command(self, command: Command, data: bytes | None = None) -> None:
@@ -83,10 +124,15 @@ class Outbox:
     async def flush(self) -> None:
         """Publish everything queued and wait until it is stored; raise on any failure (do not ack then).
 
-        Transient failures are retried (everything again, same ids) for up to ``retry_s``.
+        Transient failures are retried (everything again, same ids) for up to ``retry_s``, and so is a
+        cluster's "the same id (or subject) is being stored"; a refused ``expect_new`` event is not
+        (`AlreadyStored`).
         """
         events, self._events = self._events, []
         commands, self._commands = self._commands, []
+        new = self._new
+        if new:
+            self._new = []
         if not events and not commands:
             return
         loop = asyncio.get_running_loop()
@@ -94,9 +140,11 @@ class Outbox:
         attempt = 0
         while True:
             try:
-                await self._publish(events, commands)
+                await self._publish(events, commands, new)
                 return
-            except _TRANSIENT as exc:
+            except Exception as exc:
+                if not isinstance(exc, _TRANSIENT) and not _in_process(exc):
+                    raise
                 delay = min(2.0, 0.1 * 2**attempt)
                 if loop.time() + delay > deadline:
                     raise
@@ -106,29 +154,50 @@ class Outbox:
                 )
                 await asyncio.sleep(delay)
 
-    async def _publish(
-        self, events: list[tuple[str, bytes, str]], commands: list[tuple[str, bytes, str]]
-    ) -> None:
+    async def _publish(self, events: list[Message], commands: list[Message], new: list[int]) -> None:
         futures: list[asyncio.Future[PubAck]] = []
         first_error: BaseException | None = None
+        refused: AlreadyStored | None = None
         ok = False
+        messages = events + commands
+        # Events but the last as plain publishes, then the last event and each command with an ack; from
+        # the first expect_new event on, each with an ack (a refusal has to be heard).
+        ack_from = max(0, len(events) - 1)
+        if new:
+            ack_from = min(ack_from, new[0])
         try:
-            # Events but the last as plain publishes, then the last event and each command with an ack.
-            futures = await self._pub.send(events + commands, max(0, len(events) - 1), self.ack_timeout_s)
+            futures = await self._pub.send(messages, ack_from, self.ack_timeout_s, new)
             # All were sent already: awaiting them one by one costs no extra round trip. A publish the
             # server never answers (it died mid-request) must not hang the handler: its future fails
             # after `ack_timeout_s` (TimeoutError), the caller does not ack, and the input is redelivered.
-            for fut in futures:
+            for i, fut in enumerate(futures, ack_from):
                 try:
                     await fut
+                except APIError as exc:
+                    if new and exc.err_code == WRONG_LAST_SEQUENCE and refused is None:
+                        subject, _, msg_id = messages[i]
+                        refused = AlreadyStored(subject, msg_id, exc.description)
+                        refused.__cause__ = exc
+                    first_error = first_error or exc
                 except Exception as exc:
                     first_error = first_error or exc
             ok = first_error is None
         finally:
             if not ok:
                 _discard(futures)  # failed or cancelled: an ack that comes later is ignored
+        if refused is not None:
+            raise refused  # final, whatever else failed: no retry could store it
         if first_error is not None:
             raise first_error
+
+
+def _in_process(exc: Exception) -> bool:
+    """Refused while another publish of the same id, or on the same subject for an ``expect_new`` one,
+    is being stored (a cluster's answer): not final."""
+    return isinstance(exc, APIError) and exc.err_code in _IN_PROCESS
+
+
+_IN_PROCESS = (DUPLICATE_IN_PROCESS, WRONG_LAST_SEQUENCE_PENDING)
 
 
 def _discard(futures: list[asyncio.Future[PubAck]]) -> None:

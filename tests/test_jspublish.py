@@ -1,5 +1,5 @@
 """jspublish.Publisher and the Outbox on it, against a real nats-server: acks, errors, duplicates,
-disconnects, restarts and a closed connection."""
+publishes only onto a subject with no message yet, disconnects, restarts and a closed connection."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError
 
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.jspublish import PubAck, publisher
+from noetl_stream.embedded import EmbeddedCluster, EmbeddedNats
+from noetl_stream.errors import StateConflictError
+from noetl_stream.jspublish import EXPECTED_LAST_SUBJECT_SEQUENCE, WRONG_LAST_SEQUENCE, PubAck, publisher
 from noetl_stream.kv.history import read_events
-from noetl_stream.kv.provision import provision
+from noetl_stream.kv.provision import provision, stream_names
 from noetl_stream.natsconn import connect
-from noetl_stream.outbox import Outbox
+from noetl_stream.outbox import AlreadyStored, Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, now_iso
 
@@ -99,6 +100,98 @@ async def test_header_and_subject_injection_is_refused(nc: NATS, stream: str) ->
     with pytest.raises(nats.errors.BadSubjectError):
         await pub.acked(f"{stream}.a 4\r\nPUB x", b"", "id")
     assert pub.pending == 0
+
+
+# --- expect_new: stored only onto a subject with no message yet -------------------------------------
+
+
+async def test_an_expect_new_publish_is_stored_once_and_refused_on_that_subject_after(
+    nc: NATS, js: JetStreamContext, stream: str
+) -> None:
+    pub = publisher(nc)
+    first = await (await pub.acked(f"{stream}.n", b"first", "n-1", expect_new=True))
+    assert (first.seq, first.duplicate) == (1, False)
+    # Another id, and the stored message's own id: refused both times (not acked as a duplicate).
+    for msg_id in ("n-2", "n-1"):
+        with pytest.raises(BadRequestError) as info:
+            await asyncio.wait_for(await pub.acked(f"{stream}.n", b"again", msg_id, expect_new=True), 10)
+        assert (info.value.code, info.value.err_code) == (400, WRONG_LAST_SEQUENCE)
+        assert "wrong last sequence: 1" in (info.value.description or "")
+    plain = await (await pub.acked(f"{stream}.n", b"plain", "n-3"))  # a normal publish still goes in
+    other = await (await pub.acked(f"{stream}.m", b"other", "m-1", expect_new=True))  # another subject
+    assert (plain.seq, other.seq) == (2, 3)
+    stored = await js.get_msg(stream, 1)
+    assert stored.data == b"first"
+    assert stored.headers == {"Nats-Msg-Id": "n-1", EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
+    assert (await js.stream_info(stream)).state.messages == 3
+    assert pub.pending == 0
+
+
+async def test_expect_new_among_plain_and_acked_publishes_of_one_send(
+    nc: NATS, js: JetStreamContext, stream: str
+) -> None:
+    pub = publisher(nc)
+    await (await pub.acked(f"{stream}.taken", b"earlier", "t-0"))
+    messages = [
+        (f"{stream}.a", b"plain", "s-0"),
+        (f"{stream}.free", b"new", "s-1"),
+        (f"{stream}.taken", b"refused", "s-2"),
+        (f"{stream}.a", b"acked", "s-3"),
+    ]
+    futures = await pub.send(messages, 1, expect_new=(1, 2))
+    results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
+    assert isinstance(results[0], PubAck) and isinstance(results[2], PubAck)
+    assert isinstance(results[1], BadRequestError) and results[1].err_code == WRONG_LAST_SEQUENCE
+    stored = [(await js.get_msg(stream, seq)).data for seq in range(1, 5)]
+    assert stored == [b"earlier", b"plain", b"new", b"acked"]  # the refused one alone is missing
+
+
+async def test_expect_new_on_a_publish_without_an_ack_is_refused_before_anything_is_sent(
+    nc: NATS, js: JetStreamContext, stream: str
+) -> None:
+    pub = publisher(nc)
+    messages = [(f"{stream}.a", b"x", "v-0"), (f"{stream}.b", b"y", "v-1")]
+    with pytest.raises(ValueError, match="expect_new"):
+        await pub.send(messages, 1, expect_new=(0,))  # its refusal would never be heard
+    with pytest.raises(ValueError, match="expect_new"):
+        await pub.send(messages, 1, expect_new=(2,))  # no such message
+    assert pub.pending == 0
+    await (await pub.acked(f"{stream}.c", b"z", "v-2"))
+    assert (await js.stream_info(stream)).state.messages == 1
+
+
+async def test_an_outbox_event_expected_new_raises_already_stored_without_a_retry(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    await provision(js, topology, ("default",))
+    subject = topology.event_subject("x1", "step.started")
+    seen = await nc.subscribe(subject)  # every publish on the subject, stored or refused
+    outbox = Outbox(js, topology, retry_s=30.0)
+    outbox.event(_event("x1", "s0"), expect_new=True)
+    outbox.event(_event("x2", "s0"))
+    await outbox.flush()
+
+    # A second event on the subject (another step: another id), then the first one again (the retry
+    # of a flush that did store it): both refused, and the events queued after them still published.
+    for refused in (_event("x1", "s1"), _event("x1", "s0")):
+        after = _event("x3", refused.step or "")
+        outbox.event(refused, expect_new=True)
+        outbox.event(after)
+        with pytest.raises(AlreadyStored) as info:
+            await outbox.flush()
+        assert isinstance(info.value, StateConflictError)
+        assert (info.value.subject, info.value.msg_id) == (subject, refused.event_id)
+        cause = info.value.__cause__
+        assert isinstance(cause, BadRequestError) and cause.err_code == WRONG_LAST_SEQUENCE
+        assert len(outbox) == 0
+
+    await nc.flush()  # every publish the server relayed before its PONG is queued for `seen` now
+    assert seen.pending_msgs == 3  # one publish per flush: AlreadyStored is not retried
+    stored = [
+        (ev.execution_id, ev.step) for x in ("x1", "x2", "x3") async for _, ev in read_events(js, topology, x)
+    ]
+    assert stored == [("x1", "s0"), ("x2", "s0"), ("x3", "s1"), ("x3", "s0")]
+    await seen.unsubscribe()
 
 
 async def test_closing_the_connection_fails_awaited_acks_and_later_publishes(
@@ -228,4 +321,39 @@ async def test_an_ack_that_never_comes_times_out_and_a_late_one_is_ignored(
         ack = await asyncio.wait_for(await pub.acked("t.a", b"next", "t-next"), 10)
         assert ack.seq == 2
     finally:
+        await nc.close()
+
+
+# --- a clustered (R3) stream -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(3, tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+@pytest.mark.cluster
+async def test_racing_expect_new_events_on_a_cluster_settle_as_one_stored_and_the_others_refused(
+    cluster: EmbeddedCluster,
+) -> None:
+    """While one is being stored, a clustered stream refuses the others with "wrong last sequence" and
+    no number (not final); the outbox tries them again until the answer is: `AlreadyStored`."""
+    topo = Topology(prefix="r" + uuid.uuid4().hex[:10], replicas=3)
+    nc = await connect(cluster.url, name="pytest-race", connect_wait_s=10)
+    js = nc.jetstream(timeout=10)
+    try:
+        await provision(js, topo, ("default",))
+        outboxes = [Outbox(js, topo) for _ in range(10)]
+        for i, outbox in enumerate(outboxes):
+            outbox.event(_event("race", f"s{i}"), expect_new=True)  # one subject, ten ids
+
+        results = await asyncio.gather(*(o.flush() for o in outboxes), return_exceptions=True)
+
+        assert results.count(None) == 1, results
+        assert all(isinstance(r, AlreadyStored) for r in results if r is not None), results
+        assert len([ev async for _, ev in read_events(js, topo, "race")]) == 1
+    finally:
+        for name in stream_names(topo):
+            await js.delete_stream(name)
         await nc.close()

@@ -4,7 +4,9 @@ Intake validates the request's shape, fixes the execution id (deterministic for 
 message redelivered after a crash) and records ``playbook.execution.requested``;
 the reducer does the rest when that event comes back through the controller's
 consumer. A malformed request is answered with ``playbook.request.rejected`` and a
-``playbook.processed`` for its id: nothing is left half-started.
+``playbook.processed`` for its id: nothing is left half-started. An execution id is
+recorded once: a request for an execution that exists (a client's retry, a
+redelivery) changes nothing (`Intake.admit`).
 
 A request naming a catalog ``path`` (and ``version``, default latest) is resolved here: the
 requested event carries the resolved text in ``request.playbook`` and ``catalog: {path, version,
@@ -19,7 +21,7 @@ a replay or another controller compiles the playbook the same way whatever its o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -40,9 +42,9 @@ from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
-from noetl_stream.natsconn import ContinuousPuller
+from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
-from noetl_stream.outbox import Outbox
+from noetl_stream.outbox import AlreadyStored, Outbox
 from noetl_stream.subjects import SubjectError, Topology, check_token
 from noetl_stream.wire import (
     Event,
@@ -111,6 +113,11 @@ def control_event(execution_id: str, name: str, reason: str | None = None) -> Ev
         timestamp=now_iso(),
         payload={"reason": reason} if reason else {},
     )
+
+
+def _make(default_id: str | Callable[[], str]) -> str:
+    """The default execution id, made now when it was given as a function."""
+    return default_id if isinstance(default_id, str) else default_id()
 
 
 def _claimed_id(raw: bytes) -> str | None:
@@ -205,10 +212,16 @@ class Intake:
             self._puller = None
 
     async def _on_stream_request(self, msg: Msg) -> None:
-        meta = msg.metadata
-        default_id = derived_execution_id(self.topology.requests_stream, meta.sequence.stream, meta.timestamp)
-        await self.submit(msg.data, default_id, redelivered=meta.num_delivered > 1)
-        await msg.ack()
+        # Sequence and delivery count come from the reply subject's tokens; the id of a request that
+        # brings none is derived only then (the client always sets one): `msg.metadata` parses every
+        # field into dataclasses and a datetime, and the id hashes.
+        def default_id() -> str:
+            return derived_execution_id(
+                self.topology.requests_stream, stream_seq(msg), msg.metadata.timestamp
+            )
+
+        await self.submit(msg.data, default_id, redelivered=num_delivered(msg) > 1)
+        await ack(msg)
 
     async def _on_execute(self, req: Request) -> None:
         """Answer in a task: nats-py runs one subscription's callbacks one after another, and an
@@ -225,7 +238,7 @@ class Intake:
             log.error("intake.execute_failed", error=repr(task.exception()))
 
     async def _execute(self, req: Request) -> None:
-        execution_id, error = await self.admit(req.data, new_execution_id())
+        execution_id, error = await self.admit(req.data, new_execution_id)
         if error is not None:
             detail = str(error.get("message"))
             reply = ErrorReply(
@@ -286,33 +299,40 @@ class Intake:
         return [e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else []
 
     async def submit(
-        self, raw: bytes, default_id: str, *, redelivered: bool = False
+        self, raw: bytes, default_id: str | Callable[[], str], *, redelivered: bool = False
     ) -> tuple[str, str | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error message or None)``."""
         execution_id, error = await self.admit(raw, default_id, redelivered=redelivered)
         return execution_id, None if error is None else str(error.get("message"))
 
     async def admit(
-        self, raw: bytes, default_id: str, *, redelivered: bool = False
+        self, raw: bytes, default_id: str | Callable[[], str], *, redelivered: bool = False
     ) -> tuple[str, dict[str, Any] | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error or None)``; the error's
-        ``kind`` is ``bad_request``, ``unknown_playbook`` or ``invalid_playbook``.
+        ``kind`` is ``bad_request``, ``unknown_playbook`` or ``invalid_playbook``. `default_id` is the id
+        of a request that brings none (a function making it is called only then).
 
         A request whose execution is already recorded (a client retrying with its own execution id, a
         request redelivered after a crash) is not recorded again, however late it comes: JetStream's
-        duplicate window alone would let a second ``playbook.execution.requested`` in after it."""
+        duplicate window alone would let a second ``playbook.execution.requested`` in after it. It is
+        answered as if it were recorded now, ``(execution_id, None)``. An accepted request's event is
+        published on the condition that its subject holds no message yet (``expect_new``): the server
+        refuses a second one, without a read first. A request that would be rejected (unknown or invalid
+        playbook) is looked up first (``get_last_msg``) when its execution may exist (its own id, or a
+        redelivery): its rejection events must not be written for an execution that was accepted.
+        A request that cannot be parsed is rejected under the id it asked for (or the default), without
+        a look-up."""
         outbox = Outbox(self.js, self.topology)
         try:
             request = parse_request(raw)
         except RequestError as exc:
-            execution_id = _claimed_id(raw) or default_id
+            execution_id = _claimed_id(raw) or _make(default_id)
             rejection = {"kind": "bad_request", "message": str(exc)}
             self._reject(outbox, execution_id, rejection)
             await outbox.flush()
             return execution_id, rejection
-        execution_id = request.execution_id or default_id
-        if (request.execution_id or redelivered) and await self._exists(execution_id):
-            return execution_id, None
+        execution_id = request.execution_id or _make(default_id)
+        may_exist = request.execution_id is not None or redelivered
         pinned: dict[str, Any] = {}
         extensions = {*request.extensions, *self.extensions}
         if request.playbook is None:
@@ -320,6 +340,8 @@ class Intake:
             try:
                 entry, text, registered = await self.catalog.resolve_for_run(request.path, request.version)
             except (CatalogNotFoundError, CatalogError) as exc:
+                if may_exist and await self._exists(execution_id):
+                    return execution_id, None
                 kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
                 unknown = {"kind": kind, "message": str(exc)}
                 self._reject(outbox, execution_id, unknown, request.path, request.trace_id)
@@ -334,6 +356,8 @@ class Intake:
         if sorted(extensions) != request.extensions:
             request = msgspec.structs.replace(request, extensions=sorted(extensions))
         error = self._check_playbook(request)
+        if error is not None and may_exist and await self._exists(execution_id):
+            return execution_id, None
         outbox.event(
             Event(
                 event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
@@ -350,7 +374,8 @@ class Intake:
                     **({"rejected": error} if error else {}),
                 },
                 trace_id=request.trace_id,
-            )
+            ),
+            expect_new=error is None,
         )
         if error is not None:
             # Written here so the caller of `execute` gets its answer at once; the request event says
@@ -360,7 +385,12 @@ class Intake:
             )
             await outbox.flush()
             return execution_id, error
-        await outbox.flush()
+        try:
+            await outbox.flush()
+        except AlreadyStored:
+            # Recorded already: by an earlier submission or delivery of this request, or by an attempt
+            # of this flush whose ack was lost.
+            pass
         return execution_id, None
 
     def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:

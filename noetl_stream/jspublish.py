@@ -35,6 +35,7 @@ import collections
 import functools
 import weakref
 from collections.abc import Awaitable, Callable, Collection
+from typing import Protocol
 
 import msgspec
 import nats.errors
@@ -49,7 +50,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from noetl_stream.natsconn import check_writable, subscribe_inline, write
+from noetl_stream.natsconn import check_writable, subscribe_inline, write, write_soon
 
 __all__ = [
     "DUPLICATE_IN_PROCESS",
@@ -116,6 +117,61 @@ def api_error(err: ApiError) -> APIError:
     return cls.get(err.code, APIError)(code=err.code, err_code=err.err_code, description=err.description)
 
 
+class _Settles(Protocol):
+    """What an ack settles: one caller's future, or the `_Group` of callers one ack confirms."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: PubAck, /) -> None: ...
+    def set_exception(self, exception: type | BaseException, /) -> None: ...
+
+
+class _Group:
+    """The callers of `Publisher.confirm` whose messages to one stream went out in one write: the ack of
+    the write's last message to that stream settles each caller's future (those not cancelled)."""
+
+    __slots__ = ("futures",)
+
+    def __init__(self) -> None:
+        self.futures: list[asyncio.Future[PubAck]] = []
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def set_result(self, result: PubAck, /) -> None:
+        for f in self.futures:
+            if not f.done():
+                f.set_result(result)
+
+    def set_exception(self, exception: type | BaseException, /) -> None:
+        for f in self.futures:
+            if not f.done():
+                f.set_exception(exception)
+
+
+_Ready = tuple[bytes, bytes, bytes]
+"""A checked message: subject, ``Nats-Msg-Id`` and payload, as bytes"""
+
+
+class _Batch:
+    """The messages `Publisher.confirm` collects during one turn of the event loop, written at its end."""
+
+    __slots__ = ("deadline", "groups", "last", "messages")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.messages: list[_Ready] = []
+        self.last: dict[str, int] = {}  # stream -> index of its last message: the one asking for the ack
+        self.groups: dict[str, _Group] = {}
+
+    def add(self, messages: list[_Ready], stream: str, fut: asyncio.Future[PubAck]) -> None:
+        self.messages.extend(messages)
+        self.last[stream] = len(self.messages) - 1
+        group = self.groups.get(stream)
+        if group is None:
+            group = self.groups[stream] = _Group()
+        group.futures.append(fut)
+
+
 class Publisher:
     """Publishes with a ``Nats-Msg-Id`` on one connection; `acked` returns a future of the `PubAck`.
 
@@ -133,10 +189,11 @@ class Publisher:
         self._prefix = ""  # reply subjects are <prefix><token>; set by the first acked publish
         self._prefix_b = b""
         self._next = 0
-        self._futures: dict[str, asyncio.Future[PubAck]] = {}
+        self._futures: dict[str, _Settles] = {}
         # (deadline, token, future) in publish order: deadlines grow as long as callers use one timeout
-        self._deadlines: collections.deque[tuple[float, str, asyncio.Future[PubAck]]] = collections.deque()
+        self._deadlines: collections.deque[tuple[float, str, _Settles]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
+        self._batch: _Batch | None = None  # what `confirm` collects during this turn of the loop
         self._init_lock = asyncio.Lock()
         self._chain_disconnected(nc)
 
@@ -236,6 +293,72 @@ class Publisher:
             self._timer = loop.call_later(min(_TICK_S, timeout_s / 4), self._expire)
         await write(nc, parts[0] if len(parts) == 1 else b"".join(parts), len(messages), size)
         return futures
+
+    # -- grouped confirmation ---------------------------------------------------------------------------
+    async def confirm(
+        self, messages: list[Message], stream: str, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> asyncio.Future[PubAck]:
+        """Publish `messages` (subject, payload, ``Nats-Msg-Id``), all bound for `stream`, in order; the
+        future settles when they are stored, or fails as `send`'s do.
+
+        Messages confirmed during one turn of the event loop are written together at its end, and only
+        the last one bound for each stream asks for an ack: JetStream stores one connection's messages
+        to one stream in order, so that ack confirms every message of the write bound for the stream,
+        and every caller's future settles with it (a refusal or a timeout fails them all; each caller
+        publishes its own messages again). Under load, when many handlers flush in the same turn, that
+        is one ack for all of them instead of one each."""
+        if not messages:
+            raise ValueError("confirm: no messages")
+        nc = self._conn()
+        check_writable(nc, sum(len(m[1]) for m in messages) if nc._status != _CONNECTED else 0)
+        if not self._prefix:
+            await self._subscribe()
+        max_payload = nc._max_payload
+        ready: list[_Ready] = []
+        for subject, payload, msg_id in messages:  # what nats-py would refuse fails this caller only
+            if len(payload) > max_payload:
+                raise nats.errors.MaxPayloadError
+            if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
+                raise nats.errors.BadHeaderError(MSG_ID)
+            ready.append((_subject(subject), msg_id.encode(), payload))
+        loop = asyncio.get_running_loop()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch(loop.time() + timeout_s)
+            loop.call_soon(self._write_batch, batch)
+        fut: asyncio.Future[PubAck] = loop.create_future()
+        batch.add(ready, stream, fut)
+        return fut
+
+    def _write_batch(self, batch: _Batch) -> None:
+        """The end of the turn: write the messages confirmed during it, one ack request per stream."""
+        self._batch = None
+        acked = {i: batch.groups[stream] for stream, i in batch.last.items()}  # index -> its stream's group
+        parts: list[bytes] = []
+        size = 0
+        try:
+            nc = self._conn()
+            check_writable(nc, 0)  # closed since: fail now rather than at the deadline
+            for i, (subject, mid, payload) in enumerate(batch.messages):
+                n = len(payload)
+                size += n
+                hlen = _HEADER_LEN + len(mid)
+                group = acked.get(i)
+                if group is None:
+                    parts.append(_HPUB % (subject, hlen, hlen + n, mid, payload))
+                    continue
+                self._next += 1
+                token = str(self._next)
+                self._futures[token] = group
+                self._deadlines.append((batch.deadline, token, group))
+                reply = self._prefix_b + token.encode()
+                parts.append(_HPUB_REPLY % (subject, reply, hlen, hlen + n, mid, payload))
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(_TICK_S, self._expire)
+            write_soon(nc, b"".join(parts), len(batch.messages), size)
+        except Exception as exc:  # the connection is gone: each caller hears it (and publishes again)
+            for group in batch.groups.values():
+                group.set_exception(exc)
 
     # -- acks ----------------------------------------------------------------------------------------
     async def _subscribe(self) -> None:

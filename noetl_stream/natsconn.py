@@ -38,12 +38,14 @@ __all__ = [
     "ContinuousPuller",
     "Handler",
     "ack",
+    "ack_soon",
     "check_writable",
     "connect",
     "num_delivered",
     "stream_seq",
     "subscribe_inline",
     "write",
+    "write_soon",
 ]
 
 log = structlog.get_logger(__name__)
@@ -114,15 +116,42 @@ async def write(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> Non
         await nc._flush_pending()
 
 
+def write_soon(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> None:
+    """`write` for code that cannot await (a loop callback): the bytes join the outgoing buffer now and
+    the flusher task is woken; the buffer-full forced flush `write` may wait for is left to the flusher."""
+    stats = nc.stats
+    stats["out_msgs"] += messages
+    stats["out_bytes"] += payload_bytes
+    nc._pending.append(data)
+    nc._pending_data_size += len(data)
+    queue = nc._flush_queue
+    if queue is not None and queue.empty() and nc.is_connected:
+        flusher = nc._flusher_task
+        transport = nc._transport
+        if flusher is None or flusher.done():  # as nats-py's _flush_pending: no flusher, write it now
+            if transport is None:
+                return
+            transport.writelines(nc._pending[:])
+            nc._pending = []
+            nc._pending_data_size = 0
+            return
+        queue.put_nowait(asyncio.get_running_loop().create_future())
+
+
 async def ack(msg: Msg) -> None:
     """``msg.ack()`` without nats-py's per-publish work (see `write`): the delivery is settled."""
+    ack_soon(msg)
+
+
+def ack_soon(msg: Msg) -> None:
+    """`ack` for code that need not await: the ack joins the outgoing buffer now (`write_soon`)."""
     if msg._ackd:
         raise MsgAlreadyAckdError(msg)
     if not msg.reply:
         raise NotJSMessageError
     nc = msg._client
     check_writable(nc, 4)
-    await write(nc, b"PUB %b 4\r\n+ACK\r\n" % msg.reply.encode(), 1, 4)
+    write_soon(nc, b"PUB %b 4\r\n+ACK\r\n" % msg.reply.encode(), 1, 4)
     msg._ackd = True
 
 

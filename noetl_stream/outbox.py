@@ -3,15 +3,17 @@
 A handler collects its effects, then ``flush()`` publishes them in order and waits
 for the acks that prove they are stored, before the handler settles its input.
 
-Only the LAST event of a flush is published with a JetStream ack request; the
-events before it go out as plain publishes on the same connection. JetStream
-ingests one connection's messages to one stream in order, so the ack of the last
-event confirms the ones before it were processed too: one ack round trip (and one
-ack message to parse) per flush instead of one per event, which is what bounds
-throughput in Python (perf/README.md). Commands are acked individually: each one
-is a unit of work that must not be lost. Duplicates are dropped by the server
-through ``Nats-Msg-Id`` either way. The publishes go through the connection's
-`jspublish.Publisher` (headers built once as bytes, acks matched by a counter).
+The flushes of one turn of the event loop (under load, many handlers' flushes) go out
+in one write at the end of the turn (`jspublish.Publisher.confirm`), and only the
+LAST event and the LAST command of that write ask for a JetStream ack; the others are
+plain publishes on the same connection. JetStream ingests one connection's messages
+to one stream in order, so the ack of the last message to a stream confirms the ones
+before it were processed too: two acks per write instead of one per event or command
+(each ack is a message for the server to send and for Python to parse, and Python's
+CPU is what bounds throughput, perf/README.md). A failed ack fails every flush of the
+write; each publishes its own messages again. Duplicates are dropped by the server
+through ``Nats-Msg-Id`` either way (headers built once as bytes, acks matched by a
+counter).
 
 A flush that fails for a reason that passes by itself (a clustered stream electing a new leader
 after its node died answers 503 "no responders" for several seconds; a reconnect, which fails the
@@ -155,26 +157,43 @@ class Outbox:
                 await asyncio.sleep(delay)
 
     async def _publish(self, events: list[Message], commands: list[Message], new: list[int]) -> None:
+        if new:
+            await self._publish_new(events, commands, new)
+            return
+        # Joins the connection's write at the end of this turn of the event loop, with the other
+        # handlers' flushes: one ack per stream for all of them (`Publisher.confirm`).
+        futures: list[asyncio.Future[PubAck]] = []
+        ok = False
+        try:
+            if events:
+                futures.append(
+                    await self._pub.confirm(events, self.topology.events_stream, self.ack_timeout_s)
+                )
+            if commands:
+                futures.append(
+                    await self._pub.confirm(commands, self.topology.commands_stream, self.ack_timeout_s)
+                )
+            await _settle(futures)
+            ok = True
+        finally:
+            if not ok:
+                _discard(futures)  # failed or cancelled: an ack that comes later is ignored
+
+    async def _publish_new(self, events: list[Message], commands: list[Message], new: list[int]) -> None:
+        """A flush with ``expect_new`` events: on its own, each message from the first of them on acked."""
         futures: list[asyncio.Future[PubAck]] = []
         first_error: BaseException | None = None
         refused: AlreadyStored | None = None
         ok = False
         messages = events + commands
-        # Events but the last as plain publishes, then the last event and each command with an ack; from
-        # the first expect_new event on, each with an ack (a refusal has to be heard).
-        ack_from = max(0, len(events) - 1)
-        if new:
-            ack_from = min(ack_from, new[0])
+        ack_from = min(max(0, len(events) - 1), new[0])
         try:
             futures = await self._pub.send(messages, ack_from, self.ack_timeout_s, new)
-            # All were sent already: awaiting them one by one costs no extra round trip. A publish the
-            # server never answers (it died mid-request) must not hang the handler: its future fails
-            # after `ack_timeout_s` (TimeoutError), the caller does not ack, and the input is redelivered.
             for i, fut in enumerate(futures, ack_from):
                 try:
                     await fut
                 except APIError as exc:
-                    if new and exc.err_code == WRONG_LAST_SEQUENCE and refused is None:
+                    if exc.err_code == WRONG_LAST_SEQUENCE and refused is None:
                         subject, _, msg_id = messages[i]
                         refused = AlreadyStored(subject, msg_id, exc.description)
                         refused.__cause__ = exc
@@ -189,6 +208,20 @@ class Outbox:
             raise refused  # final, whatever else failed: no retry could store it
         if first_error is not None:
             raise first_error
+
+
+async def _settle(futures: list[asyncio.Future[PubAck]]) -> None:
+    """Wait for every ack (all were sent already: no extra round trip); raise the first failure. A
+    publish the server never answers (it died mid-request) must not hang the handler: its future fails
+    after the ack timeout (TimeoutError), the caller does not ack, and its input is redelivered."""
+    first_error: BaseException | None = None
+    for fut in futures:
+        try:
+            await fut
+        except Exception as exc:
+            first_error = first_error or exc
+    if first_error is not None:
+        raise first_error
 
 
 def _in_process(exc: Exception) -> bool:

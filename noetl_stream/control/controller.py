@@ -36,7 +36,7 @@ from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.logs import bound
-from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
+from noetl_stream.natsconn import ContinuousPuller, ack_soon, num_delivered, stream_seq
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, decode_event, encode, event_id, now_iso
@@ -332,7 +332,7 @@ class Controller:
             await self.deadlines.track(state, was_terminal, deadline)
             await self._maybe_snapshot(state, fence)  # under the lease this fold published with
         for msg, _, _ in batch:
-            await ack(msg)
+            ack_soon(msg)
 
     def _internal_failure(
         self, state: ExecutionState | None, event: Event, seq: int, exc: Exception

@@ -29,7 +29,7 @@ from noetl_stream.dataplane.command import CommandRun
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
-from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered
+from noetl_stream.natsconn import ContinuousPuller, ack_soon, num_delivered
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import decode_command, decode_event
@@ -152,7 +152,7 @@ class Worker:
             run = CommandRun(self, cmd, outbox, redelivered=num_delivered(msg) > 1)
             await self._supervise(msg, run)
             await run.publish_pending()
-            await ack(msg)
+            ack_soon(msg)
 
     async def _supervise(self, msg: Msg, run: CommandRun) -> None:
         """Run the command. If it is still running after ``PROGRESS_EVERY_S``, a watcher publishes its

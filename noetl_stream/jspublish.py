@@ -299,14 +299,20 @@ class Publisher:
         self, messages: list[Message], stream: str, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> asyncio.Future[PubAck]:
         """Publish `messages` (subject, payload, ``Nats-Msg-Id``), all bound for `stream`, in order; the
-        future settles when they are stored, or fails as `send`'s do.
+        future settles with the `PubAck` of the last message of the turn's write bound for `stream`, or
+        fails as `send`'s do.
 
         Messages confirmed during one turn of the event loop are written together at its end, and only
-        the last one bound for each stream asks for an ack: JetStream stores one connection's messages
-        to one stream in order, so that ack confirms every message of the write bound for the stream,
-        and every caller's future settles with it (a refusal or a timeout fails them all; each caller
-        publishes its own messages again). Under load, when many handlers flush in the same turn, that
-        is one ack for all of them instead of one each."""
+        the last one bound for each stream asks for an ack: JetStream processes one connection's
+        messages to one stream in order, so that ack says every message of the write bound for the
+        stream was processed, and every caller's future settles with it (a refusal or a timeout fails
+        them all; each caller publishes its own messages again). Under load, when many handlers flush in
+        the same turn, that is one ack for all of them instead of one each.
+
+        Processed is stored unless the stream refuses one message on its own and stores the next: only
+        per-message limits do that (``max_msg_size``, ``discard: new`` with a full limit), which the
+        runtime's streams never have (docs/architecture.md, "Group commit across handlers"). `stream`
+        must be the stream the subjects are stored in: the key that groups the messages under one ack."""
         if not messages:
             raise ValueError("confirm: no messages")
         nc = self._conn()
@@ -323,9 +329,12 @@ class Publisher:
             ready.append((_subject(subject), msg_id.encode(), payload))
         loop = asyncio.get_running_loop()
         batch = self._batch
+        deadline = loop.time() + timeout_s
         if batch is None:
-            batch = self._batch = _Batch(loop.time() + timeout_s)
+            batch = self._batch = _Batch(deadline)
             loop.call_soon(self._write_batch, batch)
+        elif deadline < batch.deadline:
+            batch.deadline = deadline  # the shortest timeout of the turn's callers holds for the write
         fut: asyncio.Future[PubAck] = loop.create_future()
         batch.add(ready, stream, fut)
         return fut

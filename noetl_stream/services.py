@@ -22,7 +22,7 @@ from noetl_stream.subjects import Topology
 log = structlog.get_logger(__name__)
 
 
-async def _provision_at_start(nc: NATS, topology: Topology, pools: tuple[str, ...]) -> None:
+async def provision_at_start(nc: NATS, topology: Topology, pools: tuple[str, ...]) -> None:
     """Check (and create) the JetStream objects, retrying what passes by itself: a clustered stream
     electing a leader after its node died, a reconnect. A refusal (`ProvisionError`) is final."""
     delay = 0.2
@@ -67,7 +67,7 @@ async def run_controller(
 
     nc = await connect(url, name="noetl-controller", connect_wait_s=None)
     try:
-        await _provision_at_start(nc, topology, pools)
+        await provision_at_start(nc, topology, pools)
         stop = asyncio.Event()
         _stop_on_signals(stop)
         async with Controller(
@@ -95,7 +95,7 @@ async def run_worker(
     setup_from_env("noetl-stream-worker")  # OpenTelemetry spans, when installed and enabled
     nc = await connect(url, name=f"noetl-worker-{pool}", connect_wait_s=None)
     try:
-        await _provision_at_start(nc, topology, (pool,))
+        await provision_at_start(nc, topology, (pool,))
         stop = asyncio.Event()
         _stop_on_signals(stop)
         keychain = Keychain(nc.jetstream(), topology)  # key from NOETL_KEYCHAIN_KEY(_FILE), when needed

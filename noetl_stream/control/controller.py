@@ -269,9 +269,14 @@ class Controller:
                     # Effects may not be stored: forget the in-memory state (it is rebuilt from the
                     # snapshot and the stream) and let JetStream redeliver the batch.
                     self._drop(eid)
-                    log.warning(
-                        "controller.batch_failed", execution_id=eid, error=str(exc) or type(exc).__name__
-                    )
+                    if isinstance(exc, LookupError) and not self._holds(self.topology.partition_of(eid)):
+                        # The partition was released (a stop, a lost lease) while the batch was in
+                        # flight: its next owner folds it. Expected at every handover, not a failure.
+                        log.info("controller.batch_handed_back", execution_id=eid, events=len(batch))
+                    else:
+                        log.warning(
+                            "controller.batch_failed", execution_id=eid, error=str(exc) or type(exc).__name__
+                        )
                     for msg, _, _ in batch:
                         with contextlib.suppress(Exception):
                             await msg.nak(delay=1.0)

@@ -16,6 +16,7 @@ them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import api, footprint, raw, runtime, scale, tools
+from bench.reference import js_limits_concurrent_steps_per_s
 from bench.services import HttpServer, PgServer
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
@@ -128,6 +130,9 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
             add("seq_steps_per_s", await runtime.seq_steps_per_s(rt, 100))
             _say(f"round {i + 1}/{repeat}: 100 concurrent chains (raw, runtime x{chain}, runtime x10) ...")
             add("raw_concurrent_steps_per_s", await raw.raw_concurrent_steps_per_s(url, 100, chain))
+            reference = await asyncio.to_thread(js_limits_concurrent_steps_per_s, quick)
+            if reference is not None:
+                add("js_limits_concurrent_steps_per_s", reference)
             add("concurrent_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, chain))
             add("concurrent_short_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, 10))
         if svc is not None and clients is not None:
@@ -184,6 +189,10 @@ def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, A
     out["seq_ratio"] = out["seq_steps_per_s"] / out["raw_seq_steps_per_s"]
     out["concurrent_ratio"] = out["concurrent_steps_per_s"] / out["raw_concurrent_steps_per_s"]
     out["concurrent_short_ratio"] = out["concurrent_short_steps_per_s"] / out["raw_concurrent_steps_per_s"]
+    if "js_limits_concurrent_steps_per_s" in out:
+        reference = out["js_limits_concurrent_steps_per_s"]
+        out["concurrent_ratio_js_limits"] = out["concurrent_steps_per_s"] / reference
+        out["concurrent_short_ratio_js_limits"] = out["concurrent_short_steps_per_s"] / reference
     for ratio, num, den in (
         ("http_ratio", "http_tasks_per_s", "http_direct_per_s"),
         ("pg_ratio", "pg_tool_inserts_per_s", "pg_direct_inserts_per_s"),
@@ -248,10 +257,24 @@ def main() -> None:
 
 _PAIRS = (
     ("sequential chain, steps/s", "raw_seq_steps_per_s", "seq_steps_per_s"),
-    ("100 concurrent executions x 40 steps, steps/s", "raw_concurrent_steps_per_s", "concurrent_steps_per_s"),
+    (
+        "100 concurrent executions, chains as raw, steps/s",
+        "raw_concurrent_steps_per_s",
+        "concurrent_steps_per_s",
+    ),
     (
         "100 concurrent executions x 10 steps, steps/s",
         "raw_concurrent_steps_per_s",
+        "concurrent_short_steps_per_s",
+    ),
+    (
+        "100 concurrent, chains as raw, against js_limits.py's raw",
+        "js_limits_concurrent_steps_per_s",
+        "concurrent_steps_per_s",
+    ),
+    (
+        "100 concurrent executions x 10 steps, against js_limits.py's raw",
+        "js_limits_concurrent_steps_per_s",
         "concurrent_short_steps_per_s",
     ),
     ("messages per noop step", "raw_messages_per_step", "footprint_messages_per_step"),

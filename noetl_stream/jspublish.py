@@ -155,15 +155,17 @@ _Ready = tuple[bytes, bytes, bytes]
 class _Batch:
     """The messages `Publisher.confirm` collects during one turn of the event loop, written at its end."""
 
-    __slots__ = ("deadline", "groups", "last", "messages")
+    __slots__ = ("deadline", "groups", "last", "messages", "size")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
+        self.size = 0  # payload bytes collected: the outgoing buffer's limit counts them before the write
         self.messages: list[_Ready] = []
         self.last: dict[str, int] = {}  # stream -> index of its last message: the one asking for the ack
         self.groups: dict[str, _Group] = {}
 
     def add(self, messages: list[_Ready], stream: str, fut: asyncio.Future[PubAck]) -> None:
+        self.size += sum(len(m[2]) for m in messages)
         self.messages.extend(messages)
         self.last[stream] = len(self.messages) - 1
         group = self.groups.get(stream)
@@ -199,8 +201,12 @@ class Publisher:
 
     @property
     def pending(self) -> int:
-        """Acks awaited (futures not yet settled)."""
-        return sum(1 for f in self._futures.values() if not f.done())
+        """Callers awaiting an ack (futures not yet settled; those of the turn's write still to be made are
+        not counted)."""
+        return sum(
+            sum(1 for f in s.futures if not f.done()) if isinstance(s, _Group) else (0 if s.done() else 1)
+            for s in self._futures.values()
+        )
 
     def _conn(self) -> NATS:
         nc = self._nc_ref()
@@ -313,31 +319,49 @@ class Publisher:
         per-message limits do that (``max_msg_size``, ``discard: new`` with a full limit), which the
         runtime's streams never have (docs/architecture.md, "Group commit across handlers"). `stream`
         must be the stream the subjects are stored in: the key that groups the messages under one ack."""
-        if not messages:
+        (fut,) = await self.confirm_all([(messages, stream)], timeout_s)
+        return fut
+
+    async def confirm_all(
+        self, groups: list[tuple[list[Message], str]], timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> list[asyncio.Future[PubAck]]:
+        """`confirm` for several (messages, stream) groups at once, all or nothing: either every group
+        joins the turn's write (one future each, in order) or, if one of them cannot be published, none
+        does and the error is raised (a flush's events are never written without its commands)."""
+        if not groups or any(not messages for messages, _ in groups):
             raise ValueError("confirm: no messages")
         nc = self._conn()
-        check_writable(nc, sum(len(m[1]) for m in messages) if nc._status != _CONNECTED else 0)
         if not self._prefix:
             await self._subscribe()
         max_payload = nc._max_payload
-        ready: list[_Ready] = []
-        for subject, payload, msg_id in messages:  # what nats-py would refuse fails this caller only
-            if len(payload) > max_payload:
-                raise nats.errors.MaxPayloadError
-            if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
-                raise nats.errors.BadHeaderError(MSG_ID)
-            ready.append((_subject(subject), msg_id.encode(), payload))
-        loop = asyncio.get_running_loop()
+        checked: list[tuple[list[_Ready], str]] = []
+        size = 0
+        for messages, stream in groups:  # what nats-py would refuse fails this caller only, before any write
+            ready: list[_Ready] = []
+            for subject, payload, msg_id in messages:
+                if len(payload) > max_payload:
+                    raise nats.errors.MaxPayloadError
+                if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
+                    raise nats.errors.BadHeaderError(MSG_ID)
+                size += len(payload)
+                ready.append((_subject(subject), msg_id.encode(), payload))
+            checked.append((ready, stream))
         batch = self._batch
+        # While reconnecting, writes are buffered: the limit counts what this turn collected so far too.
+        check_writable(nc, size + (batch.size if batch is not None else 0))
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if batch is None:
             batch = self._batch = _Batch(deadline)
             loop.call_soon(self._write_batch, batch)
         elif deadline < batch.deadline:
             batch.deadline = deadline  # the shortest timeout of the turn's callers holds for the write
-        fut: asyncio.Future[PubAck] = loop.create_future()
-        batch.add(ready, stream, fut)
-        return fut
+        futures: list[asyncio.Future[PubAck]] = []
+        for ready, stream in checked:
+            fut: asyncio.Future[PubAck] = loop.create_future()
+            batch.add(ready, stream, fut)
+            futures.append(fut)
+        return futures
 
     def _write_batch(self, batch: _Batch) -> None:
         """The end of the turn: write the messages confirmed during it, one ack request per stream."""

@@ -29,6 +29,7 @@ def tune_gc(threshold: tuple[int, int, int] | None = None) -> tuple[int, int, in
     ``NOETL_GC_THRESHOLD`` (``"gen0,gen1,gen2"``), else `GC_THRESHOLD`. Returns what was set."""
     if threshold is None:
         threshold = _threshold_from_env(os.environ.get("NOETL_GC_THRESHOLD"))
+    gc.collect()  # garbage that exists now would otherwise be frozen with the rest, until `gc.unfreeze`
     gc.freeze()
     gc.set_threshold(*threshold)
     return threshold
@@ -41,14 +42,15 @@ def _threshold_from_env(value: str | None) -> tuple[int, int, int]:
         parts = tuple(int(p) for p in value.split(","))
     except ValueError:
         parts = ()
-    if len(parts) != 3 or any(p < 0 for p in parts):
+    if len(parts) != 3 or parts[0] < 1 or any(p < 0 for p in parts):  # gen0 0 would turn collection off
         raise ConfigurationError(
-            f"NOETL_GC_THRESHOLD must be three non-negative integers 'gen0,gen1,gen2', got {value!r}"
+            f"NOETL_GC_THRESHOLD must be three integers 'gen0,gen1,gen2', gen0 >= 1, got {value!r}"
         )
     return parts[0], parts[1], parts[2]
 
 
 def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
+    before = gc.get_threshold()
     try:
         tune_gc()
     except ConfigurationError:
@@ -65,5 +67,7 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     finally:
         # Give the frozen objects back to the collector: the interpreter's last collection at exit
-        # skips frozen ones, and extension modules then report their objects as leaked.
+        # skips frozen ones, and extension modules then report their objects as leaked. The caller's
+        # thresholds hold again (a process that runs several loops, or a test session).
         gc.unfreeze()
+        gc.set_threshold(*before)

@@ -86,8 +86,24 @@ class AlreadyStored(StateConflictError):
         self.msg_id = msg_id
 
 
+SENT_CONFIRM_EVERY = 256
+"""`Outbox.send_now` events a flush confirms at least this often (what a reconnect would republish)."""
+
+
 class Outbox:
-    __slots__ = ("_commands", "_events", "_new", "_pub", "ack_timeout_s", "js", "nc", "retry_s", "topology")
+    __slots__ = (
+        "_commands",
+        "_events",
+        "_new",
+        "_pub",
+        "_sent",
+        "_sent_reconnects",
+        "ack_timeout_s",
+        "js",
+        "nc",
+        "retry_s",
+        "topology",
+    )
 
     def __init__(
         self, js: JetStreamContext, topology: Topology, ack_timeout_s: float = 10.0, retry_s: float = 30.0
@@ -101,6 +117,10 @@ class Outbox:
         self._events: list[Message] = []
         self._commands: list[Message] = []
         self._new: list[int] = []  # indices in `_events` of the events queued with expect_new
+        # What `send_now` wrote since the last flush, and the connection's reconnect count then: bytes
+        # written before a reconnect may have died with the old socket, and are published again.
+        self._sent: list[Message] = []
+        self._sent_reconnects = 0
 
     def event(self, event: Event, data: bytes | None = None, *, expect_new: bool = False) -> None:
         """Queue an event (``data`` if the caller already encoded it). With `expect_new` it is stored only
@@ -116,9 +136,20 @@ class Outbox:
 
     async def send_now(self, event: Event, data: bytes | None = None) -> None:
         """Publish one event at once, without waiting for its ack (progress that should not wait for
-        the next flush; the flush's acked last event confirms it)."""
-        subject = self.topology.event_subject(event.execution_id, event.name)
-        await self._pub.publish(subject, data if data is not None else encode(event), event.event_id)
+        the next flush; the flush's acked last event confirms it). If the connection reconnects before
+        that ack, the flush publishes the event again (same id: stored once). Every `SENT_CONFIRM_EVERY`
+        events a flush confirms them, so what is kept for that stays small."""
+        message = (
+            self.topology.event_subject(event.execution_id, event.name),
+            data if data is not None else encode(event),
+            event.event_id,
+        )
+        if not self._sent:
+            self._sent_reconnects = self.nc.stats["reconnects"]
+        self._sent.append(message)
+        await self._pub.publish(*message)
+        if len(self._sent) >= SENT_CONFIRM_EVERY:
+            await self.flush()
 
     def __len__(self) -> int:
         return len(self._events) + len(self._commands)
@@ -136,13 +167,23 @@ class Outbox:
         if new:
             self._new = []
         if not events and not commands:
-            return
+            if not self._sent:
+                return
+            events = self._sent[-1:]  # published again with an ack: it confirms the ones before it
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_s
         attempt = 0
         while True:
             try:
+                if self._sent and self.nc.stats["reconnects"] != self._sent_reconnects:
+                    # A reconnect since `send_now` wrote them: they go again, before the rest, same ids.
+                    self._sent_reconnects = self.nc.stats["reconnects"]
+                    new = [i + len(self._sent) for i in new]
+                    events = self._sent + [m for m in events if m not in self._sent]
                 await self._publish(events, commands, new)
+                if self._sent and self.nc.stats["reconnects"] != self._sent_reconnects:
+                    continue  # it reconnected while this flush waited: the old socket's bytes again
+                self._sent = []
                 return
             except Exception as exc:
                 if not isinstance(exc, _TRANSIENT) and not _in_process(exc):
@@ -163,16 +204,12 @@ class Outbox:
         # Joins the connection's write at the end of this turn of the event loop, with the other
         # handlers' flushes: one ack per stream for all of them (`Publisher.confirm`).
         futures: list[asyncio.Future[PubAck]] = []
+        groups = [(events, self.topology.events_stream)] if events else []
+        if commands:
+            groups.append((commands, self.topology.commands_stream))
         ok = False
         try:
-            if events:
-                futures.append(
-                    await self._pub.confirm(events, self.topology.events_stream, self.ack_timeout_s)
-                )
-            if commands:
-                futures.append(
-                    await self._pub.confirm(commands, self.topology.commands_stream, self.ack_timeout_s)
-                )
+            futures = await self._pub.confirm_all(groups, self.ack_timeout_s)  # all of the flush, or nothing
             await _settle(futures)
             ok = True
         finally:

@@ -33,7 +33,7 @@ from noetl_stream.jspublish import (
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision, stream_names
 from noetl_stream.natsconn import ack_soon, connect
-from noetl_stream.outbox import AlreadyStored, Outbox
+from noetl_stream.outbox import SENT_CONFIRM_EVERY, AlreadyStored, Outbox
 from noetl_stream.services import provision_at_start
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, now_iso
@@ -295,6 +295,79 @@ async def test_an_outbox_flush_across_a_server_restart_stores_each_event_once(
         assert info.state.messages == len(events)  # duplicates of the retry were dropped
     finally:
         await nc.close()
+
+
+async def test_an_event_sent_at_once_and_lost_with_the_connection_is_published_again_by_the_flush(
+    own_server: EmbeddedNats,
+) -> None:
+    """`send_now` writes at once and leaves the confirmation to the next flush's ack. Written into a
+    socket that died, it is gone, and the flush's ack (on the new connection) does not cover it: the
+    flush publishes it again (same id, stored once) instead of reporting success without it."""
+    topo = Topology(prefix="sendnow")
+    nc = await connect(own_server.url, name="pytest-send-now", connect_wait_s=10)
+    try:
+        js = nc.jetstream(timeout=10)
+        await provision(js, topo, ("default",))
+        outbox = Outbox(js, topo, ack_timeout_s=5.0)
+        assert own_server.pid is not None
+        await outbox.send_now(_event("e1", "before"))  # confirmed by the first flush, no reconnect
+        await outbox.flush()
+        os.kill(own_server.pid, signal.SIGSTOP)
+        await asyncio.sleep(0.1)
+        await outbox.send_now(_event("e1", "progress"))  # like a loop.iteration.done
+        await asyncio.sleep(0.3)  # in the socket, unread by the stopped server
+        own_server.kill()
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(own_server.start)
+        for _ in range(200):
+            if nc.is_connected:
+                break
+            await asyncio.sleep(0.1)
+        outbox.event(_event("e1", "final"))
+        await asyncio.wait_for(outbox.flush(), 30)
+
+        stored = [ev.event_id async for _, ev in read_events(js, topo, "e1")]
+        assert stored == [_event("e1", s).event_id for s in ("before", "progress", "final")]
+    finally:
+        await nc.close()
+
+
+async def test_events_sent_at_once_are_confirmed_every_so_often(nc: NATS, js: JetStreamContext) -> None:
+    """A local loop sends one event per iteration at once; the outbox confirms them every
+    `SENT_CONFIRM_EVERY` events (an ack), so what it keeps to publish again after a reconnect stays small."""
+    topo = Topology(prefix="s" + uuid.uuid4().hex[:10])
+    await provision(js, topo, ("default",))
+    try:
+        outbox = Outbox(js, topo)
+        pub = publisher(nc)
+        acks_before = pub._next
+        for i in range(SENT_CONFIRM_EVERY * 2 + 3):
+            await outbox.send_now(_event("many", f"i{i}"))
+        assert pub._next - acks_before == 2  # two confirmations, one per SENT_CONFIRM_EVERY events
+        assert len(outbox._sent) == 3
+        await outbox.flush()  # nothing queued: confirms the last three
+        assert outbox._sent == []
+        stored = [ev.event_id async for _, ev in read_events(js, topo, "many")]
+        assert stored == [_event("many", f"i{i}").event_id for i in range(SENT_CONFIRM_EVERY * 2 + 3)]
+    finally:
+        for name in stream_names(topo):
+            with contextlib.suppress(Exception):
+                await js.delete_stream(name)
+
+
+async def test_confirm_all_publishes_every_group_or_none(nc: NATS, js: JetStreamContext, stream: str) -> None:
+    """A flush's events and commands join the turn's write together: when the commands cannot be
+    published (here one is over the server's max payload), the events are not written either."""
+    pub = publisher(nc)
+    events = [(f"{stream}.e", b"event", "all-e1")]
+    with pytest.raises(nats.errors.MaxPayloadError):
+        await pub.confirm_all(
+            [(events, stream), ([(f"{stream}.c", b"x" * (nc.max_payload + 1), "all-c1")], stream)]
+        )
+    ok = await pub.confirm_all([(events, stream), ([(f"{stream}.c", b"command", "all-c2")], stream)])
+    acks = await asyncio.wait_for(asyncio.gather(*ok), 10)
+    assert [a.seq for a in acks] == [2, 2]  # one group per stream: the write's last message's ack for both
+    assert (await js.stream_info(stream)).state.messages == 2  # the refused call wrote nothing
 
 
 def _event(execution_id: str, step: str) -> Event:

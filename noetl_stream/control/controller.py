@@ -46,6 +46,11 @@ log = structlog.get_logger(__name__)
 __all__ = ["SAFE_MESSAGE_BYTES", "Controller"]
 
 
+class PartitionReleased(LookupError):
+    """The execution's partition is not (validly) held here any more: a stop or a lost lease while its
+    events were in flight. Nothing is acked; the partition's next owner folds them."""
+
+
 class Controller:
     def __init__(
         self,
@@ -147,7 +152,7 @@ class Controller:
 
     def _check_holds(self, eid: str) -> None:
         if not self._holds(self.topology.partition_of(eid)):
-            raise LookupError(f"execution {eid}: its partition's lease is not (validly) held here")
+            raise PartitionReleased(f"execution {eid}: its partition's lease is not (validly) held here")
 
     def _partition_lock(self, partition: int) -> asyncio.Lock:
         """Starting a partition waits for the end of its previous stop (a lease lost and taken back)."""
@@ -269,7 +274,7 @@ class Controller:
                     # Effects may not be stored: forget the in-memory state (it is rebuilt from the
                     # snapshot and the stream) and let JetStream redeliver the batch.
                     self._drop(eid)
-                    if isinstance(exc, LookupError) and not self._holds(self.topology.partition_of(eid)):
+                    if isinstance(exc, PartitionReleased):
                         # The partition was released (a stop, a lost lease) while the batch was in
                         # flight: its next owner folds it. Expected at every handover, not a failure.
                         log.info("controller.batch_handed_back", execution_id=eid, events=len(batch))

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
+from helpers import Clustered
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.embedded import EmbeddedCluster, EmbeddedNats
 from noetl_stream.kv.provision import stream_names
 from noetl_stream.natsconn import connect
+from noetl_stream.services import provision_at_start
 from noetl_stream.subjects import Topology
 
 Predicate = Callable[[], bool | Awaitable[bool]]
@@ -47,13 +51,68 @@ async def topology(nats_server: EmbeddedNats) -> AsyncIterator[Topology]:
     topo = Topology(prefix="t" + uuid.uuid4().hex[:10])
     yield topo
     client = await connect(nats_server.url, name="pytest-cleanup", connect_wait_s=10)
-    jsm = client.jetstream(timeout=10)
-    for name in stream_names(topo):
-        try:
-            await jsm.delete_stream(name)
-        except NotFoundError:
-            pass
+    await _delete_streams(client.jetstream(timeout=10), topo)
     await client.close()
+
+
+async def _delete_streams(js: JetStreamContext, topo: Topology) -> None:
+    """The topology's streams and buckets, those that exist (a test, or its provisioning, may have
+    failed before creating them: its own error is the one to see)."""
+    for name in stream_names(topo):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+
+
+@contextlib.asynccontextmanager
+async def _small_stream(js: JetStreamContext) -> AsyncIterator[str]:
+    name = "PUB" + uuid.uuid4().hex[:8].upper()
+    await js.add_stream(name=name, subjects=[f"{name}.>"], max_msg_size=1024, duplicate_window=120)
+    yield name
+    await js.delete_stream(name)
+
+
+@pytest.fixture
+async def stream(js: JetStreamContext) -> AsyncIterator[str]:
+    """A stream of this test's own (``<name>.>``), 1 KiB max message size; its name is the subject root."""
+    async with _small_stream(js) as name:
+        yield name
+
+
+@pytest.fixture
+async def other_stream(js: JetStreamContext) -> AsyncIterator[str]:
+    """A second stream like `stream`'s."""
+    async with _small_stream(js) as name:
+        yield name
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A nats-server of this test alone, to freeze (SIGSTOP), kill and start again; its file store is in
+    tmp_path (kept across restarts)."""
+    with EmbeddedNats(tmp_path / "nats") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    """A 3-node nats-server cluster on loopback, one per test module that asks for it."""
+    with EmbeddedCluster(3, tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+@pytest.fixture
+async def r3(cluster3: EmbeddedCluster) -> AsyncIterator[Clustered]:
+    """A topology with R3 streams on `cluster3`, provisioned as the processes do (retrying a cluster
+    slow to answer), and a connection to it; its streams are deleted afterwards."""
+    topo = Topology(prefix="r" + uuid.uuid4().hex[:10], replicas=3)
+    nc = await connect(cluster3.url, name="pytest-r3", connect_wait_s=10)
+    js = nc.jetstream(timeout=10)
+    try:
+        await provision_at_start(nc, topo, ("default",))
+        yield Clustered(nc, js, topo)
+    finally:
+        await _delete_streams(js, topo)
+        await nc.close()
 
 
 async def _eventually(check: Predicate, timeout: float = 10.0) -> None:

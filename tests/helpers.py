@@ -11,13 +11,41 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 
 from noetl_stream import events as E
 from noetl_stream.client import RunSummary, request_for
 from noetl_stream.local import Runtime
+from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, event_id, now_iso
 
 RUN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Clustered:
+    """The `r3` fixture: a connection to a 3-node cluster and a topology provisioned on it with R3."""
+
+    nc: NATS
+    js: JetStreamContext
+    topology: Topology
+
+
+def step_started(execution_id: str, step: str) -> Event:
+    """A worker's ``step.started`` for `step` (its id names the execution and the step): an event to
+    publish when only its id and subject matter."""
+    return Event(
+        event_id=f"{execution_id}:{step}:step.started",
+        execution_id=execution_id,
+        name="step.started",
+        source="worker",
+        entity_type="step",
+        entity_id=step,
+        status="in_progress",
+        timestamp=now_iso(),
+        step=step,
+    )
 
 
 def requested(eid: str, text: str, file: str = "t.yaml") -> Event:

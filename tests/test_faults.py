@@ -21,7 +21,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -307,13 +307,6 @@ async def test_controller_restart_resumes_an_execution_from_its_snapshot(
 
 
 # --- nats-server restarts with executions in flight ----------------------------------------------
-
-
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    """A nats-server of this test alone, with its file store in tmp_path (kept across restarts)."""
-    with EmbeddedNats(tmp_path / "nats") as server:
-        yield server
 
 
 @pytest.mark.parametrize("how", ["restart", "kill"])

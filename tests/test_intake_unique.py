@@ -6,23 +6,18 @@ its ``Nats-Msg-Id`` and however late it comes, and it never writes rejection eve
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
-from helpers import playbook
+from helpers import Clustered, playbook
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from noetl_stream import events as E
 from noetl_stream.client import request_for
 from noetl_stream.control.intake import Intake
-from noetl_stream.embedded import EmbeddedCluster
 from noetl_stream.kv.history import read_events
-from noetl_stream.kv.provision import provision, stream_names
-from noetl_stream.natsconn import connect
-from noetl_stream.services import provision_at_start
+from noetl_stream.kv.provision import provision
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, ExecutionRequest, derived_execution_id, encode, now_iso
 
@@ -170,34 +165,14 @@ async def test_a_request_on_the_subject_without_an_id_runs_under_the_id_of_its_s
 # --- a clustered (R3) events stream ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(3, tmp_path_factory.mktemp("cluster")) as c:
-        yield c
-
-
 @pytest.mark.cluster
-async def test_concurrent_admissions_of_one_request_on_a_cluster_record_it_once(
-    cluster: EmbeddedCluster,
-) -> None:
+async def test_concurrent_admissions_of_one_request_on_a_cluster_record_it_once(r3: Clustered) -> None:
     """A clustered stream refuses a conditional publish with "wrong last sequence" (no number) while
     another on the subject is being stored; the outbox tries again until the answer is final."""
-    topology = Topology(prefix="u" + uuid.uuid4().hex[:10], replicas=3)
-    nc = await connect(cluster.url, name="pytest-intake-cluster", connect_wait_s=10)
-    js = nc.jetstream(timeout=10)
-    try:
-        await provision_at_start(
-            nc, topology, ("default",)
-        )  # retries a cluster slow to answer, as processes do
-        intake = Intake(nc, topology)
-        raw = encode(request_for(GOOD, "good.yaml", execution_id="raced"))
+    intake = Intake(r3.nc, r3.topology)
+    raw = encode(request_for(GOOD, "good.yaml", execution_id="raced"))
 
-        results = await asyncio.gather(*(intake.admit(raw, no_default) for _ in range(20)))
+    results = await asyncio.gather(*(intake.admit(raw, no_default) for _ in range(20)))
 
-        assert results == [("raced", None)] * 20
-        assert [ev.name for ev in await history(js, topology, "raced")] == [E.EXECUTION_REQUESTED]
-    finally:
-        for name in stream_names(topology):
-            with contextlib.suppress(Exception):  # not created, if provisioning failed: keep its error
-                await js.delete_stream(name)
-        await nc.close()
+    assert results == [("raced", None)] * 20
+    assert [ev.name for ev in await history(r3.js, r3.topology, "raced")] == [E.EXECUTION_REQUESTED]

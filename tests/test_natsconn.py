@@ -6,13 +6,15 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import MsgAlreadyAckdError, NotJSMessageError
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig
 
-from noetl_stream.natsconn import ack, num_delivered, num_pending, stream_seq, subscribe_inline
+from noetl_stream.natsconn import ack, ack_soon, num_delivered, num_pending, stream_seq, subscribe_inline
 
 Eventually = Callable[..., Awaitable[None]]
 
@@ -108,3 +110,35 @@ async def test_ack_settles_a_delivery_like_msg_ack(
         await eventually(settled)
     finally:
         await js.delete_stream(name)
+
+
+async def test_ack_soon_settles_a_pulled_delivery_once_without_awaiting(
+    nc: NATS, js: JetStreamContext, stream: str, eventually: Callable[..., Awaitable[None]]
+) -> None:
+    """`natsconn.ack_soon` acks synchronously (the ack joins the outgoing buffer): the consumer has
+    nothing pending and redelivers nothing after its 1 s ack wait; a second ack raises."""
+    await js.publish(f"{stream}.k", b"k")
+    sub = await js.pull_subscribe(
+        f"{stream}.k", durable="soon", stream=stream, config=ConsumerConfig(ack_wait=1.0)
+    )
+    (msg,) = await sub.fetch(1, timeout=10)
+    ack_soon(msg)
+    assert msg.is_acked
+    with pytest.raises(nats.errors.MsgAlreadyAckdError):
+        ack_soon(msg)
+    with pytest.raises(nats.errors.MsgAlreadyAckdError):
+        await msg.ack()
+
+    async def settled() -> bool:
+        info = await js.consumer_info(stream, "soon")
+        floor = info.ack_floor
+        return info.num_ack_pending == 0 and floor is not None and floor.stream_seq == 1
+
+    await eventually(settled)
+    with pytest.raises(nats.errors.TimeoutError):  # twice the ack wait: no redelivery
+        await sub.fetch(1, timeout=2.0)
+    info = await js.consumer_info(stream, "soon")
+    assert (info.num_redelivered, info.num_ack_pending, info.delivered.consumer_seq) == (0, 0, 1)
+    with pytest.raises(nats.errors.NotJSMessageError):
+        ack_soon(Msg(nc, subject=f"{stream}.k", reply="", data=b""))
+    await sub.unsubscribe()

@@ -211,3 +211,22 @@ def content_hash(text: str) -> str:
 def event_id(execution_id: str, scope: str, name: str) -> str:
     """Deterministic id: ``<execution_id>:<scope>:<name>``; also the ``Nats-Msg-Id``."""
     return f"{execution_id}:{scope}:{name}"
+
+
+def control_event(
+    execution_id: str, name: str, reason: str | None = None, *, source: Source = "server"
+) -> Event:
+    """An action on an execution (``execution.cancel.requested``, ...) as an input event for the
+    controller's reducer: an operator's through the intake, or a worker's cancelling a child execution.
+    Each request has a scope of its own, so each is recorded (none is dropped as a duplicate)."""
+    return Event(
+        event_id=event_id(execution_id, f"control-{new_execution_id()}", name),
+        execution_id=execution_id,
+        name=name,
+        source=source,
+        entity_type="execution",
+        entity_id=execution_id,
+        status="in_progress",
+        timestamp=now_iso(),
+        payload={"reason": reason} if reason else {},
+    )

@@ -49,6 +49,7 @@ from noetl_stream.subjects import SubjectError, Topology, check_token
 from noetl_stream.wire import (
     Event,
     ExecutionRequest,
+    control_event,
     decode_event,
     decode_request,
     derived_execution_id,
@@ -98,21 +99,6 @@ CONTROL_ENDPOINTS = {
     "pause": E.EXECUTION_PAUSE_REQUESTED,
     "resume": E.EXECUTION_RESUME_REQUESTED,
 }
-
-
-def control_event(execution_id: str, name: str, reason: str | None = None) -> Event:
-    """An operator action as an input event for the controller's reducer."""
-    return Event(
-        event_id=event_id(execution_id, f"control-{new_execution_id()}", name),
-        execution_id=check_token(execution_id, "execution id"),
-        name=name,
-        source="server",
-        entity_type="execution",
-        entity_id=execution_id,
-        status="in_progress",
-        timestamp=now_iso(),
-        payload={"reason": reason} if reason else {},
-    )
 
 
 def _make(default_id: str | Callable[[], str]) -> str:
@@ -266,7 +252,7 @@ class Intake:
     async def control(self, execution_id: str, name: str, reason: str | None = None) -> ControlAccepted:
         """Record an operator action (``execution.cancel.requested``, ...) for an existing execution."""
         try:
-            ev = control_event(execution_id, name, reason)
+            ev = control_event(check_token(execution_id, "execution id"), name, reason)
         except SubjectError as exc:
             raise ApiError(400, "bad_request", f"bad request: {exc}") from None
         if not await self._exists(execution_id):

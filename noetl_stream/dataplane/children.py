@@ -20,15 +20,14 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
+from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import (
     Event,
     ExecutionRequest,
+    control_event,
     decode_event,
     encode,
-    event_id,
-    new_execution_id,
-    now_iso,
 )
 
 STOP_POLL_S = 0.25
@@ -102,20 +101,9 @@ class ChildRunner:
                 await sub.unsubscribe()
 
     async def cancel(self, child_id: str, reason: str) -> None:
-        ev = Event(
-            event_id=event_id(child_id, f"control-{new_execution_id()}", E.EXECUTION_CANCEL_REQUESTED),
-            execution_id=child_id,
-            name=E.EXECUTION_CANCEL_REQUESTED,
-            source="worker",
-            entity_type="execution",
-            entity_id=child_id,
-            status="in_progress",
-            timestamp=now_iso(),
-            payload={"reason": reason},
-        )
-        await self.js.publish(
-            self.topology.event_subject(child_id, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id}
-        )
+        outbox = Outbox(self.js, self.topology)
+        outbox.event(control_event(child_id, E.EXECUTION_CANCEL_REQUESTED, reason, source="worker"))
+        await outbox.flush()
 
     async def _already_requested(self, child_id: str) -> bool:
         subject = self.topology.stored_event_filter(child_id, E.EXECUTION_REQUESTED)

@@ -22,6 +22,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.control.deadlines import Deadlines
+from noetl_stream.control.effects import _server_event
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.leases import Leases, default_controller_id
@@ -39,7 +40,7 @@ from noetl_stream.logs import bound
 from noetl_stream.natsconn import ContinuousPuller, ack_soon, num_delivered, stream_seq
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command, Event, decode_event, encode, event_id, now_iso
+from noetl_stream.wire import Command, Event, decode_event, encode
 
 log = structlog.get_logger(__name__)
 
@@ -356,17 +357,7 @@ class Controller:
         summary = {"status": "failed", "error": state.error, "steps": dict(state.step_status)}
         for name, etype in ((E.WORKFLOW_FINISHED, "workflow"), (E.PLAYBOOK_PROCESSED, "playbook")):
             fx.events.append(
-                Event(
-                    event_id=event_id(state.execution_id, "execution", name),
-                    execution_id=state.execution_id,
-                    name=name,
-                    source="server",
-                    entity_type=etype,  # type: ignore[arg-type]
-                    entity_id=state.path or state.file,
-                    status="error",
-                    timestamp=now_iso(),
-                    payload=summary,
-                )
+                _server_event(state, name, etype, state.path or state.file, "error", "execution", summary)
             )
         return state, fx
 

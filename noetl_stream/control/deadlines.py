@@ -18,11 +18,11 @@ import structlog
 from nats.js.client import JetStreamContext
 
 from noetl_stream import events as E
+from noetl_stream.control.effects import server_event
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, event_id, now_iso
 
 log = structlog.get_logger(__name__)
 
@@ -98,19 +98,16 @@ class Deadlines:
         fence = self._fence_of(self.topology.partition_of(eid))
         if fence is None:
             return  # the partition's owner has its own timer
-        ev = Event(
-            event_id=event_id(eid, "execution", E.EXECUTION_DEADLINE_EXCEEDED),
-            execution_id=eid,
-            name=E.EXECUTION_DEADLINE_EXCEEDED,
-            source="server",
-            entity_type="execution",
-            entity_id=eid,
-            status="error",
-            timestamp=now_iso(),
-            payload={"deadline_at": deadline_at},
-            controller=self.controller_id,
-            fence=fence,
+        ev = server_event(
+            eid,
+            E.EXECUTION_DEADLINE_EXCEEDED,
+            "execution",
+            eid,
+            "error",
+            "execution",
+            {"deadline_at": deadline_at},
         )
+        ev.controller, ev.fence = self.controller_id, fence
         outbox = Outbox(self.js, self.topology)
         outbox.event(ev)
         try:

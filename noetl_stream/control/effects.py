@@ -107,6 +107,35 @@ def _epoch(timestamp: str) -> float:
         return 0.0
 
 
+def server_event(
+    execution_id: str,
+    name: str,
+    entity_type: str,
+    entity_id: str,
+    status: str,
+    scope: str,
+    payload: dict[str, Any],
+    step: str | None = None,
+    step_run_id: str | None = None,
+    trace_id: str | None = None,
+) -> Event:
+    """An event the controller writes (source ``server``), its id deterministic from its scope."""
+    return Event(
+        event_id=event_id(execution_id, scope, name),
+        execution_id=execution_id,
+        name=name,
+        source="server",
+        entity_type=entity_type,  # type: ignore[arg-type]
+        entity_id=entity_id,
+        status=status,  # type: ignore[arg-type]
+        timestamp=now_iso(),
+        payload=payload,
+        step=step,
+        step_run_id=step_run_id,
+        trace_id=trace_id,
+    )
+
+
 def _server_event(
     state: ExecutionState,
     name: str,
@@ -118,17 +147,15 @@ def _server_event(
     step: str | None = None,
     step_run_id: str | None = None,
 ) -> Event:
-    return Event(
-        event_id=event_id(state.execution_id, scope, name),
-        execution_id=state.execution_id,
-        name=name,
-        source="server",
-        entity_type=entity_type,  # type: ignore[arg-type]
-        entity_id=entity_id,
-        status=status,  # type: ignore[arg-type]
-        timestamp=now_iso(),
-        payload=payload,
-        step=step,
-        step_run_id=step_run_id,
-        trace_id=state.trace_id,
+    return server_event(
+        state.execution_id,
+        name,
+        entity_type,
+        entity_id,
+        status,
+        scope,
+        payload,
+        step,
+        step_run_id,
+        state.trace_id,
     )

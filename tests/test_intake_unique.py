@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 from helpers import Clustered, playbook
+from helpers import requested as requested_event
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -19,7 +21,7 @@ from noetl_stream.control.intake import Intake
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, ExecutionRequest, derived_execution_id, encode, now_iso
+from noetl_stream.wire import Event, ExecutionRequest, derived_execution_id, encode
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 INVALID = playbook("- step: start\n  tool: {kind: noop}\n  retries: 3\n")
@@ -62,15 +64,9 @@ async def test_an_execution_recorded_beyond_the_duplicate_window_is_not_recorded
 ) -> None:
     # The execution's request event is stored under a Nats-Msg-Id the server does not dedupe the new
     # one against (as when the duplicate window has forgotten it): only the subject says it exists.
-    earlier = Event(
+    earlier = msgspec.structs.replace(
+        requested_event("late", GOOD, "good.yaml"),
         event_id="earlier:execution:requested",
-        execution_id="late",
-        name=E.EXECUTION_REQUESTED,
-        source="server",
-        entity_type="playbook",
-        entity_id="good.yaml",
-        status="in_progress",
-        timestamp=now_iso(),
         payload={"marker": "earlier"},
     )
     await js.publish(

@@ -149,6 +149,8 @@ async def test_invalid_playbook_is_rejected_with_its_diagnostics(
     summary = await follow(runtime.nc, runtime.topology, execution_id, timeout=20)
 
     assert summary.status == "rejected"
+    # The tap listens on another connection than `follow`: its copy may come a moment later.
+    await eventually(lambda: len(tap.named("playbook.request.rejected")) == 1)
     (rejected,) = tap.named("playbook.request.rejected")
     assert rejected.execution_id == execution_id
     error = rejected.payload["error"]

@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.control.controller import Controller
+from noetl_stream.control.deadlines import Deadlines
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, checksum
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.replay import verify
@@ -381,3 +382,39 @@ async def test_a_deadline_fires_after_a_takeover_from_the_index(
         await a.shutdown(grace_s=5)
         if b is not None:
             await b.shutdown(grace_s=5)
+
+
+async def test_rearming_waits_for_a_lease_that_is_not_valid_yet(
+    js: JetStreamContext, topology: Topology, eventually: Any
+) -> None:
+    """A controller that acquires many partitions in one slow tick renews the first ones late: right
+    after the acquisition a partition may be held without its lease being valid by our clock. Its
+    timers are re-armed from the index once it is (they were skipped for good before)."""
+    await provision(js, topology, ("default",))
+    store = await SnapshotStore.open(js, topology, ExecutionState)
+    index = DeadlineIndex(store.kv)
+    eid = "late-lease"
+    partition = topology.partition_of(eid)
+    await index.add(partition, eid, time.time() + 3600)
+    valid = False
+    tasks: set[asyncio.Task[None]] = set()
+    deadlines = Deadlines(
+        js,
+        topology,
+        "ctl",
+        fence_of=lambda p: 7 if valid and p == partition else None,
+        is_terminal=lambda e: False,
+        spawn=lambda coro: tasks.add(asyncio.create_task(coro)),
+    )
+    deadlines.open(index, topology)
+    try:
+        deadlines.acquired(partition)
+        await asyncio.sleep(0.2)
+        assert eid not in deadlines.timers  # not valid: not armed, and not given up either
+        valid = True
+        await eventually(lambda: eid in deadlines.timers)
+        deadlines.release(partition)
+        assert eid not in deadlines.timers
+    finally:
+        deadlines.cancel_all()
+        await asyncio.gather(*tasks, return_exceptions=True)

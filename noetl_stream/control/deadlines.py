@@ -26,6 +26,9 @@ from noetl_stream.subjects import Topology
 
 log = structlog.get_logger(__name__)
 
+REARM_RETRY_S = 0.5
+"""How soon the timers of a held partition whose re-arming could not be done are tried again."""
+
 
 class Deadlines:
     def __init__(
@@ -51,6 +54,8 @@ class Deadlines:
         self._indexed: set[str] = set()
         """Executions this controller has put in the index (and not removed since)."""
         self._pending: set[int] = set()
+        self._held: set[int] = set()
+        """Partitions acquired and not released since (their re-arming is retried until it is done)."""
 
     def open(self, index: DeadlineIndex, topology: Topology) -> None:
         """Start indexing (``topology``: the installation's, as the controller read it at start)."""
@@ -81,11 +86,13 @@ class Deadlines:
             self.timers.pop(eid).cancel()
         for eid in [e for e in self._indexed if self.topology.partition_of(e) == partition]:
             self._indexed.discard(eid)
+        self._held.discard(partition)
 
     def cancel_all(self) -> None:
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
+        self._held.clear()
 
     def _fire_soon(self, eid: str, deadline_at: float) -> None:
         self._spawn(self.fire(eid, deadline_at))
@@ -136,9 +143,18 @@ class Deadlines:
 
     def acquired(self, partition: int) -> None:
         """A partition was taken: re-arm its timers (one task for the partitions of the same tick)."""
+        self._held.add(partition)
         self._pending.add(partition)
         if len(self._pending) == 1:
             self._spawn(self.rearm())
+
+    def _retry(self, partition: int) -> None:
+        if partition in self._held:
+            asyncio.get_running_loop().call_later(REARM_RETRY_S, self._retry_now, partition)
+
+    def _retry_now(self, partition: int) -> None:
+        if partition in self._held:
+            self.acquired(partition)
 
     async def rearm(self) -> None:
         """Timers for the acquired partitions' executions in the index (those with a deadline that have
@@ -149,6 +165,9 @@ class Deadlines:
             return
         for partition in sorted(partitions):
             if self._fence_of(partition) is None:
+                # Held, but its lease not (yet) valid by our clock: a start that acquired many partitions
+                # in one slow tick renews the first ones late. Try again in a moment, while it is held.
+                self._retry(partition)
                 continue
             try:
                 indexed = await self.index.of_partition(partition)
@@ -156,6 +175,7 @@ class Deadlines:
                 log.warning(
                     "controller.rearm_failed", partition=partition, error=str(exc) or type(exc).__name__
                 )
+                self._retry(partition)
                 continue
             for eid, deadline_at in indexed:
                 ours = self._fence_of(partition) is not None  # (still: the listing awaited)

@@ -50,7 +50,13 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from noetl_stream.natsconn import check_writable, subscribe_inline, write, write_soon
+from noetl_stream.natsconn import (
+    check_writable,
+    require_client_internals,
+    subscribe_inline,
+    write,
+    write_soon,
+)
 
 __all__ = [
     "DUPLICATE_IN_PROCESS",
@@ -486,5 +492,6 @@ def publisher(nc: NATS) -> Publisher:
     """The connection's `Publisher` (one per connection: one ack subscription, one counter)."""
     pub = _PUBLISHERS.get(nc)
     if pub is None:
+        require_client_internals(nc)  # connections not made by natsconn.connect are checked here
         pub = _PUBLISHERS[nc] = Publisher(nc)
     return pub

@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import os
 import random
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -24,6 +25,7 @@ from typing import Any, Self
 import msgspec
 import structlog
 from nats.aio.client import Client as NATS
+from nats.aio.client import __version__ as NATS_PY_VERSION
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import (
@@ -37,11 +39,13 @@ from nats.errors import (
 __all__ = [
     "ContinuousPuller",
     "Handler",
+    "UnsupportedClientError",
     "ack",
     "ack_soon",
     "check_writable",
     "connect",
     "num_delivered",
+    "require_client_internals",
     "stream_seq",
     "subscribe_inline",
     "write",
@@ -55,6 +59,50 @@ Handler = Callable[[Msg], Awaitable[None]]
 _ACK_PREFIX = "$JS.ACK."
 _CONNECTED = NATS.CONNECTED
 _PENDING_MSGS = "Nats-Pending-Messages"
+
+
+# --- the nats-py internals this module and jspublish.py use ----------------------------------------
+# The hot path writes protocol bytes into nats-py's outgoing buffer, acks without a coroutine and gets
+# messages through a subscription's future (`write`, `write_soon`, `ack_soon`, `subscribe_inline`,
+# `jspublish.Publisher`). These names are private to nats-py: pyproject.toml pins the minor version
+# they were written against, and every connection is checked once, so a different nats-py fails at
+# start with this list instead of misbehaving under load.
+NATS_PY_TESTED = "2.16"
+_CLIENT_ATTRS = (
+    "_status",
+    "_pending",
+    "_pending_data_size",
+    "_max_pending_size",
+    "_flush_queue",
+    "_flusher_task",
+    "_transport",
+    "_max_payload",
+    "_disconnected_cb",
+    "_send_command",
+    "_flush_pending",
+)
+_MSG_ATTRS = ("_ackd", "_client")
+_checked: weakref.WeakSet[NATS] = weakref.WeakSet()
+
+
+class UnsupportedClientError(RuntimeError):
+    """The installed nats-py lacks internals the runtime's hot path uses."""
+
+
+def require_client_internals(nc: NATS) -> None:
+    """Raise `UnsupportedClientError` naming what is missing if `nc` (a nats-py client) lacks the
+    private attributes the hot path uses; checked once per connection."""
+    if nc in _checked:
+        return
+    missing = [f"Client.{a}" for a in _CLIENT_ATTRS if not hasattr(nc, a)]
+    probe = Msg(nc)
+    missing += [f"Msg.{a}" for a in _MSG_ATTRS if not hasattr(probe, a)]
+    if missing:
+        raise UnsupportedClientError(
+            f"nats-py {NATS_PY_VERSION} lacks {', '.join(missing)}, which noetl-stream "
+            f"uses on its hot path; install nats-py {NATS_PY_TESTED}.x (pyproject.toml pins it)"
+        )
+    _checked.add(nc)
 
 
 class _Inline(asyncio.Future[Msg]):
@@ -270,6 +318,11 @@ async def connect(
         raise ConnectionError(
             f"cannot connect to NATS at {', '.join(servers)} within {connect_wait_s}s"
         ) from None
+    try:
+        require_client_internals(nc)
+    except UnsupportedClientError:
+        await nc.close()
+        raise
     return nc
 
 

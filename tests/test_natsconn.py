@@ -14,7 +14,19 @@ from nats.errors import MsgAlreadyAckdError, NotJSMessageError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
-from noetl_stream.natsconn import ack, ack_soon, num_delivered, num_pending, stream_seq, subscribe_inline
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jspublish import publisher
+from noetl_stream.natsconn import (
+    UnsupportedClientError,
+    ack,
+    ack_soon,
+    connect,
+    num_delivered,
+    num_pending,
+    require_client_internals,
+    stream_seq,
+    subscribe_inline,
+)
 
 Eventually = Callable[..., Awaitable[None]]
 
@@ -142,3 +154,21 @@ async def test_ack_soon_settles_a_pulled_delivery_once_without_awaiting(
     with pytest.raises(nats.errors.NotJSMessageError):
         ack_soon(Msg(nc, subject=f"{stream}.k", reply="", data=b""))
     await sub.unsubscribe()
+
+
+async def test_a_client_without_the_internals_of_the_hot_path_is_refused_by_name(
+    nats_server: EmbeddedNats,
+) -> None:
+    good = await connect(nats_server.url, name="pytest-internals", connect_wait_s=10)
+    try:
+        require_client_internals(good)  # the pinned nats-py has them all
+        publisher(good)
+    finally:
+        await good.close()
+    # A client of a nats-py that renamed one of them: refused at once, naming it, before any publish.
+    bad = NATS()
+    del bad._flush_queue
+    with pytest.raises(UnsupportedClientError, match=r"Client\._flush_queue.*2\.16\.x"):
+        require_client_internals(bad)
+    with pytest.raises(UnsupportedClientError):
+        publisher(bad)

@@ -8,6 +8,7 @@ limit (a large result goes to the object store). The `Worker` (worker.py) pulls,
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -106,16 +107,26 @@ class CommandRun:
 
     async def publish_pending(self) -> None:
         pending, self.pending = self.pending, []
+        limit = self.inline_limit
         for ev in pending:
-            fitted, data = await self.fit(ev)
-            self.outbox.event(fitted, data)
+            data = encode(ev)
+            if len(data) <= limit:  # the usual case, without a coroutine per event
+                self.outbox.event(ev, data)
+            else:
+                self.outbox.event(*await self.fit(ev, data))
         await self.outbox.flush()
 
-    async def fit(self, ev: Event) -> tuple[Event, bytes]:
+    @functools.cached_property
+    def inline_limit(self) -> int:
+        return inline_limit(self.cmd.executor_spec)
+
+    async def fit(self, ev: Event, data: bytes | None = None) -> tuple[Event, bytes]:
         """Reference-first: a result above the inline limit goes to the object store and the event
-        carries its reference; no event ever exceeds the server's payload limit."""
-        data = encode(ev)
-        limit = inline_limit(self.cmd.executor_spec)
+        carries its reference; no event ever exceeds the server's payload limit. ``data``: ``ev``
+        encoded, if the caller has it."""
+        if data is None:
+            data = encode(ev)
+        limit = self.inline_limit
         if len(data) <= limit or "result" not in ev.payload:
             return _fit(ev, data)
         if ev.name in _BOUNDARY_WITH_RESULT:

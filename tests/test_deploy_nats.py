@@ -205,6 +205,8 @@ PARENT = f"""
 apiVersion: noetl.io/v2
 kind: Playbook
 metadata: {{name: perms, path: tests/perms}}
+workload: {{pad: "{"x" * 6000}"}}
+executor: {{spec: {{deadline_s: 300}}}}
 workflow:
   - step: start
     tool:
@@ -217,15 +219,29 @@ workflow:
         args: {{k: "{{{{ key }}}}"}}
         code: |
           result = {{"matches": k == "{SECRET}", "blob": "x" * 300000}}
+    next: {{arcs: [{{step: pages}}]}}
+  - step: pages
+    tool:
+      - name: init
+        kind: noop
+        spec: {{policy: {{rules: [{{else: {{then: {{do: continue, set_iter: {{page: 1}}}}}}}}]}}}}
+      - name: fetch
+        kind: noop
+        spec:
+          policy:
+            rules:
+              - when: "{{{{ iter.page < 3 }}}}"
+                then: {{do: jump, to: fetch, set_iter: {{page: "{{{{ iter.page + 1 }}}}"}}}}
+              - else: {{then: {{do: continue}}}}
     next: {{arcs: [{{step: fan}}]}}
   - step: fan
     loop:
-      in: [1, 2, 3]
-      iterator: n
+      in: "{{{{ ['1' ~ workload.pad, '2' ~ workload.pad, '3' ~ workload.pad] }}}}"  # stored out of line
+      iterator: it
       spec: {{mode: parallel, max_in_flight: 2, policy: {{exec: distributed}}}}
     tool:
       kind: python
-      args: {{n: "{{{{ iter.n }}}}", start: "{{{{ start }}}}"}}
+      args: {{n: "{{{{ iter.it[0] | int }}}}", start: "{{{{ start }}}}"}}
       code: |
         result = n * len(start["blob"])
     next: {{arcs: [{{step: child, when: "{{{{ event.name == 'loop.done' }}}}"}}]}}

@@ -1,8 +1,8 @@
 """Per-run checkpoints in the ``noetl_loops`` bucket: where a paginating pipeline stands.
 
 Key ``<execution_id>.<step_run_id>[.<iteration>]``; value: the next task, ``iter``, ``_prev`` and the
-ctx patches so far. Written at each backward jump, read only when a command is redelivered, deleted
-when the run ends.
+ctx patches so far. Written at each backward jump, read only when a command is redelivered, removed
+when the run ends (leaving no marker, see `forget`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from noetl_stream.kv.forget import forget_key
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Checkpoint
 
@@ -52,8 +53,8 @@ class KvCheckpoints:
         return _decoder.decode(entry.value) if entry.value else None
 
     async def clear(self, scope_id: str) -> None:
-        kv = await self._bucket()
+        """Forget the run's checkpoint (a stream purge on its subject: no purge marker is left behind)."""
         try:
-            await kv.purge(self._key(scope_id))
+            await forget_key(self.js, self.topology.loops_bucket, self._key(scope_id))
         except (KeyNotFoundError, NotFoundError):
             pass

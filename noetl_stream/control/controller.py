@@ -389,8 +389,10 @@ class Controller:
         assert self._snapshots is not None
         state = await self._snapshots.get(execution_id)
         if state is not None and state.terminal:  # nothing folds into it any more
+            keys = state.items_keys
             self._remember(state)
             self._retire(state)
+            await self._delete_items(execution_id, keys)  # in case its writer stopped before deleting them
             return state
         if state is not None:
             await self._ensure_plan(state)
@@ -502,8 +504,26 @@ class Controller:
         state.runs = {}
         state.joins = {}
         state.deferred = []
+        state.items_keys = []
         self._retired.add(state.execution_id)
         self.reducer.items.forget(state.execution_id)
+
+    async def _delete_items(self, execution_id: str, keys: list[str]) -> None:
+        """Delete the packed items of a finished execution's distributed loops (best effort).
+
+        Only once its terminal snapshot is stored: until then a controller resuming from an earlier
+        snapshot reads them (`_ensure_items`). Were one needed after all, a missing object only costs
+        a rebuild from the events (`_load`), which packs and stores the items again."""
+        for key in keys:
+            try:
+                await self.results.delete(key)
+            except Exception as exc:  # a leftover object costs space, never correctness
+                log.warning(
+                    "controller.items_delete_failed",
+                    execution_id=execution_id,
+                    key=key,
+                    error=str(exc) or type(exc).__name__,
+                )
 
     async def _maybe_snapshot(self, state: ExecutionState, fence: int) -> None:
         now = time.monotonic()
@@ -517,7 +537,9 @@ class Controller:
             if state.terminal:
                 self._snapshot_at.pop(state.execution_id, None)
                 if written and self.states.get(state.execution_id) is state:
+                    keys = state.items_keys
                     self._retire(state)  # its results and loops are in the snapshot and the events
+                    await self._delete_items(state.execution_id, keys)
 
     async def _write_snapshot(self, state: ExecutionState, fence: int | None = None) -> bool:
         """Write the state's snapshot under our fence; True when it is stored."""

@@ -82,6 +82,9 @@ class ExecutionState(msgspec.Struct):
     step_runs: dict[str, int] = {}
     runs: dict[str, StepRun] = {}
     joins: dict[str, JoinState] = {}
+    items_keys: list[str] = []
+    """The object-store keys of the packed items of every distributed loop this execution started
+    (runs leave ``runs`` at their boundary): the controller deletes them once the execution is over."""
     unhandled: list[dict[str, Any]] = []
     last_step: str | None = None
     last_seq: int = 0

@@ -281,6 +281,7 @@ class Run:
             lr.items_key = f"{eid}/{run.run_id}/items"
             lr.items_checksum = checksum(packed)
             self.fx.blobs.append(Blob(lr.items_key, packed))
+            self.state.items_keys.append(lr.items_key)
         self.reducer.items.put(eid, run.run_id, packed)
         run.loop = lr
         self.emit(

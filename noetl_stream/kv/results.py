@@ -12,12 +12,19 @@ Workers resolve the references a step reads before they run it.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.object_store import ObjectStore
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.object_store import (
+    OBJ_CHUNKS_PRE_TEMPLATE,
+    OBJ_META_PRE_TEMPLATE,
+    OBJ_STREAM_TEMPLATE,
+    ObjectStore,
+)
 
 from noetl_stream.subjects import Topology
 
@@ -81,6 +88,39 @@ class ResultStore:
         if checksum and "sha256:" + hashlib.sha256(data).hexdigest() != checksum:
             raise ValueError(f"result {key}: checksum mismatch")
         return data
+
+    async def delete(self, key: str) -> bool:
+        """Remove the object stored under ``key``, leaving none of its messages in the bucket's stream.
+
+        ``ObjectStore.delete`` marks the object deleted (a new meta message, so no reader sees a
+        half-removed object) and purges its chunks, but keeps that marker forever; the marker is purged
+        too, up to its own sequence (a put of the same key after it survives). Idempotent: an earlier
+        attempt cut short is finished (its chunks purged again, its marker removed). False when nothing
+        was stored under ``key``.
+        """
+        store = await self._bucket()
+        bucket = self.topology.results_store
+        stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
+        meta = OBJ_META_PRE_TEMPLATE.format(
+            bucket=bucket, obj=base64.urlsafe_b64encode(key.encode()).decode()
+        )
+        try:
+            await store.delete(key)
+        except ObjectNotFoundError:  # never stored, or marked deleted by an earlier attempt
+            pass
+        try:
+            last = await self.js.get_last_msg(stream, meta)
+        except NotFoundError:
+            return False
+        info = msgspec.json.decode(last.data or b"{}")
+        if not isinstance(info, dict) or not info.get("deleted"):
+            return True  # stored again meanwhile: not ours to remove
+        if info.get("nuid"):
+            await self.js.purge_stream(
+                stream, subject=OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info["nuid"])
+            )
+        await self.js.purge_stream(stream, seq=(last.seq or 0) + 1, subject=meta)
+        return True
 
     async def resolve(self, value: Any, _depth: int = 0) -> Any:
         """``value`` with every reference inside it (top level, dict values, list items) fetched."""

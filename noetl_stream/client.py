@@ -16,7 +16,7 @@ from nats.js import api
 from noetl_stream import events as E
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id
+from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id, request_msg_id
 
 
 class StepSummary(msgspec.Struct):
@@ -139,7 +139,9 @@ async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str
         request = msgspec.structs.replace(request, execution_id=new_execution_id())
     assert request.execution_id is not None
     await nc.jetstream().publish(
-        topology.request_subject, encode(request), headers={"Nats-Msg-Id": f"request:{request.execution_id}"}
+        topology.request_subject,
+        encode(request),
+        headers={"Nats-Msg-Id": request_msg_id(request.execution_id)},
     )
     return request.execution_id
 

@@ -208,6 +208,12 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def request_msg_id(execution_id: str) -> str:
+    """The ``Nats-Msg-Id`` of an execution request on the requests stream: one per execution id, so a
+    client's (or a parent step's) retry of the same request is dropped by the server as a duplicate."""
+    return f"request:{execution_id}"
+
+
 def event_id(execution_id: str, scope: str, name: str) -> str:
     """Deterministic id: ``<execution_id>:<scope>:<name>``; also the ``Nats-Msg-Id``."""
     return f"{execution_id}:{scope}:{name}"

@@ -28,6 +28,7 @@ from noetl_stream.wire import (
     control_event,
     decode_event,
     encode,
+    request_msg_id,
 )
 
 STOP_POLL_S = 0.25
@@ -85,7 +86,7 @@ class ChildRunner:
                 await self.js.publish(
                     self.topology.request_subject,
                     encode(request),
-                    headers={"Nats-Msg-Id": f"request:{child_id}"},
+                    headers={"Nats-Msg-Id": request_msg_id(child_id)},  # as client.submit
                 )
             async with self.release_slot(), asyncio.timeout(timeout):
                 while True:

@@ -18,11 +18,12 @@ from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.control.replay import verify
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.local import Runtime
+from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event
 
@@ -156,8 +157,10 @@ async def test_a_finished_execution_leaves_no_loop_items_but_keeps_its_results(r
     keys = [f"{eid}/start-1/items", f"{eid}/again-1/items"]
 
     snap = await _final_snapshot(js, topology, eid)
-    assert snap.items_keys == keys  # both were stored out of line (packed: 19 KB, above INLINE_ITEMS_BYTES)
-    for key in keys:
+    assert snap.items_keys == []  # each left the state when its loop finished
+    started = [ev async for _, ev in read_events(js, topology, eid) if ev.name == E.LOOP_STARTED]
+    assert [ev.step_run_id for ev in started] == ["start-1", "again-1"]
+    for key in keys:  # both had been stored out of line (packed: 19 KB, above INLINE_ITEMS_BYTES)
         await _assert_gone(js, topology, key)
 
     # The loops' results (by reference, in the same store) are execution results: kept.
@@ -171,6 +174,59 @@ async def test_a_finished_execution_leaves_no_loop_items_but_keeps_its_results(r
     assert diffs == []
     cached = runtime.controller.states[eid]
     assert (cached.status, cached.runs, cached.items_keys) == ("success", {}, [])
+
+
+LOOP_THEN_WAIT = playbook(
+    """
+    - step: start
+      loop:
+        in: "{{ range(workload.n) | map('string') | list }}"
+        iterator: item
+        spec: {mode: parallel, max_in_flight: 50, policy: {exec: distributed}}
+      tool: {kind: noop, result: "{{ iter.item }}"}
+      next:
+        arcs: [{step: wait}]
+    - step: wait
+      tool:
+        kind: python
+        code: |
+          import time
+          time.sleep(4)
+          result = "waited"
+    """,
+    workload={"n": 4000},  # packed: 23 KB
+)
+
+
+async def test_a_loop_s_items_go_when_the_loop_finishes_not_when_the_execution_does(
+    runtime: Runtime,
+) -> None:
+    """A long execution (or one that re-enters a big loop) does not keep every loop's items till its end."""
+    js = runtime.nc.jetstream()
+    topology = runtime.topology
+    loop_done = asyncio.Event()
+    ids: list[str] = []
+
+    def on_event(ev: Event) -> None:
+        if ev.name == E.LOOP_DONE:
+            ids.append(ev.execution_id)
+            loop_done.set()
+
+    run = asyncio.create_task(
+        runtime.run_playbook(LOOP_THEN_WAIT, "wait.yaml", on_event=on_event, timeout=60)
+    )
+    async with asyncio.timeout(30):
+        await loop_done.wait()
+    eid = ids[0]
+    key = f"{eid}/start-1/items"
+    await _assert_gone(js, topology, key, timeout=3.0)
+    assert not run.done(), "the execution ended before the items were checked: the check proves nothing"
+    assert runtime.controller.states[eid].items_keys == []
+    summary = await run
+    assert summary.status == "success", summary.error
+    assert summary.execution_id == eid
+    diffs, _ = await verify(js, topology, eid)
+    assert diffs == []
 
 
 SLOW_LOOP = playbook(
@@ -252,7 +308,38 @@ async def test_a_failed_execution_leaves_no_loop_items(runtime: Runtime) -> None
     assert summary.status == "failed"
     eid = summary.execution_id
     snap = await _final_snapshot(js, topology, eid)
-    assert snap.items_keys == [f"{eid}/start-1/items"]
+    assert snap.items_keys == []  # the loop stopped at its first failure: finished, its items dropped
     await _assert_gone(js, topology, f"{eid}/start-1/items")
     diffs, _ = await verify(js, topology, eid)
     assert diffs == []
+
+
+async def test_a_controller_that_loads_a_finished_execution_deletes_items_left_behind(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    """A controller that stopped between the final snapshot and the delete leaves the items; the next one
+    to load that snapshot (here a fresh controller folding a late cancel request) deletes them."""
+    async with local_runtime(nats_server.url, topology=topology, workers=1, concurrency=16) as rt:
+        js = rt.nc.jetstream()
+        eid = await submit(rt.nc, topology, request_for(SLOW_LOOP, "slow.yaml"))
+        await _first(js, topology, eid, E.LOOP_ITERATION_DONE)
+        await rt.nc.request(
+            topology.api_subject("cancel"), msgspec.json.encode({"execution_id": eid}), timeout=10
+        )
+        assert (await follow(rt.nc, topology, eid, timeout=30)).status == "cancelled"
+        key = f"{eid}/start-1/items"
+        assert (await _final_snapshot(js, topology, eid)).items_keys == [key]
+        await _assert_gone(js, topology, key)
+        await ResultStore(js, topology).put_encoded(key, b"left behind by a controller that stopped")
+
+    async with local_runtime(nats_server.url, topology=topology, workers=1, concurrency=16) as rt:
+        js = rt.nc.jetstream()
+        assert eid not in rt.controller.states
+        reply = await rt.nc.request(
+            topology.api_subject("cancel"),
+            msgspec.json.encode({"execution_id": eid, "reason": "late"}),
+            timeout=10,
+        )
+        assert not (reply.headers or {}).get("Nats-Service-Error")
+        await _assert_gone(js, topology, key)
+        assert rt.controller.states[eid].status == "cancelled"

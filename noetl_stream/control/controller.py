@@ -305,6 +305,7 @@ class Controller:
         before = _version(state if cached else None)
         was_terminal = cached and state is not None and state.terminal
         outbox = Outbox(self.js, self.topology)
+        dropped: list[str] = []
         for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
                 continue  # already applied (a redelivery after a crash)
@@ -319,6 +320,7 @@ class Controller:
                 self.observer(event, fx.events, state)
             for blob in fx.blobs:  # before anything that depends on it is published or snapshotted
                 await self.results.put_encoded(blob.key, blob.data)
+            dropped += fx.dropped
             for ev in fx.events:
                 ev.controller, ev.fence = self.controller_id, fence
                 spec = fx.loop_results.get(ev.event_id)
@@ -342,6 +344,8 @@ class Controller:
             deadline = any(ev.name == E.EXECUTION_DEADLINE_EXCEEDED for _, ev, _ in batch)
             await self.deadlines.track(state, was_terminal, deadline)
             await self._maybe_snapshot(state, fence)  # under the lease this fold published with
+        if dropped:  # a finished loop's items: what needs them now is rebuilt from the events
+            await self._delete_items(eid, dropped)
         for msg, _, _ in batch:
             ack_soon(msg)
 
@@ -449,8 +453,10 @@ class Controller:
                 continue
             try:
                 data = await self.results.get_encoded(lr.items_key, lr.items_checksum)
-            except (NotFoundError, ValueError) as exc:
-                raise ItemsMissingError(f"loop {run.run_id}: items {lr.items_key}: {exc}") from None
+            except (NotFoundError, ValueError, TimeoutError) as exc:  # deleted (even while read), corrupt
+                raise ItemsMissingError(
+                    f"loop {run.run_id}: items {lr.items_key}: {exc or type(exc).__name__}"
+                ) from None
             self.reducer.items.put(state.execution_id, run.run_id, data)
 
     async def _replay(
@@ -509,11 +515,13 @@ class Controller:
         self.reducer.items.forget(state.execution_id)
 
     async def _delete_items(self, execution_id: str, keys: list[str]) -> None:
-        """Delete the packed items of a finished execution's distributed loops (best effort).
+        """Delete the packed items of distributed loops (best effort): a loop's once it has finished
+        (every item dispatched) and the fold that says so is stored, and those of loops still running
+        when the execution ended, once its terminal snapshot is stored.
 
-        Only once its terminal snapshot is stored: until then a controller resuming from an earlier
-        snapshot reads them (`_ensure_items`). Were one needed after all, a missing object only costs
-        a rebuild from the events (`_load`), which packs and stores the items again."""
+        A controller resuming from an earlier snapshot whose loop still dispatches would read them
+        (`_ensure_items`); if they are gone, it rebuilds the execution from its events instead
+        (`_load`), which renders and packs the items again."""
         for key in keys:
             try:
                 await self.results.delete(key)

@@ -43,6 +43,9 @@ class Effects:
     events: list[Event] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     blobs: list[Blob] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    """Object-store keys of blobs no longer needed (a finished loop's packed items): the controller
+    deletes them once this fold's events are stored."""
     loop_results: dict[str, LoopResults] = field(default_factory=dict)
     """By event id: the events of ``events`` whose result the controller fills in before publishing."""
 

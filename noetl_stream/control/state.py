@@ -83,8 +83,10 @@ class ExecutionState(msgspec.Struct):
     runs: dict[str, StepRun] = {}
     joins: dict[str, JoinState] = {}
     items_keys: list[str] = []
-    """The object-store keys of the packed items of every distributed loop this execution started
-    (runs leave ``runs`` at their boundary): the controller deletes them once the execution is over."""
+    """The object-store keys of the packed items of the distributed loops this execution started and
+    that have not finished: a loop's key leaves when the loop finishes (the controller then deletes its
+    items), and those still here when the execution ends (cancelled or failed mid-loop) are deleted
+    after its final snapshot."""
     unhandled: list[dict[str, Any]] = []
     last_step: str | None = None
     last_seq: int = 0

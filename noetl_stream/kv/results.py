@@ -12,6 +12,7 @@ Workers resolve the references a step reads before they run it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 from typing import Any
@@ -44,6 +45,10 @@ def inline_limit(executor_spec: dict[str, Any]) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return min(value, 512 * 1024)
     return DEFAULT_INLINE_LIMIT
+
+
+READ_BASE_S = 10.0
+READ_S_PER_MIB = 1.0
 
 
 class ResultStore:
@@ -81,9 +86,15 @@ class ResultStore:
         return msgspec.json.decode(await self.get_encoded(str(info["key"]), info.get("checksum") or ""))
 
     async def get_encoded(self, key: str, checksum: str = "") -> bytes:
-        """The bytes stored under ``key``, checked against ``checksum`` when given."""
+        """The bytes stored under ``key``, checked against ``checksum`` when given.
+
+        nats-py reads the chunks through a consumer without a deadline: an object deleted while it is
+        read (its chunks purged after its meta was read) would make it wait forever. The read gets
+        ``READ_BASE_S`` plus ``READ_S_PER_MIB`` per MiB of the object, then raises ``TimeoutError``."""
         store = await self._bucket()
-        result = await store.get(key)
+        info = await store.get_info(key)
+        async with asyncio.timeout(READ_BASE_S + READ_S_PER_MIB * (info.size or 0) / 2**20):
+            result = await store.get(key)
         data = result.data or b""
         if checksum and "sha256:" + hashlib.sha256(data).hexdigest() != checksum:
             raise ValueError(f"result {key}: checksum mismatch")

@@ -3,8 +3,8 @@
 A distributed loop's ``in`` is rendered once, when the loop starts, and packed: each item encoded as
 JSON, one per line (JSON never holds a raw newline). Small packs stay in the state (`LoopRun.items`);
 larger ones are stored once, immutably, in the results object store (the controller writes them
-before it publishes anything that depends on them, and deletes them once the execution is over and its
-final snapshot is stored) and the state keeps their key and checksum. The
+before it publishes anything that depends on them, and deletes them when the loop finishes, or after the
+final snapshot of an execution that ends mid-loop) and the state keeps their key and checksum. The
 reducer reads items from `LoopItems`, a cache by execution and step run that the controller fills
 from the object store before it folds a resumed execution (as it compiles a resumed execution's plan).
 

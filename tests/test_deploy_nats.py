@@ -27,15 +27,18 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api
-from nats.js.errors import NoKeysError
+from nats.js.errors import NoKeysError, ObjectNotFoundError
 from procs import Processes, run_cli
 from ruamel.yaml import YAML
 
 from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.checkpoints import KvCheckpoints
+from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.kv.provision import consumer_configs, provision, stream_configs
 from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
+from noetl_stream.wire import Checkpoint
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "nats"
 USERS = ("controller", "worker", "client", "admin", "sys")
@@ -294,6 +297,10 @@ async def test_controller_and_worker_run_an_execution_as_their_own_users(
         summary = json.loads(out)
         assert summary["status"] == "success", summary
         assert summary["result"] == {"fan": [300000, 600000, 900000], "matches": True}
+        # The fan loop's items were stored out of line and deleted (as the controller) when it finished.
+        store = await provisioned.js.object_store(topology.results_store)
+        with pytest.raises(ObjectNotFoundError):
+            await store.get_info(f"{summary['execution_id']}/fan-1/items", show_deleted=True)
         # The client can follow up on what it started: status, and replay against the live snapshot.
         code, out, err = await run_cli(client_env, "replay", summary["execution_id"], "--verify", timeout=30)
         assert code == 0, f"{out}{err}\n{server.violations()}"
@@ -325,6 +332,32 @@ async def test_worker_cannot_publish_commands_or_take_the_controllers_work(
     await provisioned.js.publish("noetl.events.e1.step.done", b"{}")
     assert (await worker.js.get_last_msg("NOETL_EVENTS", "noetl.events.e1.*.step.done")).data == b"{}"
     assert (await worker.js.consumer_info("NOETL_COMMANDS", "pool-default")).name == "pool-default"
+
+
+async def test_runtime_identities_forget_keys_without_purging_the_bucket_streams(
+    server: Server, provisioned: Session, session: Any
+) -> None:
+    """Removing a deadline key (controller) or a checkpoint (worker) is a publish on the bucket's
+    subjects (a purge marker that expires); neither identity may purge a KV bucket's whole stream."""
+    t = Topology()
+    controller, worker = await session("controller"), await session("worker")
+    index = DeadlineIndex(await controller.js.key_value(t.executions_bucket))
+    await index.add(0, "forget-e1", 1e12)
+    await index.remove(0, "forget-e1")
+    assert "forget-e1" not in dict(await index.of_partition(0))
+    checkpoints = KvCheckpoints(worker.js, t, "forget-e1")
+    await checkpoints.save("run", Checkpoint(pc=1))
+    await checkpoints.clear("run")
+    assert await checkpoints.load("run") is None
+
+    for who, bucket in ((controller, t.executions_bucket), (worker, t.loops_bucket)):
+        kv = await provisioned.js.key_value(bucket)
+        await kv.put("forget-e1.kept", b"v")
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await who.js.purge_stream(f"KV_{bucket}")
+        await who.violation(f"STREAM.PURGE.KV_{bucket}")
+        assert (await kv.get("forget-e1.kept")).value == b"v"
+        await kv.purge("forget-e1.kept")
 
 
 async def test_client_cannot_read_the_keychain(server: Server, provisioned: Session, session: Any) -> None:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
 
 from noetl_stream import events
-from noetl_stream.kv.provision import ProvisionError, _transient, provision, stream_names
+from noetl_stream.kv.forget import forget_key
+from noetl_stream.kv.provision import (
+    ProvisionError,
+    _check_kept,
+    _kv_stream,
+    _transient,
+    kv_configs,
+    provision,
+    stream_names,
+)
 from noetl_stream.subjects import SubjectError, Topology
 
 
@@ -107,6 +118,42 @@ async def test_drift_is_updated(js: JetStreamContext, topology: Topology) -> Non
     assert not (await provision(js, changed, pool_max_ack_pending=20)).changed
 
 
+async def test_kv_buckets_allow_per_message_ttls(js: JetStreamContext, topology: Topology) -> None:
+    """`kv.forget` removes keys with a purge marker that expires: the bucket must allow it."""
+    await provision(js, topology)
+    for bucket in topology.kv_buckets:
+        assert (await js.stream_info("KV_" + bucket)).config.allow_msg_ttl, bucket
+
+
+async def test_a_bucket_without_per_message_ttls_is_updated(js: JetStreamContext, topology: Topology) -> None:
+    """A bucket created before `allow_msg_ttl` was provisioned is drift: the next run turns it on."""
+    await provision(js, topology)
+    for bucket in (topology.executions_bucket, topology.loops_bucket):
+        await js.delete_stream("KV_" + bucket)
+        old = dataclasses.replace(_kv_stream(_kv_config(topology, bucket)), allow_msg_ttl=None)
+        await js.add_stream(old)
+        assert not (await js.stream_info("KV_" + bucket)).config.allow_msg_ttl
+        kv = await js.key_value(bucket)
+        await kv.put("k", b"v")
+        with pytest.raises(APIError):  # the server refuses an expiring marker on such a bucket
+            await kv.purge("k", msg_ttl=1)
+
+    report = await provision(js, topology, keep_replicas=True)  # what a runtime process does at start
+    assert sorted(report.updated) == sorted(
+        f"kv:{b}" for b in (topology.executions_bucket, topology.loops_bucket)
+    )
+    for bucket in (topology.executions_bucket, topology.loops_bucket):
+        assert (await js.stream_info("KV_" + bucket)).config.allow_msg_ttl
+        kv = await js.key_value(bucket)
+        assert (await kv.get("k")).value == b"v"  # the update kept the bucket's contents
+        await forget_key(kv, "k", ttl_s=1)
+    assert not (await provision(js, topology)).changed
+
+
+def _kv_config(topology: Topology, bucket: str) -> api.KeyValueConfig:
+    return next(c for c in kv_configs(topology) if c.bucket == bucket)
+
+
 async def test_change_the_server_cannot_apply_is_a_clear_error(
     js: JetStreamContext, topology: Topology
 ) -> None:
@@ -174,3 +221,16 @@ def test_only_cluster_formation_errors_are_retried() -> None:
     )
     assert _transient(offline) and _transient(unavailable)
     assert not _transient(too_few) and not _transient(bad_config)
+
+
+def test_a_server_that_drops_allow_msg_ttl_is_a_clear_error() -> None:
+    """nats-server before 2.11 does not know ``allow_msg_ttl``: the created stream comes back without it."""
+    topology = Topology()
+    wanted = _kv_stream(_kv_config(topology, topology.loops_bucket))
+    kept = api.StreamInfo(
+        config=wanted, state=api.StreamState(messages=0, bytes=0, first_seq=0, last_seq=0, consumer_count=0)
+    )
+    _check_kept(wanted, kept, "kv:noetl_loops")
+    dropped = api.StreamInfo(config=dataclasses.replace(wanted, allow_msg_ttl=None), state=kept.state)
+    with pytest.raises(ProvisionError, match=r"kv:noetl_loops.*nats-server 2\.11 or later"):
+        _check_kept(wanted, dropped, "kv:noetl_loops")

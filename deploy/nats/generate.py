@@ -209,7 +209,6 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
         f"{API}.STREAM.MSG.GET.{t.commands_stream}",
         f"{API}.STREAM.MSG.DELETE.{t.commands_stream}",
         *[s for b in t.kv_buckets if b != keychain for s in _kv_write(b)],
-        f"{API}.STREAM.PURGE.{_kv_stream(t.executions_bucket)}",  # a finished deadline's index key, no marker
         *_obj_write(t.results_store),
     ]
     worker_events = sorted(E.WORKER_EVENTS | {E.EXECUTION_CANCEL_REQUESTED})
@@ -224,9 +223,8 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
         f"{API}.DIRECT.GET.{_kv_stream(keychain)}",
         f"{API}.DIRECT.GET.{_kv_stream(keychain)}.>",
         *_obj_write(t.results_store),
-        # pipeline checkpoints (a backward jump: pagination), removed without a marker when the run ends
+        # pipeline checkpoints (a backward jump: pagination), removed with an expiring purge marker
         *_kv_write(t.loops_bucket),
-        f"{API}.STREAM.PURGE.{_kv_stream(t.loops_bucket)}",
     ]
     client_pub = [
         t.request_subject,

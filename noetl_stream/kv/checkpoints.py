@@ -2,7 +2,7 @@
 
 Key ``<execution_id>.<step_run_id>[.<iteration>]``; value: the next task, ``iter``, ``_prev`` and the
 ctx patches so far. Written at each backward jump, read only when a command is redelivered, removed
-when the run ends (leaving no marker, see `forget`).
+when the run ends (its purge marker expires, see `forget`).
 """
 
 from __future__ import annotations
@@ -53,8 +53,5 @@ class KvCheckpoints:
         return _decoder.decode(entry.value) if entry.value else None
 
     async def clear(self, scope_id: str) -> None:
-        """Forget the run's checkpoint (a stream purge on its subject: no purge marker is left behind)."""
-        try:
-            await forget_key(self.js, self.topology.loops_bucket, self._key(scope_id))
-        except (KeyNotFoundError, NotFoundError):
-            pass
+        """Forget the run's checkpoint (a purge marker that expires: nothing is left behind)."""
+        await forget_key(await self._bucket(), self._key(scope_id))

@@ -2,21 +2,18 @@
 
 Keys ``deadline.<partition>.<execution_id>`` in the ``noetl_executions`` bucket (an execution id is one
 subject token, so they never collide with a snapshot's key), value ``{"deadline_at": <epoch s>}``. The
-controller writes a key when it first folds an execution with a deadline and removes it (leaving no
-marker, see `forget`) when the execution ends; a controller that takes a partition over lists only that
-partition's keys to re-arm its timers, however many executions the bucket holds.
+controller writes a key when it first folds an execution with a deadline and removes it (its purge
+marker expires, see `forget`) when the execution ends; a controller that takes a partition over lists
+only that partition's keys to re-arm its timers, however many executions the bucket holds.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from noetl_stream.kv.forget import forget_key, handle_of
+from noetl_stream.kv.forget import forget_key
 from noetl_stream.subjects import Topology
 
 PREFIX = "deadline"
@@ -35,19 +32,12 @@ def is_index_key(key: str) -> bool:
 
 
 class DeadlineIndex:
-    def __init__(self, kv: KeyValue, js: JetStreamContext | None = None, bucket: str | None = None) -> None:
-        """``js``/``bucket`` default to those ``kv`` was opened with (see `forget.handle_of`)."""
+    def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
-        if js is None or bucket is None:
-            kv_js, kv_bucket = handle_of(kv)
-            js = kv_js if js is None else js
-            bucket = kv_bucket if bucket is None else bucket
-        self.js = js
-        self.bucket = bucket
 
     @classmethod
     async def open(cls, js: JetStreamContext, topology: Topology) -> DeadlineIndex:
-        return cls(await js.key_value(topology.executions_bucket), js, topology.executions_bucket)
+        return cls(await js.key_value(topology.executions_bucket))
 
     @staticmethod
     def key(partition: int, execution_id: str) -> str:
@@ -57,9 +47,8 @@ class DeadlineIndex:
         await self.kv.put(self.key(partition, execution_id), msgspec.json.encode(_Deadline(deadline_at)))
 
     async def remove(self, partition: int, execution_id: str) -> None:
-        """Forget the key (a stream purge on its subject: no delete marker is left behind)."""
-        with contextlib.suppress(KeyNotFoundError, NotFoundError):
-            await forget_key(self.js, self.bucket, self.key(partition, execution_id))
+        """Forget the key (a purge marker that expires: nothing is left behind, see `forget`)."""
+        await forget_key(self.kv, self.key(partition, execution_id))
 
     async def of_partition(self, partition: int) -> list[tuple[str, float]]:
         """``(execution_id, deadline_at)`` of the partition's indexed executions (one filtered watch)."""

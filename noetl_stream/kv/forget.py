@@ -1,29 +1,45 @@
-"""Remove a KV key without leaving a marker behind.
+"""Remove a KV key without leaving a marker behind for good.
 
 ``KeyValue.delete`` and ``KeyValue.purge`` remove a key by *publishing* a marker (a ``KV-Operation:
 DEL``/``PURGE`` message) on its subject, and that marker stays in the bucket's stream forever: every
 finished execution with a deadline, every checkpointed pipeline run would leave one. Keys that we only
 ever list by their current values (watchers with ``ignore_deletes``, ``get``) never need the marker, so
-we purge the bucket's stream filtered on exactly the key's subject instead: no message is left for the
-key at all (all its revisions go). A missing key is not an error (the purge removes nothing).
+`forget_key` publishes a purge marker with a per-message TTL (``Nats-TTL``, nats-server >= 2.11):
+
+- the marker is a rollup on the key's subject, so the key's earlier values go at once (``get`` finds
+  nothing, a watcher with ``ignore_deletes`` skips it);
+- the marker itself expires after `FORGET_TTL_S`, so after that nothing is left for the key. A
+  missing key is not an error (a marker is published and expires all the same).
+
+This takes only a publish on ``$KV.<bucket>.<key>``, which an identity that writes the bucket has
+anyway; unlike a stream purge filtered on the subject (``$JS.API.STREAM.PURGE.KV_<bucket>``, which
+NATS cannot restrict to one subject and so would let the identity wipe the whole bucket).
+
+The bucket's stream must allow per-message TTLs (``allow_msg_ttl``): `noetl_stream.kv.provision`
+sets it on the buckets whose keys are forgotten (executions, loops). Without it the server rejects the
+marker (``per-message TTL is disabled``).
+
+`FORGET_TTL_S` is 60 s: long enough that a watcher or a consumer replaying the bucket a moment after
+the removal still sees a purge (not a key that silently vanished mid-read), short enough that markers
+never pile up (at most a minute's worth of removals). The server accepts whole seconds, at least 1.
 
 A watcher listing the bucket concurrently may still report a key removed a moment ago (it was
-delivered before the purge); this was already so with delete markers, and the callers handle it (a
-stale deadline key, a checkpoint read after its run ended, are harmless).
+delivered before the marker); this was already so with plain delete markers, and the callers handle it
+(a stale deadline key, a checkpoint read after its run ended, are harmless).
 
-The subject is computed from the bucket name as nats-py and the server do for a bucket of this account
-(stream ``KV_<bucket>``, subject ``$KV.<bucket>.<key>``); bucket and key are validated first, so nothing
-unvalidated ever reaches a subject.
+nats-py does not validate the key in ``purge``; we do, so that nothing unvalidated (a wildcard, an
+empty token) ever reaches a subject.
 """
 
 from __future__ import annotations
 
 import re
 
-from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-_BUCKET_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
+FORGET_TTL_S = 60
+"""Seconds a forget marker stays in the bucket's stream before the server removes it."""
+
 _KEY_RE = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
 
 
@@ -31,21 +47,10 @@ def _valid_key(key: str) -> bool:
     return bool(_KEY_RE.match(key)) and not key.startswith(".") and not key.endswith(".") and ".." not in key
 
 
-async def forget_key(js: JetStreamContext, bucket: str, key: str) -> None:
-    """Remove ``key`` from ``bucket`` leaving no message (not even a delete marker) in its stream."""
-    if not _BUCKET_RE.match(bucket):
-        raise ValueError(f"invalid KV bucket name: {bucket!r}")
+async def forget_key(kv: KeyValue, key: str, ttl_s: float = FORGET_TTL_S) -> None:
+    """Remove ``key`` from ``kv``: every value goes now, the purge marker after ``ttl_s`` seconds."""
     if not _valid_key(key):
         raise ValueError(f"invalid KV key: {key!r}")
-    await js.purge_stream(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
-
-
-def handle_of(kv: KeyValue) -> tuple[JetStreamContext, str]:
-    """The JetStream context and bucket name a nats-py ``KeyValue`` was opened with.
-
-    nats-py keeps them in the private ``_js`` and ``_name`` attributes (no public accessor); used only
-    where a caller hands us a bare ``KeyValue``.
-    """
-    js: JetStreamContext = kv._js
-    name: str = kv._name
-    return js, name
+    if ttl_s < 1:
+        raise ValueError(f"a forget marker's TTL must be at least 1 s, not {ttl_s!r}")
+    await kv.purge(key, msg_ttl=ttl_s)

@@ -15,6 +15,13 @@ create-or-update treatment as the streams. Running `provision` again changes not
 consumer whose managed settings drifted is updated (the server rejects changes it cannot apply,
 such as the storage type, and that surfaces as `ProvisionError`).
 
+Every KV bucket allows per-message TTLs (``allow_msg_ttl``, nats-server >= 2.11), as nats-py's own
+``create_key_value`` sets it: `noetl_stream.kv.forget` removes deadline index keys (executions bucket)
+and pipeline checkpoints (loops bucket) with a purge marker that expires; the other buckets do not
+use it, and enabling it changes nothing for them. A bucket created without it is updated (the server
+can turn it on, not off again). A server that does not keep the setting (older than 2.11) is a
+`ProvisionError`.
+
 Every stream, KV bucket and the object store get `Topology.replicas` replicas (3 on a 3-node
 cluster); consumers inherit their stream's. ``keep_replicas=True`` (what controllers and workers
 use at start) creates missing objects with that count but leaves the replicas of existing ones as
@@ -29,7 +36,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import msgspec
 import nats.errors
@@ -63,6 +70,7 @@ _TRANSIENT_RETRY_S = 30.0
 _CLUSTER_NOT_AVAILABLE = 10008
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
 
 
 def _transient(e: APIError) -> bool:
@@ -293,7 +301,8 @@ def stream_names(topology: Topology) -> list[str]:
 
 def _kv_stream(cfg: api.KeyValueConfig) -> api.StreamConfig:
     # Mirrors nats.js.client.JetStreamContext.create_key_value, with the server's defaults spelled
-    # out so that a second run compares equal.
+    # out so that a second run compares equal. Like nats-py (2.16), every bucket allows per-message
+    # TTLs: `noetl_stream.kv.forget` needs it on the executions and loops buckets.
     return api.StreamConfig(
         name=f"KV_{cfg.bucket}",
         subjects=[f"$KV.{cfg.bucket}.>"],
@@ -310,6 +319,7 @@ def _kv_stream(cfg: api.KeyValueConfig) -> api.StreamConfig:
         max_msgs_per_subject=cfg.history,
         num_replicas=cfg.replicas,
         storage=cfg.storage,
+        allow_msg_ttl=True,
     )
 
 
@@ -370,6 +380,15 @@ def _drift(
     return out
 
 
+def _check_kept(cfg: api.StreamConfig, info: api.StreamInfo, label: str) -> None:
+    """A server older than 2.11 may drop ``allow_msg_ttl`` (and then keep every forget marker)."""
+    if cfg.allow_msg_ttl and not info.config.allow_msg_ttl:
+        raise ProvisionError(
+            f"{label}: the server did not enable per-message TTLs (allow_msg_ttl); noetl-stream needs "
+            "nats-server 2.11 or later"
+        )
+
+
 def _with_replicas(cfg: api.StreamConfig, replicas: object) -> api.StreamConfig:
     """`cfg` with the replica count an existing stream has (an update must not change it)."""
     if not isinstance(replicas, int):
@@ -389,14 +408,14 @@ class _Provisioner:
         try:
             info = await self.js.stream_info(str(cfg.name))
         except NotFoundError:
-            await self._call(label, "create", lambda: self.js.add_stream(cfg))
+            _check_kept(cfg, await self._call(label, "create", lambda: self.js.add_stream(cfg)), label)
             self.created.append(label)
             return
         actual = info.config.as_dict()
         if _drift(cfg, actual, ignore=self._ignore):
             if self._ignore:
                 cfg = _with_replicas(cfg, actual.get("num_replicas"))
-            await self._call(label, "update", lambda: self.js.update_stream(cfg))
+            _check_kept(cfg, await self._call(label, "update", lambda: self.js.update_stream(cfg)), label)
             self.updated.append(label)
         else:
             self.unchanged.append(label)
@@ -417,13 +436,12 @@ class _Provisioner:
             self.unchanged.append(label)
 
     @staticmethod
-    async def _call(label: str, what: str, call: Callable[[], Awaitable[object]]) -> None:
+    async def _call(label: str, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
         deadline = time.monotonic() + _TRANSIENT_RETRY_S
         delay = 0.2
         while True:
             try:
-                await call()
-                return
+                return await call()
             except APIError as e:
                 if _transient(e) and time.monotonic() + delay < deadline:
                     # A cluster that is still forming (or re-forming after a restart): the meta

@@ -65,8 +65,10 @@ _PENDING_MSGS = "Nats-Pending-Messages"
 # The hot path writes protocol bytes into nats-py's outgoing buffer, acks without a coroutine and gets
 # messages through a subscription's future (`write`, `write_soon`, `ack_soon`, `subscribe_inline`,
 # `jspublish.Publisher`). These names are private to nats-py: pyproject.toml pins the minor version
-# they were written against, and every connection is checked once, so a different nats-py fails at
-# start with this list instead of misbehaving under load.
+# they were written against, and every connection is checked once for these names, so a different
+# nats-py missing one fails at start instead of misbehaving under load. What names cannot show (that a
+# subscription's future is handed each message, that writes join the flusher's buffer) is pinned by
+# tests/test_natsconn.py and tests/test_jspublish.py, which a nats-py upgrade has to pass.
 NATS_PY_TESTED = "2.16"
 _CLIENT_ATTRS = (
     "_status",
@@ -97,6 +99,8 @@ def require_client_internals(nc: NATS) -> None:
     missing = [f"Client.{a}" for a in _CLIENT_ATTRS if not hasattr(nc, a)]
     probe = Msg(nc)
     missing += [f"Msg.{a}" for a in _MSG_ATTRS if not hasattr(probe, a)]
+    if getattr(nc.jetstream(), "_nc", None) is not nc:  # the outbox reaches the connection through it
+        missing.append("JetStreamContext._nc")
     if missing:
         raise UnsupportedClientError(
             f"nats-py {NATS_PY_VERSION} lacks {', '.join(missing)}, which noetl-stream "

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from helpers import JOURNAL_CODE, indent, journal, max_concurrency, playbook, run
 
+from noetl_stream import events as E
+from noetl_stream.control.replay import verify
 from noetl_stream.local import Runtime
 
 EXECS = ["local", "distributed"]
@@ -524,3 +526,39 @@ async def test_task_retry_inside_iterations(runtime: Runtime, exec_: str) -> Non
 
     assert r.status == "success", r.summary.error
     assert r.result == [[1, 1], [2, 2], [3, 3]]
+
+
+# --- what the controller folds -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exec_", EXECS)
+async def test_the_controller_folds_a_distributed_loops_iterations_and_only_acks_a_local_ones(
+    runtime: Runtime, exec_: str
+) -> None:
+    """A local loop's worker reports each iteration (so a redelivered command skips the finished ones);
+    the controller receives them and acks them without a fold; replay skips them the same way."""
+    folded: list[str] = []
+    runtime.controller.observer = lambda event, _effects, _state: folded.append(event.name)
+    text = playbook(
+        f"""
+        - step: start
+          loop:
+            in: "{{{{ range(40) | list }}}}"
+            iterator: n
+            spec: {{mode: parallel, max_in_flight: 8, policy: {{exec: {exec_}}}}}
+          tool: {{kind: noop, result: "{{{{ iter.n * 2 }}}}"}}
+          next:
+            arcs: [{{step: after}}]
+        - step: after
+          tool: {{kind: noop, result: "{{{{ start | sum }}}}"}}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert r.result == sum(n * 2 for n in range(40))
+    assert [e.name for e in r.events].count(E.LOOP_ITERATION_DONE) == 40  # reported either way
+    assert folded.count(E.LOOP_ITERATION_DONE) == (40 if exec_ == "distributed" else 0)
+    diffs, _ = await verify(runtime.nc.jetstream(), runtime.topology, r.summary.execution_id)
+    assert diffs == []

@@ -86,6 +86,8 @@ class Reducer:
         self, state: ExecutionState | None, event: Event, seq: int = 0
     ) -> tuple[ExecutionState | None, Effects]:
         fx = Effects()
+        if state is not None and not folds(state, event):
+            return state, fx  # not counted, not the new last_seq: as if it had not been delivered
         if event.name == E.EXECUTION_REQUESTED:
             if state is not None:
                 return state, fx  # duplicate request for a known execution
@@ -202,3 +204,18 @@ class Reducer:
         state.status = "rejected"
         state.error = error
         fx.events.extend(rejection_events(state.execution_id, state.file, error, state.trace_id))
+
+
+_ITERATION_RESULTS = frozenset({E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED})
+
+
+def folds(state: ExecutionState, event: Event) -> bool:
+    """Whether ``event`` changes ``state`` at all. A loop iteration's result changes it only while its
+    step run is a distributed loop the controller drives; a local loop's iterations (its worker reports
+    them as they finish, so a redelivered command skips them) are progress the controller does not fold,
+    nor do late duplicates of a finished loop. The controller acks those without a fold (`_handle`), and
+    replay skips them the same way, so both count the same events."""
+    if event.name not in _ITERATION_RESULTS or state.terminal:
+        return True
+    run = state.runs.get(event.step_run_id or "")
+    return run is not None and run.loop is not None and not run.loop.finished

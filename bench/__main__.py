@@ -185,7 +185,28 @@ async def measure_procs(url: str, quick: bool, repeat: int, sizes: tuple[int, ..
     return out
 
 
+def _paired(out: dict[str, Any], samples: dict[str, list[float]], name: str, num: str, den: str) -> None:
+    """``<name>_paired``: the median of the rounds' own ratios (each round's runtime figure over the raw
+    figure measured just before it), with ``_min`` and ``_max``. Steadier than the ratio of the medians
+    when the machine's speed drifts between rounds."""
+    a, b = samples.get(num), samples.get(den)
+    if not a or not b or len(a) != len(b):
+        return
+    rounds = [x / y for x, y in zip(a, b, strict=True)]
+    out[f"{name}_paired"] = statistics.median(rounds)
+    out[f"{name}_paired_min"], out[f"{name}_paired_max"] = min(rounds), max(rounds)
+
+
 def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, Any]:
+    _paired(out, samples, "seq_ratio", "seq_steps_per_s", "raw_seq_steps_per_s")
+    _paired(out, samples, "concurrent_ratio", "concurrent_steps_per_s", "raw_concurrent_steps_per_s")
+    _paired(
+        out,
+        samples,
+        "concurrent_ratio_js_limits",
+        "concurrent_steps_per_s",
+        "js_limits_concurrent_steps_per_s",
+    )
     out["seq_ratio"] = out["seq_steps_per_s"] / out["raw_seq_steps_per_s"]
     out["concurrent_ratio"] = out["concurrent_steps_per_s"] / out["raw_concurrent_steps_per_s"]
     out["concurrent_short_ratio"] = out["concurrent_short_steps_per_s"] / out["raw_concurrent_steps_per_s"]

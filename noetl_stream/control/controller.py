@@ -516,7 +516,6 @@ class Controller:
         state.runs = {}
         state.joins = {}
         state.deferred = []
-        state.items_keys = []
         self._retired.add(state.execution_id)
         self.reducer.items.forget(state.execution_id)
 

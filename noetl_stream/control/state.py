@@ -82,11 +82,6 @@ class ExecutionState(msgspec.Struct):
     step_runs: dict[str, int] = {}
     runs: dict[str, StepRun] = {}
     joins: dict[str, JoinState] = {}
-    items_keys: list[str] = []
-    """The object-store keys of the packed items of the distributed loops this execution started and
-    that have not finished: a loop's key leaves when the loop finishes (the controller then deletes its
-    items), and those still here when the execution ends (cancelled or failed mid-loop) are deleted
-    after its final snapshot."""
     unhandled: list[dict[str, Any]] = []
     last_step: str | None = None
     last_seq: int = 0
@@ -109,3 +104,14 @@ class ExecutionState(msgspec.Struct):
     @property
     def terminal(self) -> bool:
         return self.status != "running"
+
+    @property
+    def items_keys(self) -> list[str]:
+        """The object-store keys of the packed items of this execution's unfinished distributed loops.
+        A finished loop's items are deleted when it finishes (`Effects.dropped`); those still here when
+        the execution ends (cancelled or failed mid-loop) are deleted after its final snapshot."""
+        return [
+            r.loop.items_key
+            for r in self.runs.values()
+            if r.loop is not None and r.loop.items_key is not None and not r.loop.finished
+        ]

@@ -281,7 +281,6 @@ class Run:
             lr.items_key = f"{eid}/{run.run_id}/items"
             lr.items_checksum = checksum(packed)
             self.fx.blobs.append(Blob(lr.items_key, packed))
-            self.state.items_keys.append(lr.items_key)
         self.reducer.items.put(eid, run.run_id, packed)
         run.loop = lr
         self.emit(
@@ -324,10 +323,9 @@ class Run:
         if lr.in_flight == 0 and not lr.finished and (lr.stopping or lr.next_index >= lr.total):
             lr.finished = True
             self.reducer.items.drop(self.state.execution_id, run.run_id)
-            if lr.items_key is not None and lr.items_key in self.state.items_keys:
+            if lr.items_key is not None:
                 # Every item is dispatched: a state from before this point that still needs them is
                 # rebuilt from the events if they are gone (the controller deletes them after this fold).
-                self.state.items_keys.remove(lr.items_key)
                 self.fx.dropped.append(lr.items_key)
             counts = {"total": lr.total, "done": lr.done, "failed": lr.failed}
             if lr.stopping:

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.errors import NotFoundError
 from nats.js.object_store import (
     OBJ_CHUNKS_PRE_TEMPLATE,
     OBJ_META_PRE_TEMPLATE,
@@ -103,33 +103,26 @@ class ResultStore:
     async def delete(self, key: str) -> bool:
         """Remove the object stored under ``key``, leaving none of its messages in the bucket's stream.
 
-        ``ObjectStore.delete`` marks the object deleted (a new meta message, so no reader sees a
-        half-removed object) and purges its chunks, but keeps that marker forever; the marker is purged
-        too, up to its own sequence (a put of the same key after it survives). Idempotent: an earlier
-        attempt cut short is finished (its chunks purged again, its marker removed). False when nothing
-        was stored under ``key``.
+        Its chunks first, then its meta up to the sequence read (a put of the same key after it
+        survives): an attempt cut short leaves the meta, which the next one finds and finishes (the
+        other order could leave chunks that no meta names). nats-py's ``ObjectStore.delete`` would also
+        write a "deleted" meta kept for good, and purge the chunks itself. A reader caught between the
+        two purges fails its read's deadline (`get_encoded`). False when nothing was stored under
+        ``key``.
         """
-        store = await self._bucket()
         bucket = self.topology.results_store
         stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
         meta = OBJ_META_PRE_TEMPLATE.format(
             bucket=bucket, obj=base64.urlsafe_b64encode(key.encode()).decode()
         )
         try:
-            await store.delete(key)
-        except ObjectNotFoundError:  # never stored, or marked deleted by an earlier attempt
-            pass
-        try:
             last = await self.js.get_last_msg(stream, meta)
         except NotFoundError:
             return False
         info = msgspec.json.decode(last.data or b"{}")
-        if not isinstance(info, dict) or not info.get("deleted"):
-            return True  # stored again meanwhile: not ours to remove
-        if info.get("nuid"):
-            await self.js.purge_stream(
-                stream, subject=OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info["nuid"])
-            )
+        if isinstance(info, dict) and info.get("nuid"):
+            chunks = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info["nuid"])
+            await self.js.purge_stream(stream, subject=chunks)
         await self.js.purge_stream(stream, seq=(last.seq or 0) + 1, subject=meta)
         return True
 

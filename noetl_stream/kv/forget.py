@@ -33,18 +33,20 @@ empty token) ever reaches a subject.
 
 from __future__ import annotations
 
-import re
-
-from nats.js.kv import KeyValue
+from nats.js.kv import VALID_KEY_RE, KeyValue
 
 FORGET_TTL_S = 60
 """Seconds a forget marker stays in the bucket's stream before the server removes it."""
 
-_KEY_RE = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
-
 
 def _valid_key(key: str) -> bool:
-    return bool(_KEY_RE.match(key)) and not key.startswith(".") and not key.endswith(".") and ".." not in key
+    """nats-py's own key rule (which ``purge`` does not apply), and no empty subject token."""
+    return (
+        bool(VALID_KEY_RE.match(key))
+        and not key.startswith(".")
+        and not key.endswith(".")
+        and ".." not in key
+    )
 
 
 async def forget_key(kv: KeyValue, key: str, ttl_s: float = FORGET_TTL_S) -> None:

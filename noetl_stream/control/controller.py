@@ -28,7 +28,7 @@ from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.leases import Leases, default_controller_id
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.poison import PoisonHandler
-from noetl_stream.control.reducer import Effects, PlanCache, Reducer, folds
+from noetl_stream.control.reducer import ITERATION_RESULTS, Effects, PlanCache, Reducer, folds
 from noetl_stream.control.resume import resume
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
@@ -251,8 +251,11 @@ class Controller:
             await msg.term()
             return
         eid = event.execution_id
-        state = self.states.get(eid)
-        if state is not None and not folds(state, event):
+        if (
+            event.name in ITERATION_RESULTS
+            and (state := self.states.get(eid)) is not None
+            and not folds(state, event)
+        ):
             # A local loop's iteration (most of a local loop's traffic here): nothing to fold or publish.
             # The state is current for it: the fold that made a loop distributed ran before its commands.
             ack_soon(msg)

@@ -86,7 +86,7 @@ class Reducer:
         self, state: ExecutionState | None, event: Event, seq: int = 0
     ) -> tuple[ExecutionState | None, Effects]:
         fx = Effects()
-        if state is not None and not folds(state, event):
+        if event.name in ITERATION_RESULTS and state is not None and not folds(state, event):
             return state, fx  # not counted, not the new last_seq: as if it had not been delivered
         if event.name == E.EXECUTION_REQUESTED:
             if state is not None:
@@ -206,7 +206,7 @@ class Reducer:
         fx.events.extend(rejection_events(state.execution_id, state.file, error, state.trace_id))
 
 
-_ITERATION_RESULTS = frozenset({E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED})
+ITERATION_RESULTS = frozenset({E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED})
 
 
 def folds(state: ExecutionState, event: Event) -> bool:
@@ -215,7 +215,7 @@ def folds(state: ExecutionState, event: Event) -> bool:
     them as they finish, so a redelivered command skips them) are progress the controller does not fold,
     nor do late duplicates of a finished loop. The controller acks those without a fold (`_handle`), and
     replay skips them the same way, so both count the same events."""
-    if event.name not in _ITERATION_RESULTS or state.terminal:
+    if event.name not in ITERATION_RESULTS or state.terminal:
         return True
     run = state.runs.get(event.step_run_id or "")
     return run is not None and run.loop is not None and not run.loop.finished

@@ -22,7 +22,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.control.deadlines import Deadlines
-from noetl_stream.control.effects import _server_event
+from noetl_stream.control.effects import server_event
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.leases import Leases, default_controller_id
@@ -370,7 +370,16 @@ class Controller:
         summary = {"status": "failed", "error": state.error, "steps": dict(state.step_status)}
         for name, etype in ((E.WORKFLOW_FINISHED, "workflow"), (E.PLAYBOOK_PROCESSED, "playbook")):
             fx.events.append(
-                _server_event(state, name, etype, state.path or state.file, "error", "execution", summary)
+                server_event(
+                    state.execution_id,
+                    name,
+                    etype,
+                    state.path or state.file,
+                    "error",
+                    "execution",
+                    summary,
+                    trace_id=state.trace_id,
+                )
             )
         return state, fx
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_stream import events as E
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.vocabulary import LEGACY_HINT
 from noetl_stream.wire import (
@@ -136,29 +135,4 @@ def server_event(
         step=step,
         step_run_id=step_run_id,
         trace_id=trace_id,
-    )
-
-
-def _server_event(
-    state: ExecutionState,
-    name: str,
-    entity_type: str,
-    entity_id: str,
-    status: str,
-    scope: str,
-    payload: dict[str, Any],
-    step: str | None = None,
-    step_run_id: str | None = None,
-) -> Event:
-    return server_event(
-        state.execution_id,
-        name,
-        entity_type,
-        entity_id,
-        status,
-        scope,
-        payload,
-        step,
-        step_run_id,
-        state.trace_id,
     )

@@ -15,9 +15,9 @@ from noetl_stream import events as E
 from noetl_stream.control.effects import (
     Effects,
     _epoch,
-    _server_event,
     invalid_playbook_error,
     rejection_events,
+    server_event,
 )
 from noetl_stream.control.items import LoopItems
 from noetl_stream.control.plan import Plan
@@ -149,8 +149,8 @@ class Reducer:
             state.deadline_s = float(deadline)
             state.deadline_at = _epoch(event.timestamp) + float(deadline)
         fx.events.append(
-            _server_event(
-                state,
+            server_event(
+                state.execution_id,
                 E.REQUEST_EVALUATED,
                 "playbook",
                 state.path,
@@ -164,17 +164,19 @@ class Reducer:
                     "warnings": [d.format() for d in diags if d.severity == "warning"],
                     **({"extensions": sorted(set(request.extensions))} if request.extensions else {}),
                 },
+                trace_id=state.trace_id,
             )
         )
         fx.events.append(
-            _server_event(
-                state,
+            server_event(
+                state.execution_id,
                 E.WORKFLOW_STARTED,
                 "workflow",
                 state.path,
                 "in_progress",
                 "execution",
                 {"workload": state.workload},
+                trace_id=state.trace_id,
             )
         )
         run = _Run(self, state, plan, fx)

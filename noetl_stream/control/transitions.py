@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from noetl_stream import events as E
-from noetl_stream.control.effects import Blob, Effects, LoopResults, _plain, _server_event
+from noetl_stream.control.effects import Blob, Effects, LoopResults, _plain, server_event
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.routing import EventName
@@ -72,7 +72,18 @@ class Run:
         run_id: str | None = None,
     ) -> None:
         self.fx.events.append(
-            _server_event(self.state, name, entity_type, entity_id, status, scope, payload, step, run_id)
+            server_event(
+                self.state.execution_id,
+                name,
+                entity_type,
+                entity_id,
+                status,
+                scope,
+                payload,
+                step,
+                run_id,
+                self.state.trace_id,
+            )
         )
 
     def scope(

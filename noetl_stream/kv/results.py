@@ -83,17 +83,23 @@ class ResultStore:
     async def get(self, ref: dict[str, Any]) -> Any:
         """The value behind a reference (its checksum is verified)."""
         info = ref[REF]
-        return msgspec.json.decode(await self.get_encoded(str(info["key"]), info.get("checksum") or ""))
+        size = info.get("size")
+        data = await self.get_encoded(
+            str(info["key"]), info.get("checksum") or "", size if isinstance(size, int) else None
+        )
+        return msgspec.json.decode(data)
 
-    async def get_encoded(self, key: str, checksum: str = "") -> bytes:
+    async def get_encoded(self, key: str, checksum: str = "", size: int | None = None) -> bytes:
         """The bytes stored under ``key``, checked against ``checksum`` when given.
 
         nats-py reads the chunks through a consumer without a deadline: an object deleted while it is
         read (its chunks purged after its meta was read) would make it wait forever. The read gets
-        ``READ_BASE_S`` plus ``READ_S_PER_MIB`` per MiB of the object, then raises ``TimeoutError``."""
+        ``READ_BASE_S`` plus ``READ_S_PER_MIB`` per MiB of the object (``size``, from a reference, or
+        read from its meta first), then raises ``TimeoutError``."""
         store = await self._bucket()
-        info = await store.get_info(key)
-        async with asyncio.timeout(READ_BASE_S + READ_S_PER_MIB * (info.size or 0) / 2**20):
+        if size is None:
+            size = (await store.get_info(key)).size or 0
+        async with asyncio.timeout(READ_BASE_S + READ_S_PER_MIB * size / 2**20):
             result = await store.get(key)
         data = result.data or b""
         if checksum and "sha256:" + hashlib.sha256(data).hexdigest() != checksum:

@@ -35,8 +35,10 @@ from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
+from noetl_stream.subjects import Topology
 
 API_CONCURRENCY = 16
+INFORMATIVE_PREFIX = "noetlinf"
 """Calls in flight at once for the API figures (`bench.api`)."""
 
 CONCURRENT_CHAIN = 40
@@ -116,6 +118,18 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
     key = KeychainKey([generate_key()])
     async with contextlib.AsyncExitStack() as stack:
         rt = await stack.enter_async_context(local_runtime(url, workers=1, concurrency=128, keychain_key=key))
+        # The same runtime whose worker writes `--task-events informative` (its own prefix: its own
+        # controller and partitions on the same server), measured in the same rounds.
+        informative = await stack.enter_async_context(
+            local_runtime(
+                url,
+                topology=Topology(prefix=INFORMATIVE_PREFIX),
+                workers=1,
+                concurrency=128,
+                task_events="informative",
+            )
+        )
+        await runtime.concurrent_steps_per_s(informative, 100, 10)  # warm-up, not timed
         clients = None
         if svc is not None:
             await Keychain(rt.nc.jetstream(), rt.topology, key).put(
@@ -135,6 +149,10 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
                 add("js_limits_concurrent_steps_per_s", reference)
             add("concurrent_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, chain))
             add("concurrent_short_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, 10))
+            add(
+                "concurrent_informative_steps_per_s",
+                await runtime.concurrent_steps_per_s(informative, 100, chain),
+            )
         if svc is not None and clients is not None:
             await _warm_tools(rt, clients, svc)
             for i in range(repeat):
@@ -203,6 +221,13 @@ def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, A
     _paired(
         out,
         samples,
+        "concurrent_informative_ratio",
+        "concurrent_informative_steps_per_s",
+        "raw_concurrent_steps_per_s",
+    )
+    _paired(
+        out,
+        samples,
         "concurrent_ratio_js_limits",
         "concurrent_steps_per_s",
         "js_limits_concurrent_steps_per_s",
@@ -210,6 +235,9 @@ def _ratios(out: dict[str, Any], samples: dict[str, list[float]]) -> dict[str, A
     out["seq_ratio"] = out["seq_steps_per_s"] / out["raw_seq_steps_per_s"]
     out["concurrent_ratio"] = out["concurrent_steps_per_s"] / out["raw_concurrent_steps_per_s"]
     out["concurrent_short_ratio"] = out["concurrent_short_steps_per_s"] / out["raw_concurrent_steps_per_s"]
+    out["concurrent_informative_ratio"] = (
+        out["concurrent_informative_steps_per_s"] / out["raw_concurrent_steps_per_s"]
+    )
     if "js_limits_concurrent_steps_per_s" in out:
         reference = out["js_limits_concurrent_steps_per_s"]
         out["concurrent_ratio_js_limits"] = out["concurrent_steps_per_s"] / reference
@@ -282,6 +310,11 @@ _PAIRS = (
         "100 concurrent executions, chains as raw, steps/s",
         "raw_concurrent_steps_per_s",
         "concurrent_steps_per_s",
+    ),
+    (
+        "same, worker --task-events informative, steps/s",
+        "raw_concurrent_steps_per_s",
+        "concurrent_informative_steps_per_s",
     ),
     (
         "100 concurrent executions x 10 steps, steps/s",

@@ -101,6 +101,15 @@ def controller(
 )
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
+    "--task-events",
+    type=click.Choice(["all", "informative"]),
+    default="all",
+    show_default=True,
+    help="all: every task run writes task.started/task.done (the spec's recommended event set). "
+    "informative: a step whose one task succeeded at once, with no rule fired and no captured output, "
+    "writes only its step events (docs/architecture.md, 'Task events').",
+)
+@click.option(
     "--processes",
     default=1,
     show_default=True,
@@ -115,6 +124,7 @@ def worker(
     name: str | None,
     grace: float,
     log_level: str,
+    task_events: str = "all",
     processes: int = 1,
 ) -> None:
     """Run a worker of one pool (any number may share a pool)."""
@@ -132,9 +142,9 @@ def worker(
         except SubjectError as exc:
             raise click.BadParameter(str(exc), param_hint="--pool") from None
         argv = ["--pool", pool, "--concurrency", str(concurrency), "--grace", str(grace)]
-        argv += ["--log-level", log_level]
+        argv += ["--log-level", log_level, "--task-events", task_events]
         sys.exit(supervise_workers(processes, argv, nats_url, topology.prefix, grace, name))
-    _run_async(run_worker(nats_url, topology, pool, concurrency, grace, name))
+    _run_async(run_worker(nats_url, topology, pool, concurrency, grace, name, task_events))
     _exit_now_if_tools_still_run()
 
 

@@ -60,10 +60,12 @@ async def local_runtime(
     pools: tuple[str, ...] = ("default",),
     keychain_key: KeychainKey | None = None,
     extensions: tuple[str, ...] = (),
+    task_events: str = "all",
 ) -> AsyncIterator[Runtime]:
     """Start (and afterwards stop) a NATS server if no URL is given, a controller and workers.
 
     ``extensions`` (``legacy``) are DSL extensions the controller compiles every request with.
+    ``task_events``: the workers' (`Worker`; ``all`` or ``informative``).
 
     Workers resolve ``auth`` credentials from the keychain bucket, decrypting with `keychain_key`
     (default: ``NOETL_KEYCHAIN_KEY`` / ``NOETL_KEYCHAIN_KEY_FILE``, read when a secret is first needed).
@@ -94,6 +96,7 @@ async def local_runtime(
                     pool=pools[0],
                     concurrency=concurrency,
                     name=f"local-{i}",
+                    task_events=task_events,
                     services=WorkerServices(credentials=keychain.resolver()),
                 )
                 await w.start()

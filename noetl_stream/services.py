@@ -88,7 +88,13 @@ async def run_controller(
 
 
 async def run_worker(
-    url: str, topology: Topology, pool: str, concurrency: int, grace_s: float, name: str | None = None
+    url: str,
+    topology: Topology,
+    pool: str,
+    concurrency: int,
+    grace_s: float,
+    name: str | None = None,
+    task_events: str = "all",
 ) -> None:
     from noetl_stream.tracing import setup_from_env
 
@@ -105,6 +111,7 @@ async def run_worker(
             pool=pool,
             concurrency=concurrency,
             name=name,
+            task_events=task_events,
             services=WorkerServices(credentials=keychain.resolver()),
         )
         await worker.start()

@@ -101,6 +101,7 @@ def test_lint_is_clean_in_strict_mode(values_file: str | None) -> None:
         ({"jetstream": {"partitions": 1025}}, "/jetstream/partitions"),
         ({"jetstream": {"leaseTtlSeconds": 0.5}}, "/jetstream/leaseTtlSeconds"),
         ({"workerDefaults": {"concurrency": 0}}, "/workerDefaults/concurrency"),
+        ({"workerDefaults": {"taskEvents": "none"}}, "/workerDefaults/taskEvents"),
         ({"jetstream": {"commandMaxDeliver": 0}}, "/jetstream/commandMaxDeliver"),
         ({"nats": {"url": "nats://user:secret@nats:4222"}}, "/nats/url"),
         ({"prefix": "Noetl"}, "/prefix"),
@@ -330,6 +331,9 @@ def test_every_pool_gets_a_deployment_and_a_scaled_object_naming_its_consumer(ch
     assert scaled["noetl-noetl-stream-worker-gpu"]["spec"]["minReplicaCount"] == 0
     assert scaled["noetl-noetl-stream-worker-gpu"]["spec"]["triggers"][0]["metadata"]["lagThreshold"] == "2"
     assert arg(container(workers["noetl-noetl-stream-worker-io"]), "--concurrency") == ["128"]
+    # --task-events: the default (all) unless the pool says otherwise.
+    assert arg(gc, "--task-events") == ["all"]
+    assert arg(container(workers["noetl-noetl-stream-worker-io"]), "--task-events") == ["informative"]
     # The controller knows every pool (the first is the default), the Job provisions every consumer.
     assert arg(container(m.get("Deployment", "noetl-noetl-stream-controller")), "--pool") == pools
     job = m.get("Job", "noetl-noetl-stream-provision")["spec"]["template"]["spec"]["containers"][0]

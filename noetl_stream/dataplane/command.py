@@ -143,10 +143,15 @@ class CommandRun:
         return _fit(out, encode(out))
 
     def task_hook(self, scope_id: str) -> Any:
-        if not self.worker.task_events:
-            return None
+        """The pipeline's task-event callback for one scope (a step run or a loop iteration). With the
+        worker's ``informative`` task events, the first task run's events are held back until they say
+        something the step's own events do not (see `_plain`): a second task run, or a first one that
+        failed, fired a rule or captured output, writes them (in order); otherwise they are dropped."""
+        held: list[tuple[str, Task, int, int, dict[str, Any]]] | None = (
+            [] if self.worker.task_events == "informative" else None
+        )
 
-        def on_task(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
+        def emit(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
             task_run_id = f"{scope_id}.{task.name}.{run_no}"
             status = (
                 "in_progress"
@@ -162,6 +167,19 @@ class CommandRun:
                 {"task": task.name, "kind": task.kind, "attempt": attempt, **payload},
                 task_run_id,
             )
+
+        def on_task(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
+            nonlocal held
+            if held is not None:
+                first_start = name == E.TASK_STARTED and not held
+                plain_done = name == E.TASK_DONE and len(held) == 1 and _plain(payload)
+                if first_start or plain_done:
+                    held.append((name, task, run_no, attempt, payload))
+                    return
+                for args in held:
+                    emit(*args)
+                held = None
+            emit(name, task, run_no, attempt, payload)
 
         return on_task
 
@@ -373,6 +391,17 @@ class CommandRun:
                 run_id,
                 {"result": res.results, **summary},
             )
+
+
+def _plain(done: dict[str, Any]) -> bool:
+    """A ``task.done`` payload that adds nothing to its step's ``step.done``: success, the default
+    decision, no rule fired, no captured stdout/stderr."""
+    return (
+        done.get("status") == "ok"
+        and done.get("do") == "continue"
+        and done.get("rule") is None
+        and ("output" not in done)
+    )
 
 
 def _has_refs(values: dict[str, Any]) -> bool:

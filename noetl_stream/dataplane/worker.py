@@ -38,6 +38,14 @@ log = structlog.get_logger(__name__)
 
 PROGRESS_EVERY_S = 0.1
 
+TASK_EVENTS_ALL = "all"
+TASK_EVENTS_INFORMATIVE = "informative"
+TASK_EVENTS = (TASK_EVENTS_ALL, TASK_EVENTS_INFORMATIVE)
+"""Which ``task.started``/``task.done`` a worker writes. ``all`` (the default): every task run's, the
+spec's recommended event set. ``informative``: a step (or loop iteration) whose pipeline ran one task
+once, which succeeded with no policy rule fired and no captured output, writes only its step events —
+its task events would repeat them (docs/architecture.md, "Task events")."""
+
 
 class Worker:
     """Runs commands from ``pool-<pool>``, at most ``concurrency`` at once."""
@@ -50,9 +58,11 @@ class Worker:
         pool: str = "default",
         concurrency: int = 16,
         name: str | None = None,
-        task_events: bool = True,
+        task_events: str = TASK_EVENTS_ALL,
         services: WorkerServices | None = None,
     ) -> None:
+        if task_events not in TASK_EVENTS:
+            raise ValueError(f"task_events: {task_events!r} is not one of {', '.join(TASK_EVENTS)}")
         self.nc = nc
         self.js = nc.jetstream()
         self.topology = topology
@@ -95,7 +105,7 @@ class Worker:
         await self._puller.start()
         if self.services.children is None:
             self.services.children = ChildRunner(self.nc, self.topology, release_slot=self._release_slot)
-        self._log.info("worker.started", concurrency=self.concurrency)
+        self._log.info("worker.started", concurrency=self.concurrency, task_events=self.task_events)
 
     @contextlib.asynccontextmanager
     async def _release_slot(self) -> AsyncIterator[None]:

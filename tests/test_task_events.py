@@ -1,0 +1,230 @@
+"""The worker's task events: ``all`` (the default, every task run) and ``informative`` (none for a step
+whose one task succeeded at once with nothing to add), end to end on a real nats-server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from click.testing import CliRunner
+from helpers import Run, playbook, run
+
+from noetl_stream import events as E
+from noetl_stream.cli import main
+from noetl_stream.control.replay import verify
+from noetl_stream.dataplane.worker import Worker
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.local import Runtime, local_runtime
+from noetl_stream.subjects import Topology
+
+TASK = (E.TASK_STARTED, E.TASK_DONE)
+
+
+@pytest.fixture
+async def informative(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
+    async with local_runtime(nats_server.url, topology=topology, task_events="informative") as rt:
+        yield rt
+
+
+def worker_events(r: Run, step: str) -> list[tuple[str, str | None, int | None]]:
+    """(name, task, attempt) of the worker events of `step`, in stream order."""
+    return [
+        (e.name, e.payload.get("task"), e.payload.get("attempt"))
+        for e in r.events
+        if e.step == step and e.source == "worker"
+    ]
+
+
+CHAIN = """
+    - step: start
+      tool: {kind: noop, result: 1}
+      next: {arcs: [{step: second}]}
+    - step: second
+      tool: {kind: noop, result: "{{ start + 1 }}"}
+"""
+
+
+async def test_informative_writes_no_task_events_for_single_task_steps(informative: Runtime) -> None:
+    r = await run(informative, playbook(CHAIN))
+
+    assert r.status == "success", r.summary.error
+    assert r.result == 2
+    for step in ("start", "second"):
+        assert worker_events(r, step) == [(E.STEP_STARTED, None, None), (E.STEP_DONE, None, None)]
+    assert not r.named(*TASK)
+    diffs, _ = await verify(informative.nc.jetstream(), informative.topology, r.summary.execution_id)
+    assert diffs == []
+
+
+async def test_all_is_the_default_and_writes_every_task_run(runtime: Runtime) -> None:
+    r = await run(runtime, playbook(CHAIN))
+
+    assert r.status == "success", r.summary.error
+    assert worker_events(r, "start") == [
+        (E.STEP_STARTED, None, None),
+        (E.TASK_STARTED, "start_task", 1),
+        (E.TASK_DONE, "start_task", 1),
+        (E.STEP_DONE, None, None),
+    ]
+    assert all(w.task_events == "all" for w in runtime.workers)
+
+
+async def test_informative_writes_every_task_run_of_a_pipeline_in_order(informative: Runtime) -> None:
+    r = await run(
+        informative,
+        playbook(
+            """
+            - step: start
+              tool:
+                - name: first
+                  kind: noop
+                  result: 1
+                - name: second
+                  kind: noop
+                  result: "{{ _prev + 1 }}"
+            """
+        ),
+    )
+
+    assert r.status == "success", r.summary.error
+    assert r.result == 2
+    assert worker_events(r, "start") == [
+        (E.STEP_STARTED, None, None),
+        (E.TASK_STARTED, "first", 1),
+        (E.TASK_DONE, "first", 1),
+        (E.TASK_STARTED, "second", 1),
+        (E.TASK_DONE, "second", 1),
+        (E.STEP_DONE, None, None),
+    ]
+
+
+async def test_informative_keeps_the_task_events_of_a_retried_task(informative: Runtime) -> None:
+    r = await run(
+        informative,
+        playbook(
+            """
+            - step: start
+              tool:
+                kind: python
+                args: {attempt: "{{ _attempt }}"}
+                code: |
+                  if attempt < 2:
+                      raise ConnectionError("not yet")
+                  result = attempt
+                spec:
+                  policy:
+                    rules:
+                      - when: "{{ outcome.status == 'error' }}"
+                        then: {do: retry, attempts: 3}
+            """
+        ),
+    )
+
+    assert r.status == "success", r.summary.error
+    assert r.result == 2
+    names = [(name, attempt) for name, _, attempt in worker_events(r, "start")]
+    assert names == [
+        (E.STEP_STARTED, None),
+        (E.TASK_STARTED, 1),
+        (E.TASK_DONE, 1),
+        (E.TASK_STARTED, 2),
+        (E.TASK_DONE, 2),
+        (E.STEP_DONE, None),
+    ]
+    assert [e.payload["do"] for e in r.tasks("start")] == ["retry", "continue"]
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        ('print("hello")\nresult = 1', "captured output"),
+        ('raise ValueError("no")', "a failure"),
+    ],
+)
+async def test_informative_keeps_a_single_task_run_that_has_something_to_say(
+    informative: Runtime, code: str, why: str
+) -> None:
+    text = playbook(
+        f"""
+        - step: start
+          tool:
+            kind: python
+            code: {json.dumps(code)}
+        """
+    )
+    r = await run(informative, text)
+
+    assert [name for name, _, _ in worker_events(r, "start")][:3] == [
+        E.STEP_STARTED,
+        E.TASK_STARTED,
+        E.TASK_DONE,
+    ], why
+    (done,) = r.tasks("start")
+    if why == "captured output":
+        assert r.status == "success", r.summary.error
+        assert done.payload["output"]["stdout"] == "hello\n"
+        assert r.named(E.STEP_DONE, step="start")
+    else:
+        assert r.status == "failed"
+        assert done.payload["status"] == "error"
+        assert r.step_error("start")["kind"] == "ValueError"
+
+
+async def test_informative_keeps_a_task_whose_rule_fired(informative: Runtime) -> None:
+    r = await run(
+        informative,
+        playbook(
+            """
+            - step: start
+              tool:
+                kind: noop
+                result: 3
+                spec:
+                  policy:
+                    rules:
+                      - when: "{{ outcome.status == 'ok' }}"
+                        then: {do: break, set_iter: {seen: true}}
+            """
+        ),
+    )
+
+    assert r.status == "success", r.summary.error
+    (done,) = r.tasks("start")
+    assert done.payload["do"] == "break" and done.payload["rule"] is not None
+
+
+@pytest.mark.parametrize("exec_", ["local", "distributed"])
+async def test_informative_loop_iterations_of_one_task_write_no_task_events(
+    informative: Runtime, exec_: str
+) -> None:
+    r = await run(
+        informative,
+        playbook(
+            f"""
+            - step: start
+              loop:
+                in: "{{{{ workload['items'] }}}}"
+                iterator: x
+                spec: {{mode: parallel, max_in_flight: 4, policy: {{exec: {exec_}}}}}
+              tool: {{kind: noop, result: "{{{{ iter.x * 10 }}}}"}}
+            """,
+            workload={"items": [1, 2, 3, 4, 5]},
+        ),
+    )
+
+    assert r.status == "success", r.summary.error
+    assert r.result == [10, 20, 30, 40, 50]
+    assert len(r.named(E.LOOP_ITERATION_DONE)) == 5
+    assert not r.named(*TASK)
+
+
+def test_worker_refuses_an_unknown_task_events_setting() -> None:
+    with pytest.raises(ValueError, match="task_events: 'some'"):
+        Worker(None, Topology(), task_events="some")  # type: ignore[arg-type]
+
+
+def test_worker_cli_refuses_an_unknown_task_events_setting() -> None:
+    result = CliRunner().invoke(main, ["worker", "--task-events", "some"])
+    assert result.exit_code == 2
+    assert "'some' is not one of 'all', 'informative'" in result.output

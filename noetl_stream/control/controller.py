@@ -577,8 +577,9 @@ class Controller:
         if fence is None or (self.leases is not None and not self.leases.valid(partition)):
             return False  # not ours (any more): the partition's owner writes it
         state.fence = fence
+        ttl = self._retention_s(state)
         try:
-            await store.put(state.execution_id, state)
+            await store.put(state.execution_id, state, ttl)
             return True
         except StateConflictError:
             # Someone wrote it since we last read or wrote it: a newer owner of the partition (we are
@@ -610,13 +611,20 @@ class Controller:
                 self._drop(state.execution_id)
                 return False
             try:
-                await store.put(state.execution_id, state)
+                await store.put(state.execution_id, state, ttl)
                 return True
             except Exception as exc:
                 log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
         except Exception as exc:  # the stream is the truth; a missed snapshot costs only replay time
             log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
         return False
+
+    def _retention_s(self, state: ExecutionState) -> float | None:
+        """A finished execution's snapshot expires with its history: as long after it is written as the
+        events stream keeps an event (its ``max_age``; none when events are kept forever). A running
+        execution's never does."""
+        age = self.topology.events_max_age_s
+        return max(1.0, float(int(age))) if state.terminal and age > 0 else None
 
     async def _flush_snapshots(self) -> None:
         for eid in list(self._snapshot_at):

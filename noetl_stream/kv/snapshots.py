@@ -16,11 +16,16 @@ from typing import Generic, TypeVar
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from noetl_stream.errors import StateConflictError
+from noetl_stream.jspublish import (
+    EXPECTED_LAST_SUBJECT_SEQUENCE,
+    WRONG_LAST_SEQUENCE,
+    WRONG_LAST_SEQUENCE_PENDING,
+)
 from noetl_stream.subjects import Topology
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -44,9 +49,16 @@ class SnapshotStore(Generic[S]):
     """Typed snapshots keyed by execution id; remembers the revision it last read or wrote."""
 
     def __init__(
-        self, kv: KeyValue, type_: type[S], js: JetStreamContext | None = None, objects_bucket: str = ""
+        self,
+        kv: KeyValue,
+        type_: type[S],
+        js: JetStreamContext | None = None,
+        objects_bucket: str = "",
+        bucket: str = "",
     ) -> None:
         self.kv = kv
+        self._bucket = bucket
+        """The KV bucket's name: writes with a TTL publish to ``$KV.<bucket>.<key>`` themselves."""
         self._decoder = msgspec.json.Decoder(type_)
         self.revisions: dict[str, int] = {}
         self._js = js
@@ -58,7 +70,8 @@ class SnapshotStore(Generic[S]):
 
     @classmethod
     async def open(cls, js: JetStreamContext, topology: Topology, type_: type[S]) -> SnapshotStore[S]:
-        return cls(await js.key_value(topology.executions_bucket), type_, js, topology.results_store)
+        bucket = topology.executions_bucket
+        return cls(await js.key_value(bucket), type_, js, topology.results_store, bucket)
 
     async def _object_store(self) -> ObjectStore:
         if self._objects is None:
@@ -89,8 +102,10 @@ class SnapshotStore(Generic[S]):
             self.revisions[execution_id] = entry.revision or 0
         return self._decoder.decode(data)
 
-    async def put(self, execution_id: str, state: S) -> None:
-        """Compare-and-set: create the key, or update it from the revision this store last saw.
+    async def put(self, execution_id: str, state: S, ttl_s: float | None = None) -> None:
+        """Compare-and-set: create the key, or update it from the revision this store last saw. With
+        `ttl_s` (whole seconds, at least 1), the server removes this value that long after it is written
+        (``Nats-TTL``; the bucket allows per-message TTLs).
 
         Raises ``StateConflictError`` when someone else wrote since (a controller that lost ownership
         of the execution cannot overwrite the owner's snapshot).
@@ -106,7 +121,9 @@ class SnapshotStore(Generic[S]):
             data = msgspec.json.encode(_PointerValue(snapshot=pointer))
         last = self.revisions.get(execution_id)
         try:
-            if last is None:
+            if ttl_s is not None:
+                rev = await self._update_with_ttl(execution_id, data, last or 0, ttl_s)
+            elif last is None:
                 rev = await self.kv.create(execution_id, data)
             else:
                 rev = await self.kv.update(execution_id, data, last=last)
@@ -120,6 +137,39 @@ class SnapshotStore(Generic[S]):
             self._pointers[execution_id] = name
         if previous is not None and previous != name:
             await self._delete_object(previous)
+
+    async def _update_with_ttl(self, key: str, data: bytes, last: int, ttl_s: float) -> int:
+        """What ``KeyValue.update`` does (nats-py's public one takes no TTL): a publish on the key's
+        subject that only stores if the key's last revision is `last` (0: no value yet)."""
+        js = self._js
+        if js is None or not self._bucket:
+            raise StateConflictError("this snapshot store cannot write with a TTL (no JetStream context)")
+        subject = f"$KV.{self._bucket}.{key}"
+        for attempt in range(2):
+            try:
+                ack = await js.publish(
+                    subject, data, headers={EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}, msg_ttl=ttl_s
+                )
+                return ack.seq
+            except APIError as err:
+                if err.err_code not in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_PENDING):
+                    raise
+                if last == 0 and attempt == 0:  # as ``KeyValue.create``: a deleted key may be written again
+                    deleted = await self._deleted_revision(js, subject)
+                    if deleted is not None:
+                        last = deleted
+                        continue
+                raise KeyWrongLastSequenceError(err.description) from None
+        raise AssertionError("unreachable")
+
+    async def _deleted_revision(self, js: JetStreamContext, subject: str) -> int | None:
+        """The revision of the key's delete or purge marker, if that is its last message."""
+        try:
+            msg = await js.get_last_msg(f"KV_{self._bucket}", subject)
+        except NotFoundError:
+            return None
+        operation = (msg.headers or {}).get("KV-Operation")
+        return msg.seq if operation in ("DEL", "PURGE") else None
 
     async def _delete_object(self, name: str) -> None:
         with contextlib.suppress(Exception):  # a leftover object costs space, never correctness

@@ -1,0 +1,148 @@
+"""Retention: a finished execution's snapshot expires with its history (the events stream's
+``max_age``); a running execution's never does. On a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import pytest
+from helpers import playbook, run
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from noetl_stream.client import request_for, submit
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.errors import StateConflictError
+from noetl_stream.kv.provision import provision, provisioned_topology
+from noetl_stream.kv.snapshots import SnapshotStore
+from noetl_stream.local import local_runtime
+from noetl_stream.natsconn import connect
+from noetl_stream.subjects import Topology
+
+TTL_HEADER = "Nats-TTL"
+HOUR = 3600.0
+
+
+async def stored(js: JetStreamContext, topology: Topology, eid: str) -> tuple[dict[str, str], bytes] | None:
+    """The headers and value of the snapshot message as stored (None when there is no snapshot)."""
+    bucket = topology.executions_bucket
+    try:
+        msg = await js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{eid}")
+    except NotFoundError:
+        return None
+    return dict(msg.headers or {}), msg.data or b""
+
+
+async def test_a_snapshot_written_with_a_ttl_is_gone_after_it(
+    nats_server: EmbeddedNats, topology: Topology, eventually: Callable[..., Awaitable[None]]
+) -> None:
+    nc = await connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await provision(js, topology)
+        store = await SnapshotStore.open(js, topology, ExecutionState)
+        await store.put("e-kept", ExecutionState(execution_id="e-kept", status="running"))
+        await store.put("e-gone", ExecutionState(execution_id="e-gone", status="success"), ttl_s=1)
+        assert (await store.get("e-gone")) is not None
+        started = time.monotonic()
+
+        async def gone() -> bool:
+            return await store.get("e-gone", record=False) is None
+
+        await eventually(gone, timeout=10)
+        assert time.monotonic() - started >= 0.5  # expired, not refused
+        kept = await store.get("e-kept", record=False)
+        assert kept is not None and kept.status == "running"
+    finally:
+        await nc.close()
+
+
+async def test_provisioned_topology_reads_the_events_retention_from_the_server(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    nc = await connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await provision(js, msgspec.structs.replace(topology, events_max_age_s=2 * HOUR))
+        assert (await provisioned_topology(js, topology)).events_max_age_s == 2 * HOUR
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize(("max_age", "ttl"), [(HOUR, "3600"), (0.0, None)])
+async def test_a_finished_executions_snapshot_expires_with_its_history(
+    nats_server: EmbeddedNats,
+    topology: Topology,
+    eventually: Callable[..., Awaitable[None]],
+    max_age: float,
+    ttl: str | None,
+) -> None:
+    topo = msgspec.structs.replace(topology, events_max_age_s=max_age)
+    async with local_runtime(nats_server.url, topology=topo) as rt:
+        r = await run(rt, playbook("- step: start\n  tool: {kind: noop, result: 1}"))
+        assert r.status == "success", r.summary.error
+        js = rt.nc.jetstream()
+        eid = r.summary.execution_id
+
+        async def final() -> bool:
+            msg = await stored(js, topo, eid)
+            return msg is not None and b'"status":"success"' in msg[1]
+
+        await eventually(final, timeout=10)
+        msg = await stored(js, topo, eid)
+        assert msg is not None
+        assert msg[0].get(TTL_HEADER) == ttl
+
+
+async def test_a_running_executions_snapshot_has_no_ttl(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    topo = msgspec.structs.replace(topology, events_max_age_s=HOUR)
+    async with local_runtime(nats_server.url, topology=topo, workers=0) as rt:
+        eid = await submit(
+            rt.nc, topo, request_for(playbook("- step: start\n  tool: {kind: noop}"), "t.yaml")
+        )
+        deadline = time.monotonic() + 10
+        while eid not in rt.controller.states:  # its request is folded: the step is scheduled, no worker
+            assert time.monotonic() < deadline, "the request was never folded"
+            await asyncio.sleep(0.02)
+    # Leaving the runtime shuts the controller down gracefully: it writes the running execution's snapshot.
+    nc = await connect(nats_server.url)
+    try:
+        store = await SnapshotStore.open(nc.jetstream(), topo, ExecutionState)
+        state = await store.get(eid, record=False)
+        assert state is not None and state.status == "running"
+        msg = await stored(nc.jetstream(), topo, eid)
+        assert msg is not None and TTL_HEADER not in msg[0]
+    finally:
+        await nc.close()
+
+
+async def test_a_snapshot_with_a_ttl_may_replace_a_deleted_one_but_never_a_newer_one(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    nc = await connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await provision(js, topology)
+        store = await SnapshotStore.open(js, topology, ExecutionState)
+        other = await SnapshotStore.open(js, topology, ExecutionState)
+        await store.put("e1", ExecutionState(execution_id="e1", status="running"))
+        await other.kv.delete("e1")  # e.g. removed by an operator
+        store.forget("e1")
+        await store.put("e1", ExecutionState(execution_id="e1", status="success"), ttl_s=HOUR)
+        got = await other.get("e1")
+        assert got is not None and got.status == "success"
+        await other.put(
+            "e1", ExecutionState(execution_id="e1", status="success", events_applied=9), ttl_s=HOUR
+        )
+        with pytest.raises(StateConflictError):  # store last saw the revision before other's write
+            await store.put("e1", ExecutionState(execution_id="e1", status="failed"), ttl_s=HOUR)
+        final = await other.get("e1", record=False)
+        assert final is not None and final.events_applied == 9
+    finally:
+        await nc.close()

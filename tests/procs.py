@@ -133,9 +133,12 @@ class Processes:
         pool: str = "default",
         grace: float = 5.0,
         processes: int = 1,
+        task_events: str | None = None,
     ) -> NoetlProcess:
         """A worker; with `processes` > 1 a supervisor of that many (named ``<name>-1``, ...)."""
         args = ["worker", "--pool", pool, "--concurrency", str(concurrency), "--name", name]
+        if task_events is not None:
+            args += ["--task-events", task_events]
         if processes > 1:
             args += ["--processes", str(processes)]
         return self._spawn(name, [*args, "--grace", str(grace), "--log-level", "info"])

@@ -134,9 +134,11 @@ async def test_processes_share_the_pool_a_dead_child_is_replaced_and_sigterm_sto
 ) -> None:
     runs = tmp_path / "runs.txt"
     procs.controller()
-    supervisor = procs.worker("sw", concurrency=2, processes=3, grace=5)
+    supervisor = procs.worker("sw", concurrency=2, processes=3, grace=5, task_events="informative")
     await until(lambda: len(children(supervisor.pid)) == 3, 30, "three worker processes", procs)
     await until(lambda: _starts(supervisor) == 3, 30, "three workers started", procs)
+    # The supervisor passes its settings on: every child runs with --task-events informative.
+    assert supervisor.log_path.read_text().count('"task_events": "informative"') == 3
     await until(lambda: _pulling(js, topology, 3), 30, "three workers pulling", procs)
     first = children(supervisor.pid)
 
@@ -146,6 +148,9 @@ async def test_processes_share_the_pool_a_dead_child_is_replaced_and_sigterm_sto
     done = [ev for _, ev in await read_named(js, topology, E.STEP_DONE) if ev.execution_id in ids]
     assert len(done) == 30
     assert {ev.worker for ev in done} == {"sw-1", "sw-2", "sw-3"}
+    # One python task, no output: with informative task events, its step events are all it writes.
+    tasks = [ev for _, ev in await read_named(js, topology, E.TASK_STARTED) if ev.execution_id in ids]
+    assert tasks == []
 
     # A child that dies is started again, and the pool keeps working with three processes.
     victim = sorted(first)[0]

@@ -167,6 +167,11 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
         add("latency_p50_ms", p50)
         add("latency_p99_ms", p99)
         fp = await footprint.footprint(rt, url, 5 if quick else 10, 25 if quick else 110, _say)
+        fp_informative = await footprint.footprint(
+            informative, url, 5 if quick else 10, 25 if quick else 110, _say
+        )
+        for name in ("messages", "bytes", "events", "event_bytes"):
+            fp[f"footprint_informative_{name}_per_step"] = fp_informative[f"footprint_{name}_per_step"]
     out: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
     out.update(fp)
     out["loop_items"] = items
@@ -333,6 +338,16 @@ _PAIRS = (
     ),
     ("messages per noop step", "raw_messages_per_step", "footprint_messages_per_step"),
     ("bytes per noop step", "raw_bytes_per_step", "footprint_bytes_per_step"),
+    (
+        "messages per noop step, --task-events informative",
+        "raw_messages_per_step",
+        "footprint_informative_messages_per_step",
+    ),
+    (
+        "bytes per noop step, --task-events informative",
+        "raw_bytes_per_step",
+        "footprint_informative_bytes_per_step",
+    ),
 )
 
 

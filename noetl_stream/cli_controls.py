@@ -1,4 +1,4 @@
-"""CLI operator controls: cancel, pause and resume (through the controller's micro endpoints)."""
+"""CLI operator controls: cancel, pause and resume (through the controller's micro endpoints), and prune."""
 
 from __future__ import annotations
 
@@ -67,3 +67,43 @@ def pause(execution_id: str, nats_url: str, prefix: str) -> None:
 def resume(execution_id: str, nats_url: str, prefix: str) -> None:
     """Resume a paused execution where it was."""
     _control("resume", execution_id, None, nats_url, prefix)
+
+
+@main.command()
+@nats_option
+@prefix_option
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="Seconds since an object was written before it may be pruned.",
+)
+@click.option("--dry-run", is_flag=True, help="Report what would be deleted, delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the report.")
+def prune(nats_url: str, prefix: str, older_than: float, dry_run: bool, as_json: bool) -> None:
+    """Delete result-store objects nothing can read any more: those of executions whose history has
+    expired, finished executions' loop items, snapshot objects no snapshot points to (docs/operations.md,
+    "Retention")."""
+    from noetl_stream.control.prune import prune as do_prune
+
+    topology = _topology(prefix)
+
+    async def go(nc: Any) -> Any:
+        return await do_prune(nc.jetstream(), topology, older_than_s=older_than, dry_run=dry_run)
+
+    report = _with_nats(nats_url, "noetl-prune", go)
+    if as_json:
+        click.echo(msgspec.json.encode(report).decode())
+    else:
+        verb = "would prune" if dry_run else "pruned"
+        click.echo(
+            f"{verb} {len(report.pruned)} objects ({report.pruned_bytes:,} bytes) of {report.executions} "
+            f"executions; kept {report.kept} of {report.scanned}"
+        )
+        for name in report.pruned:
+            click.echo(f"  {name}")
+    for error in report.errors:
+        click.echo(f"error: {error}", err=True)
+    if report.errors:
+        sys.exit(EXIT_FAILED)

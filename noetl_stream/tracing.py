@@ -195,7 +195,10 @@ class StepTrace:
         self._open: dict[str, Span] = {}
         self._ended = False
 
-    def on_event(self, name: str, status: str, entity_id: str, payload: dict[str, Any]) -> None:
+    def on_event(
+        self, name: str, status: str, entity_id: str, payload: dict[str, Any], at_ns: int | None = None
+    ) -> None:
+        """One worker event; `at_ns`: when it happened (epoch ns), if not now (a held task event)."""
         from opentelemetry import trace
 
         if name == E.TASK_STARTED:
@@ -209,9 +212,10 @@ class StepTrace:
                     "noetl.task.attempt": int(payload.get("attempt") or 1),
                     "noetl.task_run_id": entity_id,
                 },
+                start_time=at_ns,
             )
         elif name == E.TASK_DONE:
-            self._close("task:" + entity_id, status, payload)
+            self._close("task:" + entity_id, status, payload, at_ns)
         elif name == E.LOOP_ITERATION_STARTED and not self._distributed:
             self._open["iter:" + entity_id] = self._tracer.start_span(
                 f"iteration {payload.get('index')}",
@@ -223,12 +227,12 @@ class StepTrace:
         elif (name in _STEP_END or name in _ITERATION_END) and status == "error":
             _error(self.span, payload)
 
-    def _close(self, key: str, status: str, payload: dict[str, Any]) -> None:
+    def _close(self, key: str, status: str, payload: dict[str, Any], at_ns: int | None = None) -> None:
         span = self._open.pop(key, None)
         if span is not None:
             if status == "error":
                 _error(span, payload)
-            span.end()
+            span.end(end_time=at_ns)
 
     def end(self) -> None:
         """End every open span (idempotent)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 
@@ -17,7 +18,7 @@ from noetl_stream.client import request_for, submit
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.errors import StateConflictError
-from noetl_stream.kv.provision import provision, provisioned_topology
+from noetl_stream.kv.provision import events_max_age_s, provision
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.local import local_runtime
 from noetl_stream.natsconn import connect
@@ -61,14 +62,19 @@ async def test_a_snapshot_written_with_a_ttl_is_gone_after_it(
         await nc.close()
 
 
-async def test_provisioned_topology_reads_the_events_retention_from_the_server(
+async def test_the_events_retention_is_read_from_the_server(
     nats_server: EmbeddedNats, topology: Topology
 ) -> None:
     nc = await connect(nats_server.url)
     try:
         js = nc.jetstream()
+        assert await events_max_age_s(js, topology) == 0.0  # no stream yet
         await provision(js, msgspec.structs.replace(topology, events_max_age_s=2 * HOUR))
-        assert (await provisioned_topology(js, topology)).events_max_age_s == 2 * HOUR
+        assert await events_max_age_s(js, topology) == 2 * HOUR
+        # Edited by hand below what a Topology accepts (the duplicate window): read as it is.
+        info = await js.stream_info(topology.events_stream)
+        await js.update_stream(dataclasses.replace(info.config, max_age=60.0, duplicate_window=30.0))
+        assert await events_max_age_s(js, topology) == 60.0
     finally:
         await nc.close()
 

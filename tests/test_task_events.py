@@ -3,20 +3,27 @@ whose one task succeeded at once with nothing to add), end to end on a real nats
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 from helpers import Run, playbook, run
 
 from noetl_stream import events as E
 from noetl_stream.cli import main
+from noetl_stream.client import follow, request_for, submit
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.history import read_events
 from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event
 
 TASK = (E.TASK_STARTED, E.TASK_DONE)
 
@@ -228,3 +235,104 @@ def test_worker_cli_refuses_an_unknown_task_events_setting() -> None:
     result = CliRunner().invoke(main, ["worker", "--task-events", "some"])
     assert result.exit_code == 2
     assert "'some' is not one of 'all', 'informative'" in result.output
+
+
+def stamp(e: Event) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(e.timestamp.replace("Z", "+00:00"))
+
+
+async def test_informative_held_events_keep_the_time_they_happened(informative: Runtime) -> None:
+    r = await run(
+        informative,
+        playbook(
+            """
+            - step: start
+              tool:
+                - name: slow
+                  kind: python
+                  code: |
+                    import time
+                    time.sleep(0.3)
+                - name: after
+                  kind: noop
+            """
+        ),
+    )
+
+    assert r.status == "success", r.summary.error
+    (started,) = r.tasks("start", "slow", name=E.TASK_STARTED)
+    (done,) = r.tasks("start", "slow")
+    (after,) = r.tasks("start", "after", name=E.TASK_STARTED)
+    assert (stamp(done) - stamp(started)).total_seconds() >= 0.25  # not both stamped when written
+    assert stamp(done) <= stamp(after)
+
+
+async def test_informative_writes_the_task_a_timeout_cut_short(informative: Runtime) -> None:
+    r = await run(
+        informative,
+        playbook(
+            """
+            - step: start
+              spec: {policy: {lifecycle: {timeout_s: 0.3}}}
+              tool:
+                kind: python
+                code: |
+                  import time
+                  time.sleep(1.0)
+            """
+        ),
+    )
+
+    assert r.status == "failed"
+    assert r.step_error("start")["kind"] == "timeout"
+    assert [name for name, _, _ in worker_events(r, "start")] == [
+        E.STEP_STARTED,
+        E.TASK_STARTED,
+        E.STEP_FAILED,
+    ]
+
+
+async def test_informative_writes_a_plain_task_whose_pipeline_failed_after_it(
+    informative: Runtime, tmp_path: Path
+) -> None:
+    """The one task that ran succeeded plainly, but the step failed (cancelled before its next task):
+    its events are written, since step.failed does not carry its result."""
+    mark = tmp_path / "mark"
+    text = playbook(
+        """
+        - step: start
+          tool:
+            - name: one
+              kind: python
+              args: {mark: "{{ workload.mark }}"}
+              code: |
+                import time
+                open(mark, "w").write("one")
+                time.sleep(0.6)
+            - name: two
+              kind: noop
+        """,
+        workload={"mark": str(mark)},
+    )
+    eid = await submit(informative.nc, informative.topology, request_for(text, "t.yaml"))
+    async with asyncio.timeout(15):
+        while not mark.exists():
+            await asyncio.sleep(0.02)
+    msg = await informative.nc.request(
+        informative.topology.api_subject("cancel"), msgspec.json.encode({"execution_id": eid}), timeout=10
+    )
+    assert not (msg.headers or {}).get("Nats-Service-Error"), msg.data
+    summary = await follow(informative.nc, informative.topology, eid, timeout=15)
+    assert summary.status == "cancelled"
+
+    async def worker_names() -> list[str]:
+        return [
+            ev.name
+            async for _, ev in read_events(informative.nc.jetstream(), informative.topology, eid)
+            if ev.source == "worker"
+        ]
+
+    async with asyncio.timeout(15):  # the worker's events come after the cancellation
+        while E.STEP_FAILED not in (names := await worker_names()):
+            await asyncio.sleep(0.05)
+    assert names == [E.STEP_STARTED, E.TASK_STARTED, E.TASK_DONE, E.STEP_FAILED]

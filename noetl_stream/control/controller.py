@@ -33,7 +33,7 @@ from noetl_stream.control.resume import resume
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.deadlines import DeadlineIndex
-from noetl_stream.kv.provision import provisioned_topology
+from noetl_stream.kv.provision import events_max_age_s, provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.logs import bound
@@ -76,6 +76,8 @@ class Controller:
         self._queues: dict[str, list[tuple[Msg, Event, int]]] = {}
         self._snapshot_at: dict[str, float] = {}
         self._snapshots: SnapshotStore[ExecutionState] | None = None
+        self._events_max_age_s = 0.0
+        """The events stream's ``max_age`` (read at start): a finished execution's snapshot lives as long."""
         self._retired: set[str] = set()
         """Terminal executions whose final snapshot is written: their cached state is kept lean (no
         results, no runs) for the status queries, never folded into or written again."""
@@ -118,6 +120,7 @@ class Controller:
             return
         # The partition count and lease TTL are the installation's (read from the server), not ours.
         self.topology = await provisioned_topology(self.js, self.topology)
+        self._events_max_age_s = await events_max_age_s(self.js, self.topology)
         self._snapshots = await SnapshotStore.open(self.js, self.topology, ExecutionState)
         self.deadlines.open(DeadlineIndex(self._snapshots.kv), self.topology)
         await self.intake.start()
@@ -623,7 +626,7 @@ class Controller:
         """A finished execution's snapshot expires with its history: as long after it is written as the
         events stream keeps an event (its ``max_age``; none when events are kept forever). A running
         execution's never does."""
-        age = self.topology.events_max_age_s
+        age = self._events_max_age_s
         return max(1.0, float(int(age))) if state.terminal and age > 0 else None
 
     async def _flush_snapshots(self) -> None:

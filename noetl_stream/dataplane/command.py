@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,8 @@ class CommandRun:
         """Publishes progress and keeps the message alive while the command runs long (worker.py)."""
         self.trace = tracing.step_run(cmd, worker.name)  # None unless OpenTelemetry tracing is on
         self.trace_id = cmd.trace_id if self.trace is None else self.trace.trace_id
+        self._holding: dict[str, TaskEvents] = {}
+        """Scopes whose first task events are held (``--task-events informative``), by scope id."""
 
     def event(
         self,
@@ -60,10 +63,13 @@ class CommandRun:
         scope: str,
         payload: dict[str, Any],
         task_run_id: str | None = None,
+        at: tuple[str, int] | None = None,
     ) -> None:
+        """Queue a worker event; `at` (ISO timestamp, epoch ns): when it happened, if not now (a held
+        task event written later, `TaskEvents`)."""
         cmd = self.cmd
         if self.trace is not None:
-            self.trace.on_event(name, status, entity_id, payload)
+            self.trace.on_event(name, status, entity_id, payload, at[1] if at is not None else None)
         if status == "error" and name in _FAILURES:
             _log_failure(self.worker._log, name, payload)
         self.pending.append(
@@ -75,7 +81,7 @@ class CommandRun:
                 entity_type=entity_type,  # type: ignore[arg-type]
                 entity_id=entity_id,
                 status=status,  # type: ignore[arg-type]
-                timestamp=now_iso(),
+                timestamp=now_iso() if at is None else at[0],
                 payload=payload,
                 step=cmd.step,
                 step_run_id=cmd.step_run_id,
@@ -142,46 +148,25 @@ class CommandRun:
             )
         return _fit(out, encode(out))
 
-    def task_hook(self, scope_id: str) -> Any:
-        """The pipeline's task-event callback for one scope (a step run or a loop iteration). With the
-        worker's ``informative`` task events, the first task run's events are held back until they say
-        something the step's own events do not (see `_plain`): a second task run, or a first one that
-        failed, fired a rule or captured output, writes them (in order); otherwise they are dropped."""
-        held: list[tuple[str, Task, int, int, dict[str, Any]]] | None = (
-            [] if self.worker.task_events == "informative" else None
-        )
+    def task_hook(self, scope_id: str) -> TaskEvents:
+        """The pipeline's task-event callback for one scope (a step run or a loop iteration); the caller
+        `settle`s it when the scope's pipeline ends."""
+        hook = TaskEvents(self, scope_id, self.worker.task_events == "informative" and not self.redelivered)
+        if hook.held is not None:
+            self._holding[scope_id] = hook
+        return hook
 
-        def emit(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
-            task_run_id = f"{scope_id}.{task.name}.{run_no}"
-            status = (
-                "in_progress"
-                if name == E.TASK_STARTED
-                else ("success" if payload.get("status") == "ok" else "error")
-            )
-            self.event(
-                name,
-                "task",
-                task_run_id,
-                status,
-                task_run_id,
-                {"task": task.name, "kind": task.kind, "attempt": attempt, **payload},
-                task_run_id,
-            )
+    def settle(self, scope_id: str, ok: bool) -> None:
+        """The scope's pipeline ended (`ok`: it succeeded): its held task events are dropped or written."""
+        hook = self._holding.pop(scope_id, None)
+        if hook is not None:
+            hook.settle(ok)
 
-        def on_task(name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
-            nonlocal held
-            if held is not None:
-                first_start = name == E.TASK_STARTED and not held
-                plain_done = name == E.TASK_DONE and len(held) == 1 and _plain(payload)
-                if first_start or plain_done:
-                    held.append((name, task, run_no, attempt, payload))
-                    return
-                for args in held:
-                    emit(*args)
-                held = None
-            emit(name, task, run_no, attempt, payload)
-
-        return on_task
+    def release_held(self) -> None:
+        """The run ends without its scopes settling (a timeout, an error): write every held event."""
+        holding, self._holding = self._holding, {}
+        for hook in holding.values():
+            hook.release()
 
     def fail(self, error: dict[str, Any]) -> None:
         """The command failed before its step (or its loop iteration) could run to the end."""
@@ -202,19 +187,25 @@ class CommandRun:
 
     async def execute(self) -> None:
         """Run the command under its step's ``lifecycle.timeout_s`` (if any)."""
-        cmd = self.cmd
-        timeout = cmd.timeout_s
-        if timeout is None or timeout <= 0:
-            await self.run()
-            return
+        try:
+            timeout = self.cmd.timeout_s
+            if timeout is None or timeout <= 0:
+                await self.run()
+            else:
+                await self._run_within(timeout)
+        finally:
+            self.release_held()  # an error or a cancellation: nothing held is dropped unseen
+
+    async def _run_within(self, timeout: float) -> None:
         try:
             async with asyncio.timeout(timeout):
                 await self.run()
         except TimeoutError:
+            self.release_held()  # the tasks cut short are written before the failure
             error = {
                 "kind": "timeout",
                 "retryable": False,
-                "message": f"step '{cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
+                "message": f"step '{self.cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
             }
             self.fail(error)
 
@@ -279,6 +270,7 @@ class CommandRun:
             await self.local_loop(base)
             return
         res = await run_pipeline(base, self.task_hook(run_id))
+        self.settle(run_id, res.status == "ok")
         if res.status == "ok":
             self.event(
                 E.STEP_DONE,
@@ -312,6 +304,7 @@ class CommandRun:
             allow_set_ctx=loop.spec.mode == "sequential",
         )
         res = await run_pipeline(inp, self.task_hook(scope_id))
+        self.settle(scope_id, res.status == "ok")
         if res.status == "ok":
             self.event(
                 E.LOOP_ITERATION_DONE,
@@ -359,6 +352,8 @@ class CommandRun:
 
         async def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
             sid = f"{run_id}.{index}"
+            if name != E.LOOP_ITERATION_STARTED:
+                self.settle(sid, name == E.LOOP_ITERATION_DONE)
             status = {"loop.iteration.started": "in_progress", "loop.iteration.done": "success"}.get(
                 name, "error"
             )
@@ -379,6 +374,7 @@ class CommandRun:
             on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
             completed=completed,
         )
+        self.release_held()  # iterations a fail-fast stopped never settled: their tasks ran, write them
         summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
         if res.failed and step.failure_mode == "fail_fast":
             self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": res.first_error, **summary})
@@ -391,6 +387,74 @@ class CommandRun:
                 run_id,
                 {"result": res.results, **summary},
             )
+
+
+class TaskEvents:
+    """One scope's task-event callback (a step run or a loop iteration: `CommandRun.task_hook`).
+
+    With ``--task-events informative`` (`held` is a list) the first task run's ``task.started`` and, if
+    it is plain (`_plain`), its ``task.done`` are held back with the time they happened. A second task
+    run, or a first ``task.done`` that is not plain, writes them (in order) and everything after; when
+    the scope ends (`settle`), they are dropped if it succeeded with that one plain run, and written
+    otherwise. With ``all`` (`held` is None) every event is written as it happens."""
+
+    __slots__ = ("held", "run", "scope_id")
+
+    def __init__(self, run: CommandRun, scope_id: str, hold: bool) -> None:
+        self.run = run
+        self.scope_id = scope_id
+        self.held: list[tuple[str, Task, int, int, dict[str, Any], tuple[str, int]]] | None = (
+            [] if hold else None
+        )
+
+    def __call__(self, name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
+        held = self.held
+        if held is not None:
+            first_start = name == E.TASK_STARTED and not held
+            plain_done = name == E.TASK_DONE and len(held) == 1 and _plain(payload)
+            if first_start or plain_done:
+                held.append((name, task, run_no, attempt, payload, (now_iso(), time.time_ns())))
+                return
+            self.release()
+        self._emit(name, task, run_no, attempt, payload, None)
+
+    def settle(self, ok: bool) -> None:
+        """The scope's pipeline ended; `ok`: it succeeded."""
+        if self.held is not None and ok and len(self.held) == 2:
+            self.held = None  # one task, run once, plain: step.done says it all
+        self.release()
+
+    def release(self) -> None:
+        """Write what is held, in order, with the times it happened; from now on write as it happens."""
+        held, self.held = self.held, None
+        for name, task, run_no, attempt, payload, at in held or ():
+            self._emit(name, task, run_no, attempt, payload, at)
+
+    def _emit(
+        self,
+        name: str,
+        task: Task,
+        run_no: int,
+        attempt: int,
+        payload: dict[str, Any],
+        at: tuple[str, int] | None,
+    ) -> None:
+        task_run_id = f"{self.scope_id}.{task.name}.{run_no}"
+        status = (
+            "in_progress"
+            if name == E.TASK_STARTED
+            else ("success" if payload.get("status") == "ok" else "error")
+        )
+        self.run.event(
+            name,
+            "task",
+            task_run_id,
+            status,
+            task_run_id,
+            {"task": task.name, "kind": task.kind, "attempt": attempt, **payload},
+            task_run_id,
+            at,
+        )
 
 
 def _plain(done: dict[str, Any]) -> bool:

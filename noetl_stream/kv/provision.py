@@ -343,9 +343,18 @@ def _object_stream(cfg: api.ObjectStoreConfig) -> api.StreamConfig:
 _PARTITION_RE = re.compile(r"\{\{\s*partition\((\d+)\s*,")
 
 
+async def events_max_age_s(js: JetStreamManager, topology: Topology) -> float:
+    """The events stream's ``max_age`` on the server, in seconds (0: events are kept forever, or there
+    is no stream yet)."""
+    try:
+        info = await js.stream_info(topology.events_stream)
+    except NotFoundError:
+        return 0.0
+    return float(info.config.max_age or 0)
+
+
 async def provisioned_topology(js: JetStreamManager, topology: Topology) -> Topology:
-    """`topology` with the partition count, events retention and lease TTL the server already has, where
-    it has them."""
+    """`topology` with the partition count and lease TTL the server already has, where it has them."""
     changes: dict[str, object] = {}
     try:
         info = await js.stream_info(topology.events_stream)
@@ -355,7 +364,6 @@ async def provisioned_topology(js: JetStreamManager, topology: Topology) -> Topo
     match = _PARTITION_RE.search(transform.dest or "") if transform is not None else None
     if match is not None:
         changes["partitions"] = int(match.group(1))
-    changes["events_max_age_s"] = float(info.config.max_age or 0)
     try:
         leases = await js.stream_info(f"KV_{topology.leases_bucket}")
         if leases.config.max_age:

@@ -356,7 +356,7 @@
         field("started", clock(step.started_at)),
         field("finished", clock(step.finished_at)),
         field("duration", duration(step.duration_s)),
-        field("task runs", step.task_runs),
+        field("task runs", step.task_runs || null), // none written: one plain run (--task-events informative)
         field("retries", step.retries),
         lp ? field("iterations", `${lp.done} done, ${lp.failed} failed, ${lp.started} started, total ${lp.total ?? "?"}`) : null,
         field("error", step.error && errorText(step.error)),

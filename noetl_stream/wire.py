@@ -143,6 +143,9 @@ class Checkpoint(msgspec.Struct):
     iter: dict[str, Any] = {}
     prev: Any = None
     ctx_patches: list[dict[str, Any]] = []
+    task_runs: int = 0
+    """Task runs made before it: a resumed run goes on numbering them (the same task run ids, and so
+    event ids, as the delivery it repeats)."""
 
 
 # -- codecs ---------------------------------------------------------------------------------------

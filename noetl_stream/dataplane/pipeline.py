@@ -109,6 +109,7 @@ async def run_pipeline(
     saved = await inp.checkpoints.load(inp.scope_id) if inp.resume and inp.checkpoints is not None else None
     if saved is not None:  # continue a pipeline run that an earlier delivery checkpointed
         pc = min(max(0, saved.pc), len(tasks))
+        out.task_runs = max(0, saved.task_runs)
         iter_scope.update(saved.iter)
         prev = saved.prev
         out.ctx_patches.extend(saved.ctx_patches)
@@ -217,7 +218,11 @@ async def run_pipeline(
                     # A backward jump is a loop inside the pipeline (pagination): remember where it
                     # stands, so a redelivered command resumes at this page instead of the first.
                     cp = Checkpoint(
-                        pc=target, iter=dict(iter_scope), prev=prev, ctx_patches=list(out.ctx_patches)
+                        pc=target,
+                        iter=dict(iter_scope),
+                        prev=prev,
+                        ctx_patches=list(out.ctx_patches),
+                        task_runs=out.task_runs,
                     )
                     await inp.checkpoints.save(inp.scope_id, cp)
                     checkpointed = True

@@ -304,6 +304,12 @@ async def test_controller_and_worker_run_an_execution_as_their_own_users(
         # The client can follow up on what it started: status, and replay against the live snapshot.
         code, out, err = await run_cli(client_env, "replay", summary["execution_id"], "--verify", timeout=30)
         assert code == 0, f"{out}{err}\n{server.violations()}"
+        # `prune` runs as the controller (a CronJob needs no admin password): an orphan object goes, the
+        # finished execution's result objects stay while its history does.
+        await store.put("gone-e1/gone-s1/result", b"{}")
+        code, out, err = await run_cli(ctl.env, "prune", "--older-than", "0", "--json", timeout=30)
+        assert code == 0, f"{out}{err}\n{server.violations()}"
+        assert json.loads(out)["pruned"] == ["gone-e1/gone-s1/result"], out
         assert server.violations()[before:] == [], logs
 
 

@@ -102,6 +102,7 @@ def test_lint_is_clean_in_strict_mode(values_file: str | None) -> None:
         ({"jetstream": {"leaseTtlSeconds": 0.5}}, "/jetstream/leaseTtlSeconds"),
         ({"workerDefaults": {"concurrency": 0}}, "/workerDefaults/concurrency"),
         ({"workerDefaults": {"taskEvents": "none"}}, "/workerDefaults/taskEvents"),
+        ({"prune": {"olderThanSeconds": -1}}, "/prune/olderThanSeconds"),
         ({"jetstream": {"commandMaxDeliver": 0}}, "/jetstream/commandMaxDeliver"),
         ({"nats": {"url": "nats://user:secret@nats:4222"}}, "/nats/url"),
         ({"prefix": "Noetl"}, "/prefix"),
@@ -190,6 +191,23 @@ def test_default_install(chart: helm.Chart) -> None:
         "name": "noetl-nats-users",
         "key": "admin",
     }
+
+    # prune: a daily CronJob as the controller user (no admin password outside the hook).
+    cron = m.get("CronJob", "noetl-noetl-stream-prune")["spec"]
+    assert cron["schedule"] == "23 3 * * *" and cron["concurrencyPolicy"] == "Forbid"
+    pod = cron["jobTemplate"]["spec"]["template"]["spec"]
+    pc = pod["containers"][0]
+    assert pc["args"] == ["prune", "--older-than", "3600"]
+    assert env(pc)["NOETL_NATS_USER"]["value"] == "controller"
+    assert env(pc)["NOETL_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "noetl-nats-users",
+        "key": "controller",
+    }
+    assert pc["envFrom"] == [{"configMapRef": {"name": "noetl-noetl-stream"}}]
+    assert pc["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in pc["volumeMounts"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert not render(chart, {"prune": {"enabled": False}}).of("CronJob")
 
 
 def test_every_component_gets_the_same_nats_and_jetstream_settings(chart: helm.Chart) -> None:
@@ -289,6 +307,10 @@ def test_the_chart_passes_only_options_the_cli_has(chart: helm.Chart) -> None:
     assert {a for a in c["args"][1:] if a.startswith("--")} <= options["controller"]
     w = container(m.get("Deployment", "noetl-noetl-stream-worker-default"))
     assert {a for a in w["args"][1:] if a.startswith("--")} <= options["worker"]
+    cron = m.get("CronJob", "noetl-noetl-stream-prune")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    prune = cron["containers"][0]
+    assert prune["args"][0] == "prune"
+    assert {a for a in prune["args"][1:] if a.startswith("--")} <= options["prune"]
     controller_id = next(p for p in cli_main.commands["controller"].params if "--controller-id" in p.opts)
     assert controller_id.envvar in env(c)
 

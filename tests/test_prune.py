@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from click.testing import CliRunner
-from nats.aio.client import Client as NATS
+from helpers import requested
 from nats.js.client import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.cli import main
 from noetl_stream.control.prune import prune
 from noetl_stream.control.state import ExecutionState
@@ -20,39 +18,23 @@ from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode, now_iso
+from noetl_stream.wire import encode
 
 LATER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=2)
 """A `now` two hours ahead: every object written by the test is older than the default hour."""
 
 
 @pytest.fixture
-async def installed(
-    nats_server: EmbeddedNats, topology: Topology
-) -> AsyncIterator[tuple[NATS, JetStreamContext]]:
-    nc = await connect(nats_server.url)
-    js = nc.jetstream()
+async def installed(js: JetStreamContext, topology: Topology) -> JetStreamContext:
     await provision(js, topology)
-    try:
-        yield nc, js
-    finally:
-        await nc.close()
+    return js
 
 
-async def requested(js: JetStreamContext, topology: Topology, eid: str) -> None:
-    ev = Event(
-        event_id=f"{eid}:requested",
-        execution_id=eid,
-        name=E.EXECUTION_REQUESTED,
-        source="server",
-        entity_type="playbook",
-        entity_id=eid,
-        status="in_progress",
-        timestamp=now_iso(),
-    )
-    await js.publish(topology.event_subject(eid, E.EXECUTION_REQUESTED), encode(ev))
+async def stored_request(js: JetStreamContext, topology: Topology, eid: str) -> None:
+    """What intake stores when an execution starts: its history exists from then on."""
+    ev = requested(eid, "{}")
+    await js.publish(topology.event_subject(eid, ev.name), encode(ev))
 
 
 async def names(js: JetStreamContext, topology: Topology) -> set[str]:
@@ -79,7 +61,7 @@ async def populate(js: JetStreamContext, topology: Topology) -> SnapshotStore[Ex
     await results.put("done/done-l1/items", [2])
     await results.put("snapshots/done/0123abcd", {"old": True})  # a replaced snapshot's object
     # young: history only (no snapshot yet)
-    await requested(js, topology, "young")
+    await stored_request(js, topology, "young")
     await results.put("young/young-s1/result", 3)
     # a large snapshot: its pointer names one object, the other is a leftover
     snapshots.inline_limit = 10
@@ -100,9 +82,9 @@ PRUNED = {
 
 
 async def test_prune_deletes_what_nothing_can_read_and_keeps_the_rest(
-    installed: tuple[NATS, JetStreamContext], topology: Topology
+    installed: JetStreamContext, topology: Topology
 ) -> None:
-    _, js = installed
+    js = installed
     snapshots = await populate(js, topology)
     before = await names(js, topology)
     (large_object,) = {n for n in before if n.startswith("snapshots/large/")} - {"snapshots/large/leftover"}
@@ -130,17 +112,15 @@ async def test_prune_deletes_what_nothing_can_read_and_keeps_the_rest(
 
 
 async def test_prune_on_an_empty_installation_does_nothing(
-    installed: tuple[NATS, JetStreamContext], topology: Topology
+    installed: JetStreamContext, topology: Topology
 ) -> None:
-    _, js = installed
+    js = installed
     report = await prune(js, topology, now=LATER)
     assert (report.scanned, report.pruned, report.errors) == (0, [], [])
 
 
-async def test_prune_cli(
-    installed: tuple[NATS, JetStreamContext], topology: Topology, nats_server: EmbeddedNats
-) -> None:
-    _, js = installed
+async def test_prune_cli(installed: JetStreamContext, topology: Topology, nats_server: EmbeddedNats) -> None:
+    js = installed
     results = ResultStore(js, topology)
     await results.put("gone/gone-s1/result", {"big": 1})
     await results.put("misc", 1)

@@ -39,44 +39,32 @@ async def stored(js: JetStreamContext, topology: Topology, eid: str) -> tuple[di
 
 
 async def test_a_snapshot_written_with_a_ttl_is_gone_after_it(
-    nats_server: EmbeddedNats, topology: Topology, eventually: Callable[..., Awaitable[None]]
+    js: JetStreamContext, topology: Topology, eventually: Callable[..., Awaitable[None]]
 ) -> None:
-    nc = await connect(nats_server.url)
-    try:
-        js = nc.jetstream()
-        await provision(js, topology)
-        store = await SnapshotStore.open(js, topology, ExecutionState)
-        await store.put("e-kept", ExecutionState(execution_id="e-kept", status="running"))
-        await store.put("e-gone", ExecutionState(execution_id="e-gone", status="success"), ttl_s=1)
-        assert (await store.get("e-gone")) is not None
-        started = time.monotonic()
+    await provision(js, topology)
+    store = await SnapshotStore.open(js, topology, ExecutionState)
+    await store.put("e-kept", ExecutionState(execution_id="e-kept", status="running"))
+    await store.put("e-gone", ExecutionState(execution_id="e-gone", status="success"), ttl_s=1)
+    assert (await store.get("e-gone")) is not None
+    started = time.monotonic()
 
-        async def gone() -> bool:
-            return await store.get("e-gone", record=False) is None
+    async def gone() -> bool:
+        return await store.get("e-gone", record=False) is None
 
-        await eventually(gone, timeout=10)
-        assert time.monotonic() - started >= 0.5  # expired, not refused
-        kept = await store.get("e-kept", record=False)
-        assert kept is not None and kept.status == "running"
-    finally:
-        await nc.close()
+    await eventually(gone, timeout=10)
+    assert time.monotonic() - started >= 0.5  # expired, not refused
+    kept = await store.get("e-kept", record=False)
+    assert kept is not None and kept.status == "running"
 
 
-async def test_the_events_retention_is_read_from_the_server(
-    nats_server: EmbeddedNats, topology: Topology
-) -> None:
-    nc = await connect(nats_server.url)
-    try:
-        js = nc.jetstream()
-        assert await events_max_age_s(js, topology) == 0.0  # no stream yet
-        await provision(js, msgspec.structs.replace(topology, events_max_age_s=2 * HOUR))
-        assert await events_max_age_s(js, topology) == 2 * HOUR
-        # Edited by hand below what a Topology accepts (the duplicate window): read as it is.
-        info = await js.stream_info(topology.events_stream)
-        await js.update_stream(dataclasses.replace(info.config, max_age=60.0, duplicate_window=30.0))
-        assert await events_max_age_s(js, topology) == 60.0
-    finally:
-        await nc.close()
+async def test_the_events_retention_is_read_from_the_server(js: JetStreamContext, topology: Topology) -> None:
+    assert await events_max_age_s(js, topology) == 0.0  # no stream yet
+    await provision(js, msgspec.structs.replace(topology, events_max_age_s=2 * HOUR))
+    assert await events_max_age_s(js, topology) == 2 * HOUR
+    # Edited by hand below what a Topology accepts (the duplicate window): read as it is.
+    info = await js.stream_info(topology.events_stream)
+    await js.update_stream(dataclasses.replace(info.config, max_age=60.0, duplicate_window=30.0))
+    assert await events_max_age_s(js, topology) == 60.0
 
 
 @pytest.mark.parametrize(("max_age", "ttl"), [(HOUR, "3600"), (0.0, None)])
@@ -129,26 +117,19 @@ async def test_a_running_executions_snapshot_has_no_ttl(
 
 
 async def test_a_snapshot_with_a_ttl_may_replace_a_deleted_one_but_never_a_newer_one(
-    nats_server: EmbeddedNats, topology: Topology
+    js: JetStreamContext, topology: Topology
 ) -> None:
-    nc = await connect(nats_server.url)
-    try:
-        js = nc.jetstream()
-        await provision(js, topology)
-        store = await SnapshotStore.open(js, topology, ExecutionState)
-        other = await SnapshotStore.open(js, topology, ExecutionState)
-        await store.put("e1", ExecutionState(execution_id="e1", status="running"))
-        await other.kv.delete("e1")  # e.g. removed by an operator
-        store.forget("e1")
-        await store.put("e1", ExecutionState(execution_id="e1", status="success"), ttl_s=HOUR)
-        got = await other.get("e1")
-        assert got is not None and got.status == "success"
-        await other.put(
-            "e1", ExecutionState(execution_id="e1", status="success", events_applied=9), ttl_s=HOUR
-        )
-        with pytest.raises(StateConflictError):  # store last saw the revision before other's write
-            await store.put("e1", ExecutionState(execution_id="e1", status="failed"), ttl_s=HOUR)
-        final = await other.get("e1", record=False)
-        assert final is not None and final.events_applied == 9
-    finally:
-        await nc.close()
+    await provision(js, topology)
+    store = await SnapshotStore.open(js, topology, ExecutionState)
+    other = await SnapshotStore.open(js, topology, ExecutionState)
+    await store.put("e1", ExecutionState(execution_id="e1", status="running"))
+    await other.kv.delete("e1")  # e.g. removed by an operator
+    store.forget("e1")
+    await store.put("e1", ExecutionState(execution_id="e1", status="success"), ttl_s=HOUR)
+    got = await other.get("e1")
+    assert got is not None and got.status == "success"
+    await other.put("e1", ExecutionState(execution_id="e1", status="success", events_applied=9), ttl_s=HOUR)
+    with pytest.raises(StateConflictError):  # store last saw the revision before other's write
+        await store.put("e1", ExecutionState(execution_id="e1", status="failed"), ttl_s=HOUR)
+    final = await other.get("e1", record=False)
+    assert final is not None and final.events_applied == 9

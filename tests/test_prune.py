@@ -12,7 +12,7 @@ from helpers import requested
 from nats.js.client import JetStreamContext
 
 from noetl_stream.cli import main
-from noetl_stream.control.prune import prune
+from noetl_stream.control.prune import SNAPSHOT_OBJECT_GRACE_S, _mtime, prune
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
@@ -59,14 +59,22 @@ async def populate(js: JetStreamContext, topology: Topology) -> SnapshotStore[Ex
     await snapshots.put("done", ExecutionState(execution_id="done", status="success"))
     await results.put("done/done-s1/result", 2)
     await results.put("done/done-l1/items", [2])
-    await results.put("snapshots/done/0123abcd", {"old": True})  # a replaced snapshot's object
+    await results.put(f"snapshots/done/{'ab' * 16}", {"old": True})  # a replaced snapshot's object
     # young: history only (no snapshot yet)
     await stored_request(js, topology, "young")
     await results.put("young/young-s1/result", 3)
     # a large snapshot: its pointer names one object, the other is a leftover
     snapshots.inline_limit = 10
     await snapshots.put("large", ExecutionState(execution_id="large", status="running"))
-    await results.put("snapshots/large/leftover", {"x": 1})
+    await results.put(f"snapshots/large/{'cd' * 16}", {"x": 1})  # a leftover of an earlier write
+    # a parent (running) holds a reference to its child's result; the child's history is gone
+    child = await results.put("child/child-s1/result", {"big": 5})
+    await snapshots.put(
+        "parent", ExecutionState(execution_id="parent", status="running", results={"call": child})
+    )
+    # an execution whose id is "snapshots" (client ids are free): its result is not a snapshot object
+    await snapshots.put("snapshots", ExecutionState(execution_id="snapshots", status="running"))
+    await results.put("snapshots/fetch-1/result", 6)
     # not a name the runtime writes
     await results.put("misc", 4)
     return snapshots
@@ -76,8 +84,8 @@ PRUNED = {
     "gone/gone-s1/result",
     "gone/gone-l1/items",
     "done/done-l1/items",
-    "snapshots/done/0123abcd",
-    "snapshots/large/leftover",
+    f"snapshots/done/{'ab' * 16}",
+    f"snapshots/large/{'cd' * 16}",
 }
 
 
@@ -87,7 +95,7 @@ async def test_prune_deletes_what_nothing_can_read_and_keeps_the_rest(
     js = installed
     snapshots = await populate(js, topology)
     before = await names(js, topology)
-    (large_object,) = {n for n in before if n.startswith("snapshots/large/")} - {"snapshots/large/leftover"}
+    (large_object,) = {n for n in before if n.startswith("snapshots/large/")} - PRUNED
 
     fresh = await prune(js, topology)  # everything was written just now: within the grace period
     assert fresh.pruned == [] and fresh.kept == len(before) == fresh.scanned
@@ -99,6 +107,7 @@ async def test_prune_deletes_what_nothing_can_read_and_keeps_the_rest(
     report = await prune(js, topology, now=LATER)
     assert set(report.pruned) == PRUNED
     assert report.executions == 3 and report.errors == []  # gone, done, large
+    assert report.referenced == 1  # the child's result, which the running parent holds
     assert report.pruned_bytes > 0
     left = await names(js, topology)
     assert left == before - PRUNED
@@ -141,3 +150,48 @@ async def test_prune_cli(installed: JetStreamContext, topology: Topology, nats_s
 
     bad = await asyncio.to_thread(CliRunner().invoke, main, ["prune", "--older-than", "-1"], env=env)
     assert bad.exit_code == 2
+
+
+async def test_a_fresh_stray_snapshot_object_is_kept_whatever_the_grace_period(
+    installed: JetStreamContext, topology: Topology
+) -> None:
+    """A snapshot's object is written just before the KV pointer that names it: never pruned young."""
+    js = installed
+    results = ResultStore(js, topology)
+    await (await SnapshotStore.open(js, topology, ExecutionState)).put(
+        "e1", ExecutionState(execution_id="e1", status="running")
+    )
+    await results.put(f"snapshots/e1/{'ef' * 16}", {"x": 1})
+    assert (await prune(js, topology, older_than_s=0)).pruned == []
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=SNAPSHOT_OBJECT_GRACE_S + 60)
+    assert (await prune(js, topology, older_than_s=0, now=later)).pruned == [f"snapshots/e1/{'ef' * 16}"]
+
+
+async def test_a_delete_skips_an_object_written_again_since_it_was_listed(
+    installed: JetStreamContext, topology: Topology
+) -> None:
+    js = installed
+    results = ResultStore(js, topology)
+    await results.put("gone/gone-s1/result", 1)
+    store = await js.object_store(topology.results_store)
+    listed = (await store.get_info("gone/gone-s1/result")).nuid
+    await results.put("gone/gone-s1/result", 2)  # written again: another object under the same name
+    assert not await results.delete("gone/gone-s1/result", nuid=listed)
+    assert await results.get_encoded("gone/gone-s1/result") == b"2"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-11-22T16:00:00.123456789Z", datetime.datetime(2026, 11, 22, 16, 0, 0, 123456, datetime.UTC)),
+        ("2026-11-22T09:00:00.5-07:00", datetime.datetime(2026, 11, 22, 16, 0, 0, 500000, datetime.UTC)),
+        ("2026-11-22T16:00:00Z", datetime.datetime(2026, 11, 22, 16, 0, 0, tzinfo=datetime.UTC)),
+        ("0001-01-01T00:00:00Z", None),  # the zero time: unknown, so kept
+        ("yesterday", None),
+        (None, None),
+    ],
+)
+def test_object_times_are_read_with_their_offset(
+    text: str | None, expected: datetime.datetime | None
+) -> None:
+    assert _mtime(text) == expected

@@ -1,40 +1,56 @@
 """Pruning the results object store: objects that nothing can read any more.
 
-What the runtime writes to ``<prefix>_results`` is named after its execution:
+What the runtime writes to ``<prefix>_results`` is named after the execution that wrote it:
 
-- ``<id>/<step run>/result`` (and other names under ``<id>/``): a result above the inline limit, read by
-  later steps and by inspection for as long as the execution's history exists;
+- ``<id>/<step run>/result``, ``<id>/results/<name>`` and other names under ``<id>/``: results above the
+  inline limit, read by later steps and by inspection for as long as a history or a snapshot refers to
+  them — possibly another execution's (a parent holds its child's result reference, a ``retry`` the
+  results it reuses);
 - ``<id>/<loop run>/items``: a distributed loop's packed items, needed only while the loop runs (the
   controller deletes them when it finishes; a failed delete leaves them);
-- ``snapshots/<id>/<uuid>``: a snapshot above the KV limit, needed while the KV pointer names it (a
+- ``snapshots/<id>/<32 hex>``: a snapshot above the KV limit, needed while the KV pointer names it (a
   replaced one is deleted; a failed delete, or the pointer expiring with a finished execution's
   snapshot, leaves it).
 
-`prune` deletes, among objects older than a grace period, those of executions that no longer exist
-(no snapshot and no ``playbook.execution.requested``/``playbook.processed`` left in the events stream:
-the history expired), the items of finished executions, and snapshot objects their execution's pointer
-does not name. Anything else (names the runtime does not write, an unreadable snapshot) is kept.
+`prune` first reads every snapshot in the executions bucket and collects the result references they
+hold. It then deletes, among objects older than a grace period that no snapshot refers to: the objects
+of executions that no longer exist (no snapshot and no ``playbook.execution.requested`` or
+``playbook.processed`` left in the events stream: the history expired), the items of finished
+executions, and snapshot objects their execution's pointer does not name (these only after
+`SNAPSHOT_OBJECT_GRACE_S` whatever the grace period: a snapshot's object is written just before its
+pointer). Anything else (names the runtime does not write, an unreadable snapshot) is kept.
 """
 
 from __future__ import annotations
 
 import datetime
+import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from nats.js.api import ObjectInfo
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
 from noetl_stream import events as E
-from noetl_stream.kv.results import ResultStore
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.deadlines import is_index_key
+from noetl_stream.kv.results import REF, ResultStore
+from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.subjects import SubjectError, Topology, check_token
 
-__all__ = ["PruneReport", "prune"]
+__all__ = ["SNAPSHOT_OBJECT_GRACE_S", "PruneReport", "prune"]
 
 SNAPSHOTS = "snapshots/"
+SNAPSHOT_OBJECT_GRACE_S = 900.0
+"""The least age of a snapshot object `prune` deletes, whatever its grace period: the writer stores the
+object first and then points the KV value to it."""
+_SNAPSHOT_OBJECT = re.compile(r"snapshots/([^/]+)/[0-9a-f]{32}")
+_MTIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?")
 
 
 class _Head(msgspec.Struct):
@@ -59,6 +75,8 @@ class PruneReport:
     pruned_bytes: int = 0
     executions: int = 0
     """Executions some object was pruned of."""
+    referenced: int = 0
+    """Objects kept because a snapshot refers to them."""
     errors: list[str] = field(default_factory=list)
     dry_run: bool = False
 
@@ -79,33 +97,50 @@ async def prune(
         infos = await store.list(ignore_deletes=True)
     except NotFoundError:  # no bucket, or an empty one
         return report
-    cutoff = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(seconds=older_than_s)
+    now = now or datetime.datetime.now(datetime.UTC)
+    cutoff = now - datetime.timedelta(seconds=older_than_s)
+    snapshot_cutoff = now - datetime.timedelta(seconds=max(older_than_s, SNAPSHOT_OBJECT_GRACE_S))
     owned: dict[str, list[ObjectInfo]] = defaultdict(list)
     for info in infos:
         report.scanned += 1
-        eid = _owner(info.name or "")
+        name = info.name or ""
+        owner = _owner(name)
         written = _mtime(info.mtime)
-        if eid is None or written is None or written > cutoff:
+        limit = snapshot_cutoff if _SNAPSHOT_OBJECT.fullmatch(name) else cutoff
+        if owner is None or written is None or written > limit:
             report.kept += 1
             continue
-        owned[eid].append(info)
+        owned[owner].append(info)
+    if not owned:
+        return report
     kv = await js.key_value(topology.executions_bucket)
+    try:
+        referenced = await _referenced(js, topology, kv)
+    except Exception as exc:  # without the references nothing can be known unread: delete nothing
+        report.errors.append(f"reading the snapshots' references: {exc or type(exc).__name__}")
+        report.kept += sum(len(objects) for objects in owned.values())
+        return report
     results = ResultStore(js, topology)
     for eid, objects in owned.items():
+        unreferenced = [o for o in objects if (o.name or "") not in referenced]
+        report.referenced += len(objects) - len(unreferenced)
+        report.kept += len(objects) - len(unreferenced)
         try:
-            doomed = await _doomed(js, kv, topology, eid, objects)
+            doomed = await _doomed(js, kv, topology, eid, unreferenced)
         except Exception as exc:  # one execution's lookup failing keeps its objects, not the others'
             report.errors.append(f"{eid}: {exc or type(exc).__name__}")
-            report.kept += len(objects)
+            report.kept += len(unreferenced)
             continue
-        report.kept += len(objects) - len(doomed)
+        report.kept += len(unreferenced) - len(doomed)
         if doomed:
             report.executions += 1
         for info in doomed:
             name = info.name or ""
             if not dry_run:
                 try:
-                    await results.delete(name)
+                    if not await results.delete(name, nuid=info.nuid):
+                        report.kept += 1  # written again since it was listed (or gone already)
+                        continue
                 except Exception as exc:
                     report.errors.append(f"{name}: {exc or type(exc).__name__}")
                     report.kept += 1
@@ -115,10 +150,56 @@ async def prune(
     return report
 
 
+async def _referenced(js: JetStreamContext, topology: Topology, kv: KeyValue) -> set[str]:
+    """The result-store keys the snapshots in the executions bucket refer to (a large snapshot is read
+    from its object)."""
+    keys: set[str] = set()
+    snapshots = SnapshotStore(kv, ExecutionState, js, topology.results_store)
+    try:
+        watcher = await kv.watchall(ignore_deletes=True)
+    except NoKeysError:
+        return keys
+    try:
+        async for entry in watcher:
+            if entry is None:
+                break
+            value = entry.value or b""
+            pointer = value.startswith(b'{"$snapshot"')
+            if is_index_key(entry.key) or (not pointer and REF.encode() not in value):
+                continue
+            if pointer:
+                state = await snapshots.get(entry.key, record=False)
+                data: Any = msgspec.to_builtins(state) if state is not None else None
+            else:
+                data = msgspec.json.decode(value)
+            keys.update(_ref_keys(data, topology.results_store))
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    return keys
+
+
+def _ref_keys(value: Any, bucket: str) -> Iterator[str]:
+    """The keys of every result reference in `value` (``{"$ref": {"bucket": ..., "key": ...}}``)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            ref = v.get(REF)
+            if isinstance(ref, dict) and isinstance(ref.get("key"), str):
+                if ref.get("bucket", bucket) == bucket:
+                    yield ref["key"]
+                continue
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 async def _doomed(
     js: JetStreamContext, kv: KeyValue, topology: Topology, eid: str, objects: list[ObjectInfo]
 ) -> list[ObjectInfo]:
-    """The objects of `eid` that nothing can read any more."""
+    """Among `objects` of `eid` (none of them referenced by a snapshot), those nothing can read."""
+    if not objects:
+        return []
     try:
         entry = await kv.get(eid)
         value = entry.value or b""
@@ -135,7 +216,7 @@ async def _doomed(
     doomed = []
     for info in objects:
         name = info.name or ""
-        if name.startswith(SNAPSHOTS):
+        if _SNAPSHOT_OBJECT.fullmatch(name):
             if pointer is None or pointer.object != name:
                 doomed.append(info)
         elif finished and name.endswith("/items"):
@@ -154,10 +235,12 @@ async def _in_history(js: JetStreamContext, topology: Topology, eid: str) -> boo
 
 
 def _owner(name: str) -> str | None:
-    """The execution an object of the runtime belongs to (None for names the runtime does not write)."""
-    rest = name[len(SNAPSHOTS) :] if name.startswith(SNAPSHOTS) else name
-    eid, sep, _ = rest.partition("/")
-    if not sep:
+    """The execution an object of the runtime belongs to (None for names the runtime does not write).
+    ``snapshots/<id>/<32 hex>`` is a snapshot object of ``<id>``; any other ``snapshots/...`` belongs to
+    an execution whose id is ``snapshots``."""
+    match = _SNAPSHOT_OBJECT.fullmatch(name)
+    eid = match.group(1) if match else name.partition("/")[0]
+    if "/" not in name:
         return None
     try:
         return check_token(eid, "execution id")
@@ -166,17 +249,15 @@ def _owner(name: str) -> str | None:
 
 
 def _mtime(value: str | None) -> datetime.datetime | None:
-    """An object's modification time (RFC 3339, nanoseconds allowed), None when unreadable."""
-    if not value:
+    """An object's modification time (RFC 3339, nanoseconds allowed), None when unreadable or not set
+    (a year before 2000: the zero time some clients write)."""
+    match = _MTIME.fullmatch(value or "")
+    if match is None:
         return None
-    text = value.replace("Z", "+00:00")
-    head, dot, tail = text.partition(".")
-    if dot:  # Python reads at most microseconds: cut the fraction to 6 digits, keep the offset
-        digits = "".join(c for c in tail if c.isdigit())
-        offset = tail[len(digits) :]
-        text = f"{head}.{digits[:6]}{offset}"
+    whole, fraction, offset = match.groups()
+    text = whole + (f".{fraction[:6]}" if fraction else "") + ("+00:00" if offset in (None, "Z") else offset)
     try:
         parsed = datetime.datetime.fromisoformat(text)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+    return parsed if parsed.year >= 2000 else None

@@ -106,7 +106,7 @@ class ResultStore:
             raise ValueError(f"result {key}: checksum mismatch")
         return data
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, key: str, nuid: str | None = None) -> bool:
         """Remove the object stored under ``key``, leaving none of its messages in the bucket's stream.
 
         Its chunks first, then its meta up to the sequence read (a put of the same key after it
@@ -114,7 +114,8 @@ class ResultStore:
         other order could leave chunks that no meta names). nats-py's ``ObjectStore.delete`` would also
         write a "deleted" meta kept for good, and purge the chunks itself. A reader caught between the
         two purges fails its read's deadline (`get_encoded`). False when nothing was stored under
-        ``key``.
+        ``key``, or (with `nuid`) when what is stored now is another object than the one named by it (the
+        key was written again since it was listed).
         """
         bucket = self.topology.results_store
         stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
@@ -126,6 +127,8 @@ class ResultStore:
         except NotFoundError:
             return False
         info = msgspec.json.decode(last.data or b"{}")
+        if nuid is not None and (not isinstance(info, dict) or info.get("nuid") != nuid):
+            return False
         if isinstance(info, dict) and info.get("nuid"):
             chunks = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info["nuid"])
             await self.js.purge_stream(stream, subject=chunks)

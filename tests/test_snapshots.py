@@ -18,9 +18,11 @@ def _big(eid: str, n: int, last_seq: int) -> ExecutionState:
 
 
 async def _objects(js: JetStreamContext, topology: Topology) -> list[str]:
+    """Every object name in the store, deleted-object markers included (a replaced snapshot's object
+    leaves none: nothing of it stays in the stream)."""
     store = await js.object_store(topology.results_store)
     try:
-        return sorted(o.name for o in await store.list() if not o.deleted)
+        return sorted(o.name for o in await store.list())
     except Exception:  # nats-py raises when the bucket is empty
         return []
 

@@ -51,6 +51,24 @@ READ_BASE_S = 10.0
 READ_S_PER_MIB = 1.0
 
 
+async def purge_object(js: JetStreamContext, bucket: str, key: str, nuid: str | None = None) -> bool:
+    """Remove object `key` of store `bucket` and every message of it (`ResultStore.delete`)."""
+    stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
+    meta = OBJ_META_PRE_TEMPLATE.format(bucket=bucket, obj=base64.urlsafe_b64encode(key.encode()).decode())
+    try:
+        last = await js.get_last_msg(stream, meta)
+    except NotFoundError:
+        return False
+    info = msgspec.json.decode(last.data or b"{}")
+    if nuid is not None and (not isinstance(info, dict) or info.get("nuid") != nuid):
+        return False
+    if isinstance(info, dict) and info.get("nuid"):
+        chunks = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info["nuid"])
+        await js.purge_stream(stream, subject=chunks)
+    await js.purge_stream(stream, seq=(last.seq or 0) + 1, subject=meta)
+    return True
+
+
 class ResultStore:
     def __init__(self, js: JetStreamContext, topology: Topology) -> None:
         self.js = js
@@ -117,23 +135,7 @@ class ResultStore:
         ``key``, or (with `nuid`) when what is stored now is another object than the one named by it (the
         key was written again since it was listed).
         """
-        bucket = self.topology.results_store
-        stream = OBJ_STREAM_TEMPLATE.format(bucket=bucket)
-        meta = OBJ_META_PRE_TEMPLATE.format(
-            bucket=bucket, obj=base64.urlsafe_b64encode(key.encode()).decode()
-        )
-        try:
-            last = await self.js.get_last_msg(stream, meta)
-        except NotFoundError:
-            return False
-        info = msgspec.json.decode(last.data or b"{}")
-        if nuid is not None and (not isinstance(info, dict) or info.get("nuid") != nuid):
-            return False
-        if isinstance(info, dict) and info.get("nuid"):
-            chunks = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info["nuid"])
-            await self.js.purge_stream(stream, subject=chunks)
-        await self.js.purge_stream(stream, seq=(last.seq or 0) + 1, subject=meta)
-        return True
+        return await purge_object(self.js, self.topology.results_store, key, nuid)
 
     async def resolve(self, value: Any, _depth: int = 0) -> Any:
         """``value`` with every reference inside it (top level, dict values, list items) fetched."""

@@ -16,8 +16,14 @@ from typing import Generic, TypeVar
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import (
+    APIError,
+    InvalidKeyError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import VALID_KEY_RE, KeyValue
 from nats.js.object_store import ObjectStore
 
 from noetl_stream.errors import StateConflictError
@@ -26,6 +32,7 @@ from noetl_stream.jspublish import (
     WRONG_LAST_SEQUENCE,
     WRONG_LAST_SEQUENCE_PENDING,
 )
+from noetl_stream.kv.results import purge_object
 from noetl_stream.subjects import Topology
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -45,20 +52,23 @@ class _PointerValue(msgspec.Struct, frozen=True, rename={"snapshot": "$snapshot"
     snapshot: _Pointer
 
 
+_decode_pointer = msgspec.json.Decoder(_PointerValue).decode
+
+
+def pointed_object(value: bytes) -> str | None:
+    """The object a snapshot's KV value points to (a snapshot above `INLINE_LIMIT`), else None."""
+    return _decode_pointer(value).snapshot.object if value.startswith(_POINTER) else None
+
+
 class SnapshotStore(Generic[S]):
     """Typed snapshots keyed by execution id; remembers the revision it last read or wrote."""
 
     def __init__(
-        self,
-        kv: KeyValue,
-        type_: type[S],
-        js: JetStreamContext | None = None,
-        objects_bucket: str = "",
-        bucket: str = "",
+        self, kv: KeyValue, type_: type[S], js: JetStreamContext, objects_bucket: str, bucket: str
     ) -> None:
         self.kv = kv
         self._bucket = bucket
-        """The KV bucket's name: writes with a TTL publish to ``$KV.<bucket>.<key>`` themselves."""
+        """The KV bucket's name: `put` publishes to ``$KV.<bucket>.<key>`` itself (to set a TTL)."""
         self._decoder = msgspec.json.Decoder(type_)
         self.revisions: dict[str, int] = {}
         self._js = js
@@ -75,8 +85,6 @@ class SnapshotStore(Generic[S]):
 
     async def _object_store(self) -> ObjectStore:
         if self._objects is None:
-            if self._js is None or not self._objects_bucket:
-                raise StateConflictError("this snapshot store has no object store for large snapshots")
             self._objects = await self._js.object_store(self._objects_bucket)
         return self._objects
 
@@ -92,7 +100,7 @@ class SnapshotStore(Generic[S]):
             return None
         data = entry.value
         if data.startswith(_POINTER):
-            pointer = msgspec.json.decode(data, type=_PointerValue).snapshot
+            pointer = _decode_pointer(data).snapshot
             data = (await (await self._object_store()).get(pointer.object)).data or b""
             if "sha256:" + hashlib.sha256(data).hexdigest() != pointer.sha256:
                 raise ValueError(f"snapshot of {execution_id}: object {pointer.object} has another checksum")
@@ -121,12 +129,7 @@ class SnapshotStore(Generic[S]):
             data = msgspec.json.encode(_PointerValue(snapshot=pointer))
         last = self.revisions.get(execution_id)
         try:
-            if ttl_s is not None:
-                rev = await self._update_with_ttl(execution_id, data, last or 0, ttl_s)
-            elif last is None:
-                rev = await self.kv.create(execution_id, data)
-            else:
-                rev = await self.kv.update(execution_id, data, last=last)
+            rev = await self._write(execution_id, data, last or 0, ttl_s)
         except KeyWrongLastSequenceError:
             if name is not None:
                 await self._delete_object(name)  # ours, never pointed to
@@ -138,12 +141,13 @@ class SnapshotStore(Generic[S]):
         if previous is not None and previous != name:
             await self._delete_object(previous)
 
-    async def _update_with_ttl(self, key: str, data: bytes, last: int, ttl_s: float) -> int:
-        """What ``KeyValue.update`` does (nats-py's public one takes no TTL): a publish on the key's
-        subject that only stores if the key's last revision is `last` (0: no value yet)."""
+    async def _write(self, key: str, data: bytes, last: int, ttl_s: float | None) -> int:
+        """What ``KeyValue.create``/``update`` do, with a TTL (nats-py's public ones take none): a
+        publish on the key's subject that only stores if the key's last revision is `last` (0: no value
+        yet, or a deleted one)."""
+        if not VALID_KEY_RE.match(key):
+            raise InvalidKeyError(key)
         js = self._js
-        if js is None or not self._bucket:
-            raise StateConflictError("this snapshot store cannot write with a TTL (no JetStream context)")
         subject = f"$KV.{self._bucket}.{key}"
         for attempt in range(2):
             try:
@@ -173,7 +177,7 @@ class SnapshotStore(Generic[S]):
 
     async def _delete_object(self, name: str) -> None:
         with contextlib.suppress(Exception):  # a leftover object costs space, never correctness
-            await (await self._object_store()).delete(name)
+            await purge_object(self._js, self._objects_bucket, name)
 
     async def put_any(self, execution_id: str, state: S) -> None:
         """Unconditional write (tests and tools only)."""

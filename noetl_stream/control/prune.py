@@ -34,13 +34,12 @@ import msgspec
 from nats.js.api import ObjectInfo
 from nats.js.client import JetStreamContext
 from nats.js.errors import NoKeysError, NotFoundError
-from nats.js.kv import KeyValue
 
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.deadlines import is_index_key
 from noetl_stream.kv.results import REF, ResultStore
-from noetl_stream.kv.snapshots import SnapshotStore
+from noetl_stream.kv.snapshots import SnapshotStore, pointed_object
 from noetl_stream.subjects import SubjectError, Topology, check_token
 
 __all__ = ["SNAPSHOT_OBJECT_GRACE_S", "PruneReport", "prune"]
@@ -57,12 +56,7 @@ class _Head(msgspec.Struct):
     status: str = "running"
 
 
-class _Pointer(msgspec.Struct):
-    object: str = ""
-
-
-class _PointerValue(msgspec.Struct, rename={"snapshot": "$snapshot"}):
-    snapshot: _Pointer | None = None
+_decode_head = msgspec.json.Decoder(_Head).decode
 
 
 @dataclass
@@ -113,9 +107,8 @@ async def prune(
         owned[owner].append(info)
     if not owned:
         return report
-    kv = await js.key_value(topology.executions_bucket)
     try:
-        referenced = await _referenced(js, topology, kv)
+        referenced, values = await _scan(js, topology, set(owned))
     except Exception as exc:  # without the references nothing can be known unread: delete nothing
         report.errors.append(f"reading the snapshots' references: {exc or type(exc).__name__}")
         report.kept += sum(len(objects) for objects in owned.values())
@@ -126,7 +119,7 @@ async def prune(
         report.referenced += len(objects) - len(unreferenced)
         report.kept += len(objects) - len(unreferenced)
         try:
-            doomed = await _doomed(js, kv, topology, eid, unreferenced)
+            doomed = await _doomed(js, topology, eid, values.get(eid, b""), unreferenced)
         except Exception as exc:  # one execution's lookup failing keeps its objects, not the others'
             report.errors.append(f"{eid}: {exc or type(exc).__name__}")
             report.kept += len(unreferenced)
@@ -150,32 +143,35 @@ async def prune(
     return report
 
 
-async def _referenced(js: JetStreamContext, topology: Topology, kv: KeyValue) -> set[str]:
-    """The result-store keys the snapshots in the executions bucket refer to (a large snapshot is read
-    from its object)."""
+async def _scan(
+    js: JetStreamContext, topology: Topology, owners: set[str]
+) -> tuple[set[str], dict[str, bytes]]:
+    """One pass over the executions bucket: the result-store keys its snapshots refer to (a large
+    snapshot is read from its object), and the snapshot values of `owners`."""
     keys: set[str] = set()
-    snapshots = SnapshotStore(kv, ExecutionState, js, topology.results_store)
+    values: dict[str, bytes] = {}
+    snapshots = await SnapshotStore.open(js, topology, ExecutionState)
     try:
-        watcher = await kv.watchall(ignore_deletes=True)
+        watcher = await snapshots.kv.watchall(ignore_deletes=True)
     except NoKeysError:
-        return keys
+        return keys, values
     try:
         async for entry in watcher:
             if entry is None:
                 break
             value = entry.value or b""
-            pointer = value.startswith(b'{"$snapshot"')
-            if is_index_key(entry.key) or (not pointer and REF.encode() not in value):
+            if not value or is_index_key(entry.key):
                 continue
-            if pointer:
+            if entry.key in owners:
+                values[entry.key] = value
+            if pointed_object(value) is not None:
                 state = await snapshots.get(entry.key, record=False)
-                data: Any = msgspec.to_builtins(state) if state is not None else None
-            else:
-                data = msgspec.json.decode(value)
-            keys.update(_ref_keys(data, topology.results_store))
+                keys.update(_ref_keys(msgspec.to_builtins(state), topology.results_store))
+            elif REF.encode() in value:
+                keys.update(_ref_keys(msgspec.json.decode(value), topology.results_store))
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
-    return keys
+    return keys, values
 
 
 def _ref_keys(value: Any, bucket: str) -> Iterator[str]:
@@ -195,29 +191,23 @@ def _ref_keys(value: Any, bucket: str) -> Iterator[str]:
 
 
 async def _doomed(
-    js: JetStreamContext, kv: KeyValue, topology: Topology, eid: str, objects: list[ObjectInfo]
+    js: JetStreamContext, topology: Topology, eid: str, snapshot: bytes, objects: list[ObjectInfo]
 ) -> list[ObjectInfo]:
-    """Among `objects` of `eid` (none of them referenced by a snapshot), those nothing can read."""
+    """Among `objects` of `eid` (none of them referenced by a snapshot; `snapshot`: its KV value, if
+    any), those nothing can read."""
     if not objects:
         return []
-    try:
-        entry = await kv.get(eid)
-        value = entry.value or b""
-    except NotFoundError:
-        value = b""
-    if not value:
+    if not snapshot:
         if await _in_history(js, topology, eid):
             return []  # running without a snapshot yet, or a history that outlives its snapshot: keep
         return list(objects)
-    pointer = None
-    if value.startswith(b'{"$snapshot"'):
-        pointer = msgspec.json.decode(value, type=_PointerValue).snapshot
-    finished = pointer is None and msgspec.json.decode(value, type=_Head).status != "running"
+    pointer = pointed_object(snapshot)
+    finished = pointer is None and _decode_head(snapshot).status != "running"
     doomed = []
     for info in objects:
         name = info.name or ""
         if _SNAPSHOT_OBJECT.fullmatch(name):
-            if pointer is None or pointer.object != name:
+            if pointer != name:
                 doomed.append(info)
         elif finished and name.endswith("/items"):
             doomed.append(info)

@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 
 MAX_EVENT_BYTES = 900 * 1024
 
+TASK_EVENTS_ALL = "all"
+TASK_EVENTS_INFORMATIVE = "informative"
+TASK_EVENTS = (TASK_EVENTS_ALL, TASK_EVENTS_INFORMATIVE)
+"""Which ``task.started``/``task.done`` a worker writes. ``all`` (the default): every task run's, the
+spec's recommended event set. ``informative``: a step (or loop iteration) whose pipeline ran one task
+once, which succeeded with no policy rule fired and no captured output, writes only its step events —
+its task events would repeat them (docs/architecture.md, "Task events")."""
+
 
 class CommandRun:
     """One delivery of a command: runs its step (pipeline, local loop or one distributed iteration) and
@@ -151,7 +159,8 @@ class CommandRun:
     def task_hook(self, scope_id: str) -> TaskEvents:
         """The pipeline's task-event callback for one scope (a step run or a loop iteration); the caller
         `settle`s it when the scope's pipeline ends."""
-        hook = TaskEvents(self, scope_id, self.worker.task_events == "informative" and not self.redelivered)
+        hold = self.worker.task_events == TASK_EVENTS_INFORMATIVE and not self.redelivered
+        hook = TaskEvents(self, scope_id, hold)
         if hook.held is not None:
             self._holding[scope_id] = hook
         return hook

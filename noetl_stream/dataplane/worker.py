@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
-from noetl_stream.dataplane.command import CommandRun
+from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, CommandRun
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
@@ -37,14 +37,6 @@ from noetl_stream.wire import decode_command, decode_event
 log = structlog.get_logger(__name__)
 
 PROGRESS_EVERY_S = 0.1
-
-TASK_EVENTS_ALL = "all"
-TASK_EVENTS_INFORMATIVE = "informative"
-TASK_EVENTS = (TASK_EVENTS_ALL, TASK_EVENTS_INFORMATIVE)
-"""Which ``task.started``/``task.done`` a worker writes. ``all`` (the default): every task run's, the
-spec's recommended event set. ``informative``: a step (or loop iteration) whose pipeline ran one task
-once, which succeeded with no policy rule fired and no captured output, writes only its step events —
-its task events would repeat them (docs/architecture.md, "Task events")."""
 
 
 class Worker:

@@ -14,7 +14,8 @@ from helpers import playbook, run
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.client import request_for, submit
+from noetl_stream.client import Completions, request_for, submit
+from noetl_stream.control.controller import Controller
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.errors import StateConflictError
@@ -90,6 +91,57 @@ async def test_a_finished_executions_snapshot_expires_with_its_history(
         msg = await stored(js, topo, eid)
         assert msg is not None
         assert msg[0].get(TTL_HEADER) == ttl
+
+
+# One routing step whose arc is never taken: the controller alone runs it to the end (no worker).
+ROUTE_ONLY = playbook(
+    """
+    - step: start
+      next:
+        arcs:
+          - step: end
+            when: "{{ false }}"
+    - step: end
+      tool: {kind: noop}
+    """
+)
+
+
+async def test_a_changed_retention_applies_to_later_snapshots_without_a_restart(
+    nats_server: EmbeddedNats, topology: Topology, eventually: Callable[..., Awaitable[None]]
+) -> None:
+    """An operator edits the events stream's ``max_age`` while the controller runs: the snapshots it writes
+    from then on expire with the new retention."""
+    topo = msgspec.structs.replace(topology, events_max_age_s=HOUR)
+    nc = await connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await provision(js, topo)
+        async with Controller(nc, topo, retention_refresh_s=0.05), Completions(nc, topo) as done:
+
+            async def ttl_of_a_new_execution() -> str | None:
+                eid = await submit(nc, topo, request_for(ROUTE_ONLY, "t.yaml"))
+                assert (await done.wait(eid, timeout=10)).payload.get("status") == "success"
+
+                async def final() -> bool:
+                    msg = await stored(js, topo, eid)
+                    return msg is not None and b'"status":"success"' in msg[1]
+
+                await eventually(final, timeout=10)
+                msg = await stored(js, topo, eid)
+                assert msg is not None
+                return msg[0].get(TTL_HEADER)
+
+            assert await ttl_of_a_new_execution() == "3600"
+            info = await js.stream_info(topo.events_stream)
+            await js.update_stream(dataclasses.replace(info.config, max_age=2 * HOUR))
+
+            async def two_hours() -> bool:
+                return await ttl_of_a_new_execution() == "7200"
+
+            await eventually(two_hours, timeout=10)
+    finally:
+        await nc.close()
 
 
 async def test_a_running_executions_snapshot_has_no_ttl(

@@ -44,6 +44,9 @@ from noetl_stream.wire import Command, Event, decode_event, encode
 
 log = structlog.get_logger(__name__)
 
+RETENTION_REFRESH_S = 300.0
+"""How often a controller reads the events stream's ``max_age`` again (snapshot retention)."""
+
 __all__ = ["SAFE_MESSAGE_BYTES", "Controller"]
 
 
@@ -64,6 +67,7 @@ class Controller:
         cache_size: int = 10_000,
         extensions: Iterable[str] = (),
         controller_id: str | None = None,
+        retention_refresh_s: float = RETENTION_REFRESH_S,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -77,7 +81,9 @@ class Controller:
         self._snapshot_at: dict[str, float] = {}
         self._snapshots: SnapshotStore[ExecutionState] | None = None
         self._events_max_age_s = 0.0
-        """The events stream's ``max_age`` (read at start): a finished execution's snapshot lives as long."""
+        """The events stream's ``max_age`` (read at start, then every `retention_refresh_s`): a finished
+        execution's snapshot lives as long."""
+        self.retention_refresh_s = retention_refresh_s
         self._retired: set[str] = set()
         """Terminal executions whose final snapshot is written: their cached state is kept lean (no
         results, no runs) for the status queries, never folded into or written again."""
@@ -141,6 +147,7 @@ class Controller:
             await self.intake.stop()
             await self.poison.stop()
             raise
+        self._spawn(self._refresh_retention())
         log.info(
             "controller.started",
             prefix=self.topology.prefix,
@@ -621,6 +628,20 @@ class Controller:
         except Exception as exc:  # the stream is the truth; a missed snapshot costs only replay time
             log.warning("controller.snapshot_failed", execution_id=state.execution_id, error=str(exc))
         return False
+
+    async def _refresh_retention(self) -> None:
+        """Read the events stream's ``max_age`` again now and then: an operator's change to it (``nats
+        stream edit``, a Helm upgrade) applies to the snapshots written from then on, without a restart."""
+        while True:
+            await asyncio.sleep(self.retention_refresh_s)
+            try:
+                age = await events_max_age_s(self.js, self.topology)
+            except Exception as exc:  # NATS down or slow: keep the value we have, try again later
+                log.warning("controller.retention_read_failed", error=str(exc) or type(exc).__name__)
+                continue
+            if age != self._events_max_age_s:
+                log.info("controller.retention_changed", before_s=self._events_max_age_s, after_s=age)
+                self._events_max_age_s = age
 
     def _retention_s(self, state: ExecutionState) -> float | None:
         """A finished execution's snapshot expires with its history: as long after it is written as the

@@ -84,7 +84,6 @@ def setup_from_env(service_name: str) -> bool:
         return False
     try:
         from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider as SdkProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
     except ImportError:
@@ -92,7 +91,7 @@ def setup_from_env(service_name: str) -> bool:
         disable()
         return False
     if not isinstance(trace.get_tracer_provider(), SdkProvider):
-        provider = SdkProvider(resource=Resource.create({"service.name": service_name}))
+        provider = SdkProvider(resource=_resource(service_name))
         for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(","):
             exporter: SpanExporter | None = None
             name = name.strip().lower()
@@ -104,6 +103,14 @@ def setup_from_env(service_name: str) -> bool:
                 provider.add_span_processor(BatchSpanProcessor(exporter))
         trace.set_tracer_provider(provider)
     return enable()
+
+
+def _resource(default_name: str) -> Any:
+    """The tracer provider's resource: what ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` say, as
+    the SDK reads them, with `default_name` as the service's name when neither names it."""
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+    return Resource.create({"service.name": default_name}).merge(OTELResourceDetector().detect())
 
 
 def _otlp_exporter() -> Any:

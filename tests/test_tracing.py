@@ -170,3 +170,23 @@ def test_trace_ids_are_deterministic_per_execution() -> None:
     assert tracing.trace_ids("my-run-1", given)[0] == int(given, 16)
     invalid = "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
     assert tracing.trace_ids("my-run-1", invalid) == tracing.trace_ids("my-run-1")
+
+
+@pytest.mark.parametrize(
+    ("env", "name"),
+    [
+        ({}, "noetl-stream-worker"),
+        ({"OTEL_SERVICE_NAME": "etl-workers-eu"}, "etl-workers-eu"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs,deployment.environment=prod"}, "from-attrs"),
+    ],
+)
+def test_the_environment_names_the_service(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], name: str
+) -> None:
+    """``OTEL_SERVICE_NAME`` (or ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``) names the spans' service,
+    as the OpenTelemetry SDK documents; the worker's own name is only the default."""
+    for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert tracing._resource("noetl-stream-worker").attributes["service.name"] == name

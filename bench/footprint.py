@@ -205,8 +205,15 @@ async def _main() -> None:  # pragma: no cover - manual entry point
 
 
 if __name__ == "__main__":
+    import argparse
+
     from noetl_stream.logs import configure
     from noetl_stream.loop import run_event_loop
 
+    argparse.ArgumentParser(
+        prog="python -m bench.footprint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args()
     configure("warning")
     run_event_loop(_main())

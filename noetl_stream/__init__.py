@@ -1,5 +1,59 @@
-"""noetl-stream: a runtime for NoETL playbooks (noetl.io/v2) on NATS JetStream."""
+"""noetl-stream: a runtime for NoETL playbooks (noetl.io/v2) on NATS JetStream.
+
+The public Python API, importable from here::
+
+    from noetl_stream import compile_playbook, local_runtime, request_for, submit
+
+Each name is imported from its module when first used, so ``import noetl_stream.dsl`` (pure: no NATS,
+no event loop) stays as light as it is.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from noetl_stream.client import Completions, RunSummary, follow, request_for, submit
+    from noetl_stream.dsl.compiler import CompileResult, compile_playbook
+    from noetl_stream.embedded import EmbeddedNats
+    from noetl_stream.local import Runtime, local_runtime
+    from noetl_stream.subjects import Topology
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+_HOMES = {
+    "CompileResult": "noetl_stream.dsl.compiler",
+    "Completions": "noetl_stream.client",
+    "EmbeddedNats": "noetl_stream.embedded",
+    "RunSummary": "noetl_stream.client",
+    "Runtime": "noetl_stream.local",
+    "Topology": "noetl_stream.subjects",
+    "compile_playbook": "noetl_stream.dsl.compiler",
+    "follow": "noetl_stream.client",
+    "local_runtime": "noetl_stream.local",
+    "request_for": "noetl_stream.client",
+    "submit": "noetl_stream.client",
+}
+
+__all__ = [
+    "CompileResult",
+    "Completions",
+    "EmbeddedNats",
+    "RunSummary",
+    "Runtime",
+    "Topology",
+    "__version__",
+    "compile_playbook",
+    "follow",
+    "local_runtime",
+    "request_for",
+    "submit",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'noetl_stream' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -15,7 +15,7 @@ from nats.js import api
 
 from noetl_stream import events as E
 from noetl_stream.dsl.compiler import compile_playbook
-from noetl_stream.subjects import Topology
+from noetl_stream.subjects import Topology, check_token
 from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id, request_msg_id
 
 
@@ -134,10 +134,14 @@ def request_for(
 
 
 async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str:
-    """Publish onto the durable request subject; returns the execution id (set here if missing)."""
+    """Publish onto the durable request subject; returns the execution id (set here if missing).
+
+    An execution id the controller would refuse raises `SubjectError` here: the controller records the
+    rejection under an id of its own, which the caller would never learn."""
     if request.execution_id is None:
         request = msgspec.structs.replace(request, execution_id=new_execution_id())
     assert request.execution_id is not None
+    check_token(request.execution_id, "execution id")
     await nc.jetstream().publish(
         topology.request_subject,
         encode(request),

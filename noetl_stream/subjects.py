@@ -20,7 +20,7 @@ import msgspec
 from noetl_stream import events
 from noetl_stream.errors import ConfigurationError
 
-__all__ = ["SubjectError", "Topology", "TopologyError", "check_pool", "check_token"]
+__all__ = ["MAX_TOKEN_LENGTH", "SubjectError", "Topology", "TopologyError", "check_pool", "check_token"]
 
 # Identifiers that become subject tokens, and also KV keys, consumer names and file names on the
 # server: stricter than the NATS subject rules (no dots, whitespace, `*`, `>`) on purpose.
@@ -60,8 +60,16 @@ def _is_token(value: str) -> bool:
     return _TOKEN_RE.fullmatch(value) is not None
 
 
+MAX_TOKEN_LENGTH = 128
+"""The longest identifier that becomes a subject token (an execution id, a pool, a controller id...). A
+longer one taken from a caller would make subjects longer than the server's control line (4 KiB), and
+the server closes a connection that sends one."""
+
+
 def check_token(value: str, what: str = "token") -> str:
     """Return `value` if it is a safe single subject token, else raise `SubjectError`."""
+    if isinstance(value, str) and len(value) > MAX_TOKEN_LENGTH:
+        raise SubjectError(f"invalid {what} of {len(value)} characters: at most {MAX_TOKEN_LENGTH}")
     if not isinstance(value, str) or not _is_token(value):
         raise SubjectError(
             f"invalid {what} {value!r}: use letters, digits, '_' or '-' "

@@ -6,7 +6,7 @@ import pytest
 
 from noetl_stream import events
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.subjects import SubjectError, Topology, TopologyError, check_token
+from noetl_stream.subjects import MAX_TOKEN_LENGTH, SubjectError, Topology, TopologyError, check_token
 
 
 def test_default_names_match_the_design() -> None:
@@ -122,3 +122,11 @@ def test_subject_errors_are_configuration_and_value_errors() -> None:
 def test_bad_settings_are_rejected(kwargs: dict[str, object]) -> None:
     with pytest.raises(TopologyError):
         Topology(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_token_longer_than_a_subject_can_carry_is_refused() -> None:
+    """128 characters pass; one more is refused with its length (a long id once made the server close the
+    controller's connection: its subjects overflowed the 4 KiB control line)."""
+    assert check_token("a" * MAX_TOKEN_LENGTH, "execution id") == "a" * MAX_TOKEN_LENGTH
+    with pytest.raises(SubjectError, match="invalid execution id of 129 characters: at most 128"):
+        check_token("a" * (MAX_TOKEN_LENGTH + 1), "execution id")

@@ -12,7 +12,17 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
-from noetl_stream.api.http import ApiError, Handler, context, query_flag, query_int, read_json, reply
+from noetl_stream.api.http import (
+    ApiError,
+    Handler,
+    context,
+    path_execution_id,
+    query_flag,
+    query_int,
+    read_json,
+    reply,
+)
+from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.control.intake import CONTROL_ENDPOINTS, RequestError, parse_request
 from noetl_stream.operations import MAX_PAGE, ControlRequest, ErrorReply, ExecuteReply, ListExecutions
 from noetl_stream.wire import decode_event, new_execution_id
@@ -25,10 +35,6 @@ _REJECTION_STATUS = {"bad_request": 400, "unknown_playbook": 404, "invalid_playb
 
 class ControlBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     reason: str | None = None
-
-
-def _execution_id(request: web.Request) -> str:
-    return context(request).inspector.check_id(request.match_info["execution_id"])
 
 
 def _found(value: T | None, execution_id: str) -> T:
@@ -73,20 +79,21 @@ async def list_executions(request: web.Request) -> web.StreamResponse:
 
 
 async def show(request: web.Request) -> web.StreamResponse:
-    execution_id = _execution_id(request)
+    execution_id = path_execution_id(request)
     return reply(_found(await context(request).inspector.status(execution_id), execution_id))
 
 
 async def ctx(request: web.Request) -> web.StreamResponse:
-    execution_id = _execution_id(request)
+    execution_id = path_execution_id(request)
     return reply(_found(await context(request).inspector.ctx(execution_id), execution_id))
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    execution_id = _execution_id(request)
-    after = query_int(request, "after", 0, 0)
-    if request.headers.get("Last-Event-ID", "").isdigit():
-        after = max(after, int(request.headers["Last-Event-ID"]))
+    execution_id = path_execution_id(request)
+    after = query_int(request, "after", 0, 0, MAX_SEQ)
+    last_id = request.headers.get("Last-Event-ID", "")
+    if last_id.isdigit() and len(last_id) < 20:  # a client's bogus one is ignored, as a non-number is
+        after = max(after, min(int(last_id), MAX_SEQ))
     limit = query_int(request, "limit", 100, 1, MAX_PAGE)
     if query_flag(request, "follow"):
         return await _follow(request, execution_id, after)
@@ -156,7 +163,7 @@ def control(action: str) -> Handler:
     event_name = CONTROL_ENDPOINTS[action]
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        execution_id = _execution_id(request)
+        execution_id = path_execution_id(request)
         body = await read_json(request, ControlBody, optional=True)
         accepted = await context(request).intake.control(execution_id, event_name, body.reason)
         return reply(accepted, 202)

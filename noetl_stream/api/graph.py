@@ -19,7 +19,7 @@ import msgspec
 from aiohttp import web
 
 from noetl_stream import events as E
-from noetl_stream.api.http import ApiError, context, reply
+from noetl_stream.api.http import ApiError, context, path_execution_id, reply
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.dsl.graph import build_graph
 from noetl_stream.dsl.model import Playbook, Step
@@ -310,7 +310,7 @@ def fold_graph(execution_id: str, events: Iterable[tuple[int, Event]]) -> Execut
 
 async def execution_graph(request: web.Request) -> web.StreamResponse:
     ctx = context(request)
-    execution_id = ctx.inspector.check_id(request.match_info["execution_id"])
+    execution_id = path_execution_id(request)
     reader = cast(
         AsyncGenerator[tuple[int, Event], None],
         read_events(ctx.inspector.js, ctx.topology, execution_id),

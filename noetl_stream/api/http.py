@@ -10,16 +10,26 @@ import msgspec
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from noetl_stream.control.endpoints import ApiError
+from noetl_stream.control.endpoints import ApiError, check_id
 from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.metrics import Metrics
 from noetl_stream.kv.catalog import Catalog
 from noetl_stream.kv.keychain import Keychain
 from noetl_stream.operations import ErrorReply
-from noetl_stream.subjects import Topology
+from noetl_stream.subjects import SubjectError, Topology
 
-__all__ = ["CONTEXT", "ApiContext", "ApiError", "Param", "Route", "query_int", "read_json", "reply"]
+__all__ = [
+    "CONTEXT",
+    "ApiContext",
+    "ApiError",
+    "Param",
+    "Route",
+    "path_execution_id",
+    "query_int",
+    "read_json",
+    "reply",
+]
 
 S = TypeVar("S", bound=msgspec.Struct)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -51,6 +61,14 @@ CONTEXT = web.AppKey("noetl_api_context", ApiContext)
 
 def context(request: web.Request) -> ApiContext:
     return request.app[CONTEXT]
+
+
+def path_execution_id(request: web.Request) -> str:
+    """The ``{execution_id}`` of the route's path, checked (400 for a malformed or too long one)."""
+    try:
+        return check_id(request.match_info["execution_id"])
+    except SubjectError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
 
 
 def reply(

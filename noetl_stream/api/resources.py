@@ -6,7 +6,7 @@ from aiohttp import web
 from nats.js.errors import BucketNotFoundError
 
 from noetl_stream.api.http import ApiError, context, read_json, reply
-from noetl_stream.control.endpoints import catalog_error
+from noetl_stream.control.endpoints import MAX_ID_LENGTH, catalog_error
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.catalog import CatalogConflictError, CatalogError, CatalogNotFoundError
 from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, check_name
@@ -36,7 +36,7 @@ async def catalog_list(request: web.Request) -> web.StreamResponse:
     try:
         items = await context(request).catalog.list(request.query.get("path") or None)
     except CatalogError as exc:
-        raise catalog_error(exc) from None
+        raise catalog_error(exc, "bad_request") from None
     return reply(CatalogList(items=items))
 
 
@@ -60,7 +60,7 @@ async def catalog_show(request: web.Request) -> web.StreamResponse:
     try:
         entry, text = await context(request).catalog.resolve(path, version)
     except (CatalogError, CatalogNotFoundError) as exc:
-        raise catalog_error(exc) from None
+        raise catalog_error(exc, "bad_request") from None
     return reply(CatalogPlaybook(entry=entry, playbook=text))
 
 
@@ -69,7 +69,7 @@ async def catalog_delete(request: web.Request) -> web.StreamResponse:
     try:
         versions = await context(request).catalog.delete(path, version)
     except (CatalogError, CatalogNotFoundError) as exc:
-        raise catalog_error(exc) from None
+        raise catalog_error(exc, "bad_request") from None
     return reply(CatalogDeleted(path=path, versions=versions))
 
 
@@ -85,6 +85,10 @@ def _keychain(request: web.Request) -> Keychain:
 
 def _name(request: web.Request) -> str:
     name = request.match_info["name"]
+    if len(name) > MAX_ID_LENGTH:  # its KV subject would be longer than the server takes
+        raise ApiError(
+            400, "bad_request", f"invalid keychain name of {len(name)} characters: at most {MAX_ID_LENGTH}"
+        )
     try:
         return check_name(name)
     except ConfigurationError as exc:

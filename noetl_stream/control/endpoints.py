@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
+import structlog
 from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service
 
@@ -36,9 +37,20 @@ from noetl_stream.operations import (
     ExecutionRef,
     ListExecutions,
 )
-from noetl_stream.subjects import Topology
+from noetl_stream.subjects import MAX_TOKEN_LENGTH, SubjectError, Topology, check_token
 
-__all__ = ["ENDPOINTS", "ApiError", "QueryEndpoints", "respond_error"]
+__all__ = [
+    "ENDPOINTS",
+    "MAX_ID_LENGTH",
+    "MAX_SEQ",
+    "ApiError",
+    "QueryEndpoints",
+    "check_id",
+    "internal_error",
+    "respond_error",
+]
+
+log = structlog.get_logger(__name__)
 
 Req = TypeVar("Req", bound=msgspec.Struct)
 
@@ -56,6 +68,26 @@ async def respond_error(req: Request, err: ApiError) -> None:
     await req.respond_error(str(err.code), err.reply.detail, msgspec.json.encode(err.reply))
 
 
+MAX_ID_LENGTH = MAX_TOKEN_LENGTH
+"""The longest execution id (or other id that becomes a subject token or KV key) taken from a caller."""
+
+
+def check_id(value: str, what: str = "execution id") -> str:
+    """`check_token` (which also bounds the length); raise `SubjectError` otherwise."""
+    return check_token(value, what)
+
+
+MAX_SEQ = 2**63 - 2
+"""The largest stream sequence a caller may give as ``after`` (the server's sequences are 64-bit)."""
+
+
+def _checked_id(value: str) -> str:
+    try:
+        return check_id(value)
+    except SubjectError as exc:
+        raise ApiError(400, "bad_request", f"bad request: {exc}") from None
+
+
 def decode(raw: bytes, type_: type[Req]) -> Req:
     try:
         return msgspec.json.decode(raw or b"{}", type=type_)
@@ -63,13 +95,22 @@ def decode(raw: bytes, type_: type[Req]) -> Req:
         raise ApiError(400, "bad_request", f"bad request: {exc}") from None
 
 
-def catalog_error(exc: Exception) -> ApiError:
+def internal_error(exc: Exception, endpoint: str) -> ApiError:
+    """A failure of the controller, not of the request (a bucket missing, NATS not answering): logged, and
+    answered as a 500 with the error's type (its message may say more than a caller should see)."""
+    log.error("api.endpoint_failed", endpoint=endpoint, error=type(exc).__name__, exc_info=exc)
+    return ApiError(500, "internal", f"{type(exc).__name__}: the controller could not handle this request")
+
+
+def catalog_error(exc: Exception, invalid: str = "invalid_playbook") -> ApiError:
+    """The refusal of a catalog error; `invalid` is the kind of a `CatalogError`: the playbook's (register)
+    or the caller's path or version (``bad_request``)."""
     if isinstance(exc, CatalogNotFoundError):
         return ApiError(404, "not_found", str(exc))
     if isinstance(exc, CatalogConflictError):
         return ApiError(409, "conflict", str(exc))
     if isinstance(exc, CatalogError):
-        return ApiError(400, "invalid_playbook", str(exc), exc.diagnostics)
+        return ApiError(400, invalid, str(exc), exc.diagnostics)
     raise exc
 
 
@@ -108,7 +149,7 @@ class QueryEndpoints:
                 EndpointConfig(
                     name=name,
                     subject=self.topology.api_subject(suffix),
-                    handler=self._wrap(handlers[name]),
+                    handler=self._wrap(name, handlers[name]),
                     metadata={
                         "request_schema": f"schemas/api/{request_type.__name__}.schema.json",
                         "reply_schema": f"schemas/api/{reply_type}.schema.json",
@@ -117,7 +158,7 @@ class QueryEndpoints:
             )
 
     @staticmethod
-    def _wrap(handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Any:
+    def _wrap(name: str, handler: Callable[[bytes], Awaitable[msgspec.Struct]]) -> Any:
         async def handle(req: Request) -> None:
             try:
                 reply = await handler(req.data)
@@ -127,6 +168,9 @@ class QueryEndpoints:
             except QueryError as exc:
                 await respond_error(req, ApiError(400, "bad_request", f"bad request: {exc}"))
                 return
+            except Exception as exc:
+                await respond_error(req, internal_error(exc, name))
+                return
             await req.respond(msgspec.json.encode(reply))
 
         return handle
@@ -134,21 +178,23 @@ class QueryEndpoints:
     # -- executions -----------------------------------------------------------------------------
     async def status(self, raw: bytes) -> msgspec.Struct:
         ref = decode(raw, ExecutionRef)
-        summary = await self.inspector.status(ref.execution_id)
+        summary = await self.inspector.status(_checked_id(ref.execution_id))
         if summary is None:
             raise ApiError(404, "not_found", f"no execution {ref.execution_id}")
         return summary
 
     async def events(self, raw: bytes) -> msgspec.Struct:
         query = decode(raw, EventsRequest)
-        page = await self.inspector.events(query.execution_id, query.after, query.limit)
+        if not 0 <= query.after <= MAX_SEQ:
+            raise ApiError(400, "bad_request", f"bad request: 'after' must be between 0 and {MAX_SEQ}")
+        page = await self.inspector.events(_checked_id(query.execution_id), query.after, query.limit)
         if page is None:
             raise ApiError(404, "not_found", f"no execution {query.execution_id}")
         return page
 
     async def ctx(self, raw: bytes) -> msgspec.Struct:
         ref = decode(raw, ExecutionRef)
-        reply = await self.inspector.ctx(ref.execution_id)
+        reply = await self.inspector.ctx(_checked_id(ref.execution_id))
         if reply is None:
             raise ApiError(404, "not_found", f"no execution {ref.execution_id}")
         return reply
@@ -170,14 +216,14 @@ class QueryEndpoints:
         try:
             return CatalogList(items=await self.catalog.list(query.path))
         except CatalogError as exc:
-            raise catalog_error(exc) from None
+            raise catalog_error(exc, "bad_request") from None
 
     async def catalog_show(self, raw: bytes) -> msgspec.Struct:
         ref = decode(raw, CatalogRef)
         try:
             entry, text = await self.catalog.resolve(ref.path, ref.version)
         except (CatalogError, CatalogNotFoundError) as exc:
-            raise catalog_error(exc) from None
+            raise catalog_error(exc, "bad_request") from None
         return CatalogPlaybook(entry=entry, playbook=text)
 
     async def catalog_delete(self, raw: bytes) -> msgspec.Struct:
@@ -185,5 +231,5 @@ class QueryEndpoints:
         try:
             versions = await self.catalog.delete(ref.path, ref.version)
         except (CatalogError, CatalogNotFoundError) as exc:
-            raise catalog_error(exc) from None
+            raise catalog_error(exc, "bad_request") from None
         return CatalogDeleted(path=ref.path, versions=versions)

@@ -35,7 +35,15 @@ from nats.micro.service import EndpointConfig, Service, ServiceConfig
 
 from noetl_stream import __version__
 from noetl_stream import events as E
-from noetl_stream.control.endpoints import ApiError, QueryEndpoints, decode, respond_error
+from noetl_stream.control.endpoints import (
+    MAX_ID_LENGTH,
+    ApiError,
+    QueryEndpoints,
+    check_id,
+    decode,
+    internal_error,
+    respond_error,
+)
 from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.reducer import invalid_playbook_error, plan_key, rejection_events
 from noetl_stream.control.state import ExecutionState
@@ -45,7 +53,7 @@ from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
 from noetl_stream.outbox import AlreadyStored, Outbox
-from noetl_stream.subjects import SubjectError, Topology, check_token
+from noetl_stream.subjects import SubjectError, Topology
 from noetl_stream.wire import (
     Event,
     ExecutionRequest,
@@ -53,6 +61,7 @@ from noetl_stream.wire import (
     decode_event,
     decode_request,
     derived_execution_id,
+    encode,
     event_id,
     new_execution_id,
     now_iso,
@@ -63,31 +72,62 @@ log = structlog.get_logger(__name__)
 EXECUTE_CONCURRENCY = 64
 """Requests on the micro ``execute`` endpoint admitted at once by one controller."""
 
+COMPILE_INLINE_CHARS = 16 * 1024
+"""Playbooks up to this long are compiled on the event loop (milliseconds); longer ones in a thread."""
+
 
 class RequestError(ValueError):
     """A request that cannot become an execution."""
 
 
+MAX_MESSAGE = 1000
+"""The longest error message about a request (it may quote a field name or value of any length, and it
+goes into two events and a log line)."""
+
+
+def _short(message: str) -> str:
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return f"{message[:MAX_MESSAGE]}... ({len(message)} characters)"
+
+
 def parse_request(raw: bytes) -> ExecutionRequest:
     """Decode and check a request; raise ``RequestError`` with a specific message."""
+    try:
+        return _parse_request(raw)
+    except RequestError as exc:
+        raise RequestError(_short(str(exc))) from None
+
+
+def _parse_request(raw: bytes) -> ExecutionRequest:
     try:
         request = decode_request(raw)
     except msgspec.ValidationError as exc:
         raise RequestError(f"bad request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise RequestError(f"request is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's, for JSON nested deeper than it decodes
+        raise RequestError("bad request: the JSON is nested too deeply") from None
     if request.playbook is None and request.path is None:
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (a catalog path)")
-    if request.execution_id is not None:
-        try:
-            check_token(request.execution_id, "execution id")
-        except SubjectError as exc:
-            raise RequestError(f"bad request: {exc}") from None
-    if request.pool is not None:
-        try:
-            check_token(request.pool, "pool")
-        except SubjectError as exc:
-            raise RequestError(f"bad request: {exc}") from None
+    if request.playbook is not None and (request.path is not None or request.version is not None):
+        raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (+ 'version'), not both")
+    for value, what in (
+        (request.execution_id, "execution id"),
+        (request.parent_execution_id, "parent execution id"),
+        (request.pool, "pool"),
+    ):
+        if value is not None:
+            try:
+                check_id(value, what)
+            except SubjectError as exc:
+                raise RequestError(f"bad request: {exc}") from None
+    if request.trace_id is not None and len(request.trace_id) > MAX_ID_LENGTH:  # every event carries it
+        raise RequestError(
+            f"bad request: 'trace_id' of {len(request.trace_id)} characters: at most {MAX_ID_LENGTH}"
+        )
+    if request.deadline_s is not None and request.deadline_s <= 0:
+        raise RequestError("bad request: 'deadline_s' must be a positive number of seconds")
     for ext in request.extensions:
         if ext not in EXTENSIONS:
             raise RequestError(f"bad request: unknown extension '{ext}' (known: {', '.join(EXTENSIONS)})")
@@ -111,13 +151,13 @@ def _claimed_id(raw: bytes) -> str | None:
     written where the client looks for it)."""
     try:
         data = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     value = data.get("execution_id") if isinstance(data, dict) else None
     if not isinstance(value, str):
         return None
     try:
-        return check_token(value, "execution id")
+        return check_id(value)
     except SubjectError:
         return None
 
@@ -140,7 +180,8 @@ class Intake:
         self.inspector = Inspector(self.js, topology, live)
         self._puller: ContinuousPuller | None = None
         self._service: Service | None = None
-        self._checked: dict[str, dict[str, Any] | None] = {}
+        self._checked: dict[str, tuple[dict[str, Any] | None, frozenset[str]]] = {}
+        """By playbook content: its compile error (or None) and its step names."""
         self._executes = asyncio.Semaphore(EXECUTE_CONCURRENCY)
         self._execute_tasks: set[asyncio.Task[None]] = set()
 
@@ -224,7 +265,11 @@ class Intake:
             log.error("intake.execute_failed", error=repr(task.exception()))
 
     async def _execute(self, req: Request) -> None:
-        execution_id, error = await self.admit(req.data, new_execution_id)
+        try:
+            execution_id, error = await self.admit(req.data, new_execution_id)
+        except Exception as exc:  # the caller learns at once, not by a timeout
+            await respond_error(req, internal_error(exc, "execute"))
+            return
         if error is not None:
             detail = str(error.get("message"))
             reply = ErrorReply(
@@ -245,6 +290,9 @@ class Intake:
             except ApiError as err:
                 await respond_error(req, err)
                 return
+            except Exception as exc:
+                await respond_error(req, internal_error(exc, name))
+                return
             await req.respond(msgspec.json.encode(reply))
 
         return handle
@@ -252,9 +300,13 @@ class Intake:
     async def control(self, execution_id: str, name: str, reason: str | None = None) -> ControlAccepted:
         """Record an operator action (``execution.cancel.requested``, ...) for an existing execution."""
         try:
-            ev = control_event(check_token(execution_id, "execution id"), name, reason)
+            ev = control_event(check_id(execution_id), name, reason)
         except SubjectError as exc:
             raise ApiError(400, "bad_request", f"bad request: {exc}") from None
+        if reason is not None and len(reason) > MAX_MESSAGE:  # the event carries it (and fits in a message)
+            raise ApiError(
+                400, "bad_request", f"bad request: 'reason' is longer than {MAX_MESSAGE} characters"
+            )
         if not await self._exists(execution_id):
             raise ApiError(404, "not_found", f"no execution {execution_id}")
         outbox = Outbox(self.js, self.topology)
@@ -329,8 +381,8 @@ class Intake:
                 if may_exist and await self._exists(execution_id):
                     return execution_id, None
                 kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
-                unknown = {"kind": kind, "message": str(exc)}
-                self._reject(outbox, execution_id, unknown, request.path, request.trace_id)
+                unknown = {"kind": kind, "message": _short(str(exc))}
+                self._reject(outbox, execution_id, unknown, _short(request.path), request.trace_id)
                 await outbox.flush()
                 return execution_id, unknown
             request = msgspec.structs.replace(request, playbook=text, version=entry.version)
@@ -341,28 +393,40 @@ class Intake:
             extensions.update(await self._extensions_of(request.parent_execution_id))
         if sorted(extensions) != request.extensions:
             request = msgspec.structs.replace(request, extensions=sorted(extensions))
-        error = self._check_playbook(request)
+        error = await self._check_playbook(request)
         if error is not None and may_exist and await self._exists(execution_id):
             return execution_id, None
-        outbox.event(
-            Event(
-                event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
-                execution_id=execution_id,
-                name=E.EXECUTION_REQUESTED,
-                source="server",
-                entity_type="playbook",
-                entity_id=request.path or request.file or "<playbook>",
-                status="in_progress",
-                timestamp=now_iso(),
-                payload={
-                    "request": msgspec.to_builtins(request),
-                    **pinned,
-                    **({"rejected": error} if error else {}),
-                },
-                trace_id=request.trace_id,
-            ),
-            expect_new=error is None,
+        requested = Event(
+            event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
+            execution_id=execution_id,
+            name=E.EXECUTION_REQUESTED,
+            source="server",
+            entity_type="playbook",
+            entity_id=request.path or request.file or "<playbook>",
+            status="in_progress",
+            timestamp=now_iso(),
+            payload={
+                "request": msgspec.to_builtins(request),
+                **pinned,
+                **({"rejected": error} if error else {}),
+            },
+            trace_id=request.trace_id,
         )
+        data = encode(requested)
+        if len(data) > self.nc.max_payload:
+            # The server would refuse the event: reject the request (its rejection is small) instead.
+            if may_exist and await self._exists(execution_id):
+                return execution_id, None
+            too_large = {
+                "kind": "bad_request",
+                "message": f"request too large: recorded, it is {len(data)} bytes and the server takes at "
+                f"most {self.nc.max_payload} (register a large playbook in the catalog, pass large inputs "
+                "by reference)",
+            }
+            self._reject(outbox, execution_id, too_large, trace_id=request.trace_id)
+            await outbox.flush()
+            return execution_id, too_large
+        outbox.event(requested, data, expect_new=error is None)
         if error is not None:
             # Written here so the caller of `execute` gets its answer at once; the request event says
             # so (`rejected`), and the reducer then records the rejection without writing it again.
@@ -379,20 +443,34 @@ class Intake:
             pass
         return execution_id, None
 
-    def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:
-        """Compile the playbook (cached by content) so a caller learns at once that it is invalid."""
+    async def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:
+        """Compile the playbook (cached by content) so a caller learns at once that it is invalid. A large
+        one is compiled in a thread: seconds of parsing would hold up the controller (its leases expire)."""
         assert request.playbook is not None
         digest = plan_key(request.playbook, request.extensions)
-        if digest in self._checked:
-            return self._checked[digest]
-        result = compile_playbook(
-            request.playbook, request.file or request.path or "<playbook>", extensions=request.extensions
-        )
-        error = invalid_playbook_error(result.diagnostics) if result.errors else None
+        if digest not in self._checked:
+            self._remember(digest, await self._compile(request))
+        error, steps = self._checked[digest]
+        if error is None and request.return_step is not None and request.return_step not in steps:
+            message = f"bad request: 'return_step' {request.return_step!r} is not a step of the playbook"
+            return {"kind": "bad_request", "message": _short(message)}
+        return error
+
+    async def _compile(self, request: ExecutionRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
+        assert request.playbook is not None
+        args = (request.playbook, request.file or request.path or "<playbook>")
+        if len(request.playbook) > COMPILE_INLINE_CHARS:
+            result = await asyncio.to_thread(compile_playbook, *args, extensions=request.extensions)
+        else:
+            result = compile_playbook(*args, extensions=request.extensions)
+        if result.errors or result.playbook is None:
+            return invalid_playbook_error(result.diagnostics), frozenset()
+        return None, frozenset(step.name for step in result.playbook.workflow)
+
+    def _remember(self, digest: str, checked: tuple[dict[str, Any] | None, frozenset[str]]) -> None:
         if len(self._checked) >= 1024:
             self._checked.pop(next(iter(self._checked)))
-        self._checked[digest] = error
-        return error
+        self._checked[digest] = checked
 
     def _reject(
         self,

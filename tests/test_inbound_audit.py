@@ -326,6 +326,45 @@ async def test_a_large_playbook_does_not_hold_up_other_requests(runtime: Runtime
     assert code == "400" and reply["error"] == "invalid_playbook"
 
 
+def big_valid_playbook(steps: int = 3000) -> str:
+    """~250 KB that compiles without a diagnostic (about 3 s here): `start` runs, its one arc is never
+    taken, and the other steps route among themselves."""
+    body = [
+        '- step: start\n  tool: {kind: noop}\n  next:\n    arcs:\n      - step: s1\n        when: "{{ false }}"'
+    ]
+    for i in range(1, steps):
+        body.append(
+            f"- step: s{i}\n  tool: {{kind: noop}}\n  next:\n    arcs:\n      - step: s{i % (steps - 1) + 1}"
+        )
+    return playbook("\n".join(body), name="big")
+
+
+async def test_a_large_valid_playbook_is_compiled_off_the_controllers_event_loop(runtime: Runtime) -> None:
+    """Intake compiles it in a thread and hands the plan to the reducer, which compiled it a second time
+    on the event loop: every execution of the controller (and its leases) stood still meanwhile."""
+    text = big_valid_playbook()
+    loop = asyncio.get_running_loop()
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:  # how long the event loop goes without running anything else
+        last = loop.time()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    probing = asyncio.ensure_future(probe())
+    request = await asyncio.to_thread(request_for, text, "big.yaml")  # the client compiles it too
+    execution_id = await submit(runtime.nc, runtime.topology, request)
+    summary = await follow(runtime.nc, runtime.topology, execution_id, timeout=120)
+    done.set()
+    await probing
+    assert summary.status == "success", summary.error
+    assert max(gaps) < 1.0, f"the event loop stood still for {max(gaps):.1f} s"
+
+
 # -- failures of the controller, not of the request --------------------------------------------------
 
 

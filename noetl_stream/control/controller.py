@@ -28,7 +28,15 @@ from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.leases import Leases, default_controller_id
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.poison import PoisonHandler
-from noetl_stream.control.reducer import ITERATION_RESULTS, Effects, PlanCache, Reducer, folds
+from noetl_stream.control.reducer import (
+    COMPILE_INLINE_CHARS,
+    ITERATION_RESULTS,
+    Effects,
+    PlanCache,
+    Reducer,
+    folds,
+    plan_key,
+)
 from noetl_stream.control.resume import resume
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
@@ -95,7 +103,7 @@ class Controller:
         self._stopping: dict[int, ContinuousPuller] = {}
         """Partitions whose puller is being stopped (a lost lease aborts it)."""
         self.leases: Leases | None = None
-        self.intake = Intake(nc, topology, self.states, extensions=extensions)
+        self.intake = Intake(nc, topology, self.states, extensions=extensions, plans=self.reducer.plans)
         self.observer: Callable[[Event, list[Event], ExecutionState | None], None] | None = None
         """Called with each folded input event and the events the reducer wrote for it (metrics)."""
         self.poison = PoisonHandler(nc, topology)
@@ -317,6 +325,12 @@ class Controller:
         new = first.name == E.EXECUTION_REQUESTED and num_delivered(batch[0][0]) == 1
         cached = eid in self.states
         state = await self._load(eid, new)
+        for _, event, _ in batch:
+            if event.name == E.EXECUTION_REQUESTED and "rejected" not in event.payload:
+                request = event.payload.get("request") or {}
+                await self._precompile(
+                    request.get("playbook"), request.get("file"), request.get("extensions")
+                )
         if state is not None and not state.terminal:
             await self._ensure_plan(state)  # the plan cache may have evicted it
             await self._ensure_items(state)
@@ -333,7 +347,7 @@ class Controller:
             except LookupError:
                 raise  # not applied: the batch is not acked and comes back
             except Exception as exc:  # a reducer bug must not wedge the execution or the controller
-                log.exception("controller.reducer_error", execution_id=eid, event=event.name)
+                log.exception("controller.reducer_error", execution_id=eid, event_name=event.name)
                 state, fx = self._internal_failure(state, event, seq, exc)
             if self.observer is not None:
                 self.observer(event, fx.events, state)
@@ -456,12 +470,29 @@ class Controller:
         text = request.get("playbook")
         if not isinstance(text, str):
             raise RuntimeError(f"execution {state.execution_id}: its request has no playbook text")
+        await self._precompile(text, state.file, request.get("extensions"))
         plan, diagnostics = self.reducer.plans.load(text, state.file, request.get("extensions") or ())
         if plan is None or plan.content_hash != state.content_hash:
             raise RuntimeError(
                 f"execution {state.execution_id}: cannot rebuild its playbook ({len(diagnostics)} "
                 "diagnostics or a different content hash)"
             )
+
+    async def _precompile(self, text: object, file: object, extensions: object) -> None:
+        """Compile a large playbook in a thread and cache its plan, so the reducer (pure, on the event
+        loop) finds it compiled: seconds of parsing would hold up every other execution of the
+        controller, and its partition leases. A small one, or a cached one, is left to the reducer."""
+        if not isinstance(text, str) or len(text) <= COMPILE_INLINE_CHARS:
+            return
+        exts = tuple(e for e in extensions if isinstance(e, str)) if isinstance(extensions, list) else ()
+        plans = self.reducer.plans
+        digest = plan_key(text, exts)
+        if plans.get(digest) is not None:
+            return
+        name = file if isinstance(file, str) else "<playbook>"
+        plan, _ = await asyncio.to_thread(plans.compile, text, name, exts, digest)
+        if plan is not None:  # an invalid one: the reducer compiles it again, and rejects it
+            plans.store(plan)
 
     async def _ensure_items(self, state: ExecutionState) -> None:
         """A resumed distributed loop's packed items are in the object store: load them for the reducer

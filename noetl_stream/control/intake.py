@@ -45,9 +45,15 @@ from noetl_stream.control.endpoints import (
     respond_error,
 )
 from noetl_stream.control.inspect import Inspector
-from noetl_stream.control.reducer import invalid_playbook_error, plan_key, rejection_events
+from noetl_stream.control.reducer import (
+    COMPILE_INLINE_CHARS,
+    PlanCache,
+    invalid_playbook_error,
+    plan_key,
+    rejection_events,
+)
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.dsl.compiler import compile_playbook
+from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
@@ -71,9 +77,6 @@ log = structlog.get_logger(__name__)
 
 EXECUTE_CONCURRENCY = 64
 """Requests on the micro ``execute`` endpoint admitted at once by one controller."""
-
-COMPILE_INLINE_CHARS = 16 * 1024
-"""Playbooks up to this long are compiled on the event loop (milliseconds); longer ones in a thread."""
 
 
 class RequestError(ValueError):
@@ -170,8 +173,11 @@ class Intake:
         live: Mapping[str, ExecutionState] | None = None,
         *,
         extensions: Iterable[str] = (),
+        plans: PlanCache | None = None,
     ) -> None:
         self.nc = nc
+        self.plans = plans if plans is not None else PlanCache()
+        """Where the plans intake compiles go: the controller's reducer finds them compiled."""
         self.js = nc.jetstream()
         self.topology = topology
         self.extensions = tuple(sorted(set(extensions)))
@@ -449,23 +455,35 @@ class Intake:
         assert request.playbook is not None
         digest = plan_key(request.playbook, request.extensions)
         if digest not in self._checked:
-            self._remember(digest, await self._compile(request))
+            self._remember(digest, await self._compile(request, digest))
         error, steps = self._checked[digest]
         if error is None and request.return_step is not None and request.return_step not in steps:
             message = f"bad request: 'return_step' {request.return_step!r} is not a step of the playbook"
             return {"kind": "bad_request", "message": _short(message)}
         return error
 
-    async def _compile(self, request: ExecutionRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
+    async def _compile(
+        self, request: ExecutionRequest, digest: str
+    ) -> tuple[dict[str, Any] | None, frozenset[str]]:
         assert request.playbook is not None
-        args = (request.playbook, request.file or request.path or "<playbook>")
-        if len(request.playbook) > COMPILE_INLINE_CHARS:
-            result = await asyncio.to_thread(compile_playbook, *args, extensions=request.extensions)
-        else:
-            result = compile_playbook(*args, extensions=request.extensions)
-        if result.errors or result.playbook is None:
-            return invalid_playbook_error(result.diagnostics), frozenset()
-        return None, frozenset(step.name for step in result.playbook.workflow)
+        plan = self.plans.get(digest)
+        diagnostics: tuple[Diagnostic, ...] = ()
+        if plan is None:
+            args = (
+                request.playbook,
+                request.file or request.path or "<playbook>",
+                request.extensions,
+                digest,
+            )
+            if len(request.playbook) > COMPILE_INLINE_CHARS:
+                plan, diagnostics = await asyncio.to_thread(self.plans.compile, *args)
+            else:
+                plan, diagnostics = self.plans.compile(*args)
+            if plan is not None:
+                self.plans.store(plan)  # the reducer, folding this request, finds it compiled
+        if plan is None:
+            return invalid_playbook_error(diagnostics), frozenset()
+        return None, frozenset(step.name for step in plan.playbook.workflow)
 
     def _remember(self, digest: str, checked: tuple[dict[str, Any] | None, frozenset[str]]) -> None:
         if len(self._checked) >= 1024:

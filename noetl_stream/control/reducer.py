@@ -34,7 +34,20 @@ from noetl_stream.wire import (
 
 PlanLoader = Callable[[str, str, str], "Plan | list[Diagnostic]"]
 
-__all__ = ["Effects", "PlanCache", "Reducer", "invalid_playbook_error", "plan_key", "rejection_events"]
+__all__ = [
+    "COMPILE_INLINE_CHARS",
+    "Effects",
+    "PlanCache",
+    "Reducer",
+    "invalid_playbook_error",
+    "plan_key",
+    "rejection_events",
+]
+
+COMPILE_INLINE_CHARS = 16 * 1024
+"""Playbooks up to this long are compiled on the controller's event loop (milliseconds); the callers that
+can (intake, the controller before a fold) compile longer ones in a thread, so that seconds of parsing
+do not hold up every other execution (and the partition leases)."""
 
 
 def plan_key(text: str, extensions: Iterable[str] = ()) -> str:
@@ -63,14 +76,25 @@ class PlanCache:
         plan = self._plans.get(digest)
         if plan is not None:
             return plan, ()
-        result = compile_playbook(text, file, extensions=extensions)
+        plan, diagnostics = self.compile(text, file, extensions, digest)
+        if plan is not None:
+            self.store(plan)
+        return plan, diagnostics
+
+    def compile(
+        self, text: str, file: str, extensions: Iterable[str], digest: str
+    ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+        """Compile without touching the cache: pure, so a caller may run it in a thread (a large playbook
+        takes seconds) and `store` the plan afterwards. `digest` is ``plan_key(text, extensions)``."""
+        result = compile_playbook(text, file, extensions=tuple(extensions))
         if result.playbook is None:
             return None, result.diagnostics
-        plan = Plan.build(result.playbook, text, digest, self.default_pool)
+        return Plan.build(result.playbook, text, digest, self.default_pool), result.diagnostics
+
+    def store(self, plan: Plan) -> None:
         if len(self._plans) >= self.max_size:
             self._plans.pop(next(iter(self._plans)))
-        self._plans[digest] = plan
-        return plan, result.diagnostics
+        self._plans[plan.content_hash] = plan
 
 
 class Reducer:

@@ -116,6 +116,14 @@ class Run:
         cause: dict[str, Any] | None,
     ) -> None:
         """A predecessor resolved: ``taken`` carries a token to ``target``; otherwise it says "not coming"."""
+        if self._arrive(target, pred, taken, args, cause):
+            self.dead(target)
+
+    def _arrive(
+        self, target: str, pred: str | None, taken: bool, args: dict[str, Any], cause: dict[str, Any] | None
+    ) -> bool:
+        """`deliver` for one step: schedule it, or record what its join waits for. True when no token
+        will reach ``target`` now: the caller tells its successors."""
         graph = self.plan.graph
         if pred is not None and graph.is_join(target) and graph.is_forward(pred, target):
             join = self.state.joins.setdefault(target, JoinState())
@@ -127,17 +135,27 @@ class Run:
                 if any(join.resolved.values()):
                     self.schedule(target, join.args, cause)
                 else:
-                    self.dead(target)
-            return
+                    return True
+            return False
         if taken:
             self.schedule(target, args, cause)
-        elif pred is None or graph.is_forward(pred, target):
-            self.dead(target)
+            return False
+        return pred is None or graph.is_forward(pred, target)
 
     def dead(self, step: str) -> None:
-        """No token will reach ``step`` on this path: tell its successors, so joins never wait forever."""
-        for succ in self.plan.graph.successors.get(step, ()):
-            self.deliver(succ, pred=step, taken=False, args={}, cause=None)
+        """No token will reach ``step`` on this path: tell its successors, so joins never wait forever.
+
+        Depth first, in the successors' order, with a stack of our own: a path of thousands of steps
+        that will not run goes as deep as it is long (Python's recursion stops at about a thousand)."""
+        successors = self.plan.graph.successors
+        stack = [(step, iter(successors.get(step, ())))]
+        while stack:
+            pred, rest = stack[-1]
+            succ = next(rest, None)
+            if succ is None:
+                stack.pop()
+            elif self._arrive(succ, pred, False, {}, None):
+                stack.append((succ, iter(successors.get(succ, ()))))
 
     def schedule(self, name: str, args: dict[str, Any], cause: dict[str, Any] | None) -> None:
         if self.state.paused:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import ipaddress
 import uuid
 from typing import Any, Literal
 
@@ -38,12 +39,23 @@ class Outcome(msgspec.Struct, omit_defaults=True):
         return scope
 
 
+_AS_TEXT = (
+    uuid.UUID,
+    ipaddress.IPv4Address,
+    ipaddress.IPv6Address,
+    ipaddress.IPv4Network,
+    ipaddress.IPv6Network,
+    ipaddress.IPv4Interface,
+    ipaddress.IPv6Interface,
+)
+
+
 def json_safe(value: Any, _depth: int = 0) -> Any:
     """Make values from databases and user code encodable (Decimal, UUID, timestamps, bytes, sets)."""
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     if _depth > 100:
-        return repr(value)
+        return _repr(value)
     if isinstance(value, dict):
         return {str(k): json_safe(v, _depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -54,10 +66,17 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
         return value.isoformat()
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
-    if isinstance(value, uuid.UUID):
+    if isinstance(value, _AS_TEXT):
         return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
     if isinstance(value, msgspec.Struct):
         return json_safe(msgspec.to_builtins(value), _depth + 1)
-    return repr(value)
+    return _repr(value)
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # user code's own __repr__ may raise
+        return f"<{type(value).__name__} object>"

@@ -2,6 +2,7 @@
 
 Tasks of one pipeline run share one in-memory database (so a ``command`` can
 create a table a later ``query`` reads); give ``db_path`` for a database file.
+A statement cut short (the task's ``timeout_s``, a cancelled step) is interrupted.
 
 ``attach`` adds database files under an alias before the statement runs: a list of
 ``{path, alias, read_only}`` (or bare paths, aliased by their file stem), e.g.
@@ -66,8 +67,7 @@ def _connection(config: dict[str, Any], ctx: ToolContext) -> Any:
     return conn.cursor()
 
 
-def _run(sql: str, params: Any, config: dict[str, Any], ctx: ToolContext, attach: list[str]) -> Any:
-    conn = _connection(config, ctx)
+def _run(conn: Any, sql: str, params: Any, attach: list[str]) -> Any:
     try:
         for statement in attach:
             conn.execute(statement)
@@ -84,6 +84,8 @@ async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     sql = config.get("query") or config.get("command")
     if not isinstance(sql, str) or not sql.strip():
         return Outcome.fail("config_error", "duckdb task needs 'query' or 'command' (SQL text)")
+    if config.get("db_path") is not None and not isinstance(config["db_path"], str):
+        return Outcome.fail("config_error", "duckdb 'db_path' must be a database file path (a string)")
     params = config.get("params")
     if params is not None and not isinstance(params, (list, dict)):
         return Outcome.fail("config_error", "duckdb 'params' must be a list or a mapping")
@@ -92,7 +94,12 @@ async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     except _AttachError as exc:
         return Outcome.fail("config_error", str(exc))
     try:
-        rows = await asyncio.to_thread(_run, sql, params, config, ctx, attach)
+        conn = await asyncio.to_thread(_connection, config, ctx)
+        try:
+            rows = await asyncio.to_thread(_run, conn, sql, params, attach)
+        except asyncio.CancelledError:  # a timeout: stop the statement, else it runs on in its thread
+            conn.interrupt()
+            raise
     except duckdb.Error as exc:
         return Outcome.fail(
             "duckdb_error", str(exc).splitlines()[0], duckdb={"error_type": type(exc).__name__}
@@ -103,4 +110,8 @@ async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
 def close_resources(resources: dict[str, Any]) -> None:
     conn = resources.pop(_RESOURCE, None)
     if conn is not None:
-        conn.close()
+        try:
+            conn.interrupt()  # a statement cut short by a timeout may still be finishing
+            conn.close()
+        except duckdb.Error:
+            pass  # still busy: the database is freed with its last cursor

@@ -15,7 +15,10 @@ not UTF-8 text are base64 and ``outcome.http.encoding`` says so). ``outcome.http
 Errors: a non-2xx response is ``http_error`` (the body is still the result), retryable for 429 and 5xx;
 a refused or dropped connection is ``connection_error`` and a connect/read timeout ``timeout``, both
 retryable with ``outcome.http.status`` None. Credential values never appear in the outcome: headers
-that carry credentials are masked and every value of the credential used is redacted.
+that carry credentials are masked and every value of the credential used is redacted; so are the
+password of a URL's userinfo (``https://user:pw@host``) and the values of query parameters named like
+credentials (``access_token``, ``api_key``, ``sig``, ... `SENSITIVE_PARAMS`) in error messages and
+``outcome.http``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import base64
 import datetime
 import email.utils
 import math
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import aiohttp
 import msgspec
@@ -36,13 +41,27 @@ from noetl_stream import __version__
 from noetl_stream.dataplane.outcome import Outcome, json_safe
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.kv.keychain import MASK, CredentialNotFoundError, redact, secret_values
+from noetl_stream.kv.keychain import (
+    MASK,
+    MIN_SUBSTRING_SECRET,
+    CredentialNotFoundError,
+    redact,
+    secret_values,
+)
 
 _SESSION_KEY = "http.session"
 _BODY_KEYS = ("body", "json", "form", "data")
 SENSITIVE_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key", "x-auth-token"}
 )
+SENSITIVE_PARAMS = frozenset(
+    {
+        "access_token", "token", "id_token", "refresh_token", "api_key", "apikey", "key", "password",
+        "passwd", "secret", "client_secret", "signature", "sig", "auth", "x-amz-signature",
+        "x-amz-credential", "x-amz-security-token",
+    }
+)  # fmt: skip
+_USERINFO_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*?:([^/?#@]*)@")
 BEARER_KINDS = ("bearer", "http_bearer")
 BASIC_KINDS = ("basic", "http_basic")
 API_KEY_KINDS = ("api_key",)
@@ -174,6 +193,24 @@ def _apply_auth(
     )
 
 
+def _request_secrets(url: str, params: list[tuple[str, str]]) -> set[str]:
+    """Credentials written into the request itself: the URL's userinfo password and the values of
+    query parameters named like credentials (in the URL or in ``params``), raw and percent-encoded."""
+    out: set[str] = set()
+    match = _USERINFO_PASSWORD.match(url)
+    if match and match.group(1):
+        out |= {match.group(1), unquote(match.group(1))}
+    query = url.partition("?")[2].partition("#")[0]
+    pairs = [(unquote_plus(k), v) for k, _, v in (item.partition("=") for item in query.split("&"))]
+    for name, value in pairs:
+        if name.lower() in SENSITIVE_PARAMS and len(unquote_plus(value)) >= MIN_SUBSTRING_SECRET:
+            out |= {value, unquote_plus(value)}
+    for name, value in params:
+        if name.lower() in SENSITIVE_PARAMS and len(value) >= MIN_SUBSTRING_SECRET:
+            out |= {value, quote(value, safe=""), quote_plus(value)}
+    return out
+
+
 def retry_after_seconds(value: str | None, now: datetime.datetime | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` value (delta-seconds or an HTTP date)."""
     if not value:
@@ -227,11 +264,13 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     method = str(config.get("method") or "GET").upper()
     url = config.get("url")
     http: dict[str, Any] = {"status": None, "headers": {}, "url": url, "method": method, "retry_after": None}
+    in_request = _request_secrets(url, []) if isinstance(url, str) else set()
     try:
         if not isinstance(url, str) or not url:
             raise _ConfigError("http task needs 'url' (a string)")
         timeout = _timeout(ctx.spec)
         params = _params(config.get("params"))
+        in_request = _request_secrets(url, params)
         headers = _headers(config.get("headers"))
         data = _body(config, headers)
         auth = config.get("auth")
@@ -244,16 +283,16 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             if header:
                 sensitive = sensitive | {header}
     except _ConfigError as exc:
-        return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets)
+        return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets, in_request)
     except KeyError as exc:
         msg = (
             str(exc)
             if isinstance(exc, CredentialNotFoundError)
             else f"no keychain entry {config.get('auth')!r}"
         )
-        return _redacted(Outcome.fail("credential_error", msg, http=http), secrets)
+        return _redacted(Outcome.fail("credential_error", msg, http=http), secrets, in_request)
     except ConfigurationError as exc:
-        return _redacted(Outcome.fail("credential_error", str(exc), http=http), secrets)
+        return _redacted(Outcome.fail("credential_error", str(exc), http=http), secrets, in_request)
 
     started = time.monotonic()
     try:
@@ -282,7 +321,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     except ValueError as exc:  # e.g. a header value with a newline
         outcome = Outcome.fail("config_error", f"{method} {url}: {exc}", http=http)
     http["elapsed_s"] = round(time.monotonic() - started, 6)
-    return _redacted(outcome, secrets)
+    return _redacted(outcome, secrets, in_request)
 
 
 async def _request(
@@ -319,7 +358,12 @@ async def _request(
         return outcome
 
 
-def _redacted(outcome: Outcome, secrets: set[str]) -> Outcome:
+def _redacted(outcome: Outcome, secrets: set[str], in_request: set[str]) -> Outcome:
+    """`secrets` (the credential's values) are masked everywhere, body included; `in_request` (written
+    into the URL by the playbook) in the error and ``outcome.http``."""
+    if in_request:
+        outcome.error = redact(outcome.error, in_request)
+        outcome.helpers = redact(outcome.helpers, in_request)
     if not secrets:
         return outcome
     outcome.error = redact(outcome.error, secrets)

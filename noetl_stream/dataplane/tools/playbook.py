@@ -1,7 +1,12 @@
-"""``playbook``: run another playbook as a child execution; its result is this task's result."""
+"""``playbook``: run another playbook as a child execution; its result is this task's result.
+
+``spec.child_timeout_s`` bounds the wait: past it the child is cancelled and the task fails with
+``timeout`` (retryable; a retry starts a new child).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from noetl_stream.dataplane.outcome import Outcome
@@ -37,11 +42,18 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         attachments=ctx.attachments,
     )
     timeout = ctx.spec.get("child_timeout_s")
-    ev = await runner.run(
-        request,
-        timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
-        stop_check=ctx.stop_check,
-    )
+    limit = float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
+    try:
+        ev = await runner.run(request, timeout=limit, stop_check=ctx.stop_check)
+    except TimeoutError:  # spec.child_timeout_s (the pipeline's own timeout_s cancels instead)
+        with contextlib.suppress(Exception):
+            await runner.cancel(child_id, f"the parent task waited spec.child_timeout_s ({limit} s)")
+        return Outcome.fail(
+            "timeout",
+            f"child playbook '{path}' ({child_id}) did not finish within {limit} s (cancelled)",
+            retryable=True,
+            playbook={"execution_id": child_id, "status": None, "path": path},
+        )
     status = ev.payload.get("status")
     info = {"execution_id": child_id, "status": status, "path": path}
     if status == "success":

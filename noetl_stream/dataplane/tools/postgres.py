@@ -7,8 +7,9 @@ Config:
 * ``params``: a list bound as ``$1, $2, ...`` (never interpolated into the SQL). ``many: true`` with a
   ``command`` takes ``params`` as a list of parameter lists and runs the statement once per list
   (asyncpg ``executemany``; result ``{status: EXECUTEMANY, executed: n}``). A value for a ``json``/``jsonb``
-  parameter may be any JSON value; a string is taken as JSON text. Use explicit casts where the type
-  is not obvious from a template (``$1::timestamptz``).
+  parameter may be any JSON value; a string is taken as JSON text. Parameters are typed by the server
+  and a string is accepted only for text-like types: to pass a rendered string to another type, cast
+  it from text (``$1::text::timestamptz``, ``$1::text::int``).
 * Several statements: a ``command`` text without params may hold several ``;``-separated statements
   (the status is the last one's), or ``query``/``command`` is a list whose items are SQL strings or
   ``{query|command: <sql>, params: [...], many: bool}``; the result is the list of their results.
@@ -300,6 +301,8 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         outcome = _pg_error(exc, getattr(exc, "sqlstate", None))
     except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
         outcome = _pg_error(exc, None)
+    except ValueError as exc:  # a malformed dsn (bad port, bad IPv6 host) fails in parsing
+        outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
     except TimeoutError:
         outcome = Outcome.fail(
             "timeout",

@@ -4,14 +4,18 @@ The rendered ``args`` are bound as local names and as ``args``. With ``code``, t
 return value of ``main(**args)`` when the code defines ``main``, else the value left in ``result``. With
 ``module``, the function is called with the args it accepts (a coroutine function is awaited on the
 event loop). An exception becomes an error outcome whose ``error.kind`` is the exception's type name
-(``outcome.py.exception_type`` too). What the code prints is captured into ``outcome.meta.stdout`` /
-``stderr`` (the last 64 KiB). ``spec.timeout`` (seconds) bounds the task.
+(``outcome.py.exception_type`` too), ``SystemExit`` and ``KeyboardInterrupt`` included: task code never
+stops the worker. What the code prints is captured into ``outcome.meta.stdout`` / ``stderr`` (the last
+64 KiB). ``spec.timeout`` (seconds) bounds the task: code still running then (or when the task is
+cancelled) is interrupted at its next Python instruction (a call blocked in C, e.g. a long
+``time.sleep``, is interrupted when it returns).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import ctypes
 import functools
 import importlib
 import inspect
@@ -40,8 +44,12 @@ class _ThreadStream(io.TextIOBase):
         buf = getattr(self.local, "buf", None)
         if buf is None:
             return self.real.write(s)
-        if buf.tell() < CAPTURE_LIMIT * 2:
-            buf.write(s)
+        buf.write(s)
+        if buf.tell() > CAPTURE_LIMIT * 2:  # keep the tail: the last lines are the ones that matter
+            tail = buf.getvalue()[-CAPTURE_LIMIT:]
+            buf.seek(0)
+            buf.truncate()
+            buf.write(tail)
         return len(s)
 
     def flush(self) -> None:
@@ -91,6 +99,22 @@ def _execute(code: str, filename: str, args: dict[str, Any], prev: Any) -> Any:
     return namespace.get("result")
 
 
+class _TaskExitError(Exception):
+    """Task code raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``, ``CancelledError``): reported like any error, never let through to the
+    worker's event loop (where ``SystemExit`` stops the process and ``CancelledError`` reads as a
+    cancelled command)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(*exc.args)
+        self.type_name = type(exc).__name__
+
+
+class _TaskInterruptedError(BaseException):
+    """Raised inside a python task's thread when its timeout fired (not an ``Exception``, so that task
+    code catching ``Exception`` does not swallow it)."""
+
+
 def _captured(fn: Callable[[], Any]) -> tuple[Any, str, str]:
     """Run ``fn`` in this thread with its prints captured."""
     out, err = _streams()
@@ -99,10 +123,46 @@ def _captured(fn: Callable[[], Any]) -> tuple[Any, str, str]:
         value = fn()
         return value, out.local.buf.getvalue(), err.local.buf.getvalue()
     except BaseException as exc:
-        exc.__noetl_output__ = (out.local.buf.getvalue(), err.local.buf.getvalue())  # type: ignore[attr-defined]
-        raise
+        raised = exc if isinstance(exc, Exception) else _TaskExitError(exc)
+        raised.__noetl_output__ = (out.local.buf.getvalue(), err.local.buf.getvalue())  # type: ignore[attr-defined]
+        if raised is exc:
+            raise
+        raise raised.with_traceback(exc.__traceback__) from None
     finally:
         out.local.buf = err.local.buf = None
+
+
+def _set_async_exc(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in thread ``ident`` at its next Python instruction (None: clear a pending one)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(exc) if exc is not None else None
+    )
+
+
+class _Job:
+    """One task's run in a pool thread, which `interrupt` stops when the task is cut short."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ident: int | None = None
+        self._interrupted = False
+
+    def run(self, fn: Callable[[], Any]) -> tuple[Any, str, str]:
+        with self._lock:
+            self._ident = threading.get_ident()
+        try:
+            return _captured(fn)
+        finally:
+            with self._lock:
+                if self._interrupted and self._ident is not None:
+                    _set_async_exc(self._ident, None)  # not yet raised: the pool thread must not get it
+                self._ident = None
+
+    def interrupt(self) -> None:
+        with self._lock:
+            if self._ident is not None and not self._interrupted:
+                self._interrupted = True
+                _set_async_exc(self._ident, _TaskInterruptedError)
 
 
 def _resolve(module: str) -> Callable[..., Any]:
@@ -115,6 +175,24 @@ def _resolve(module: str) -> Callable[..., Any]:
     if not callable(target):
         raise TypeError(f"{module} is not callable")
     return target  # type: ignore[no-any-return]
+
+
+async def _threaded(fn: Callable[[], Any]) -> tuple[Any, str, str]:
+    """``fn`` in a pool thread with its prints captured; interrupted if this task is cancelled (a
+    timeout), so that runaway code does not keep a pool thread (and a CPU) after its task ended."""
+    job = _Job()
+    try:
+        return await asyncio.to_thread(job.run, fn)
+    except asyncio.CancelledError:
+        job.interrupt()
+        raise
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # task code's own __str__ may raise
+        return f"<{type(exc).__name__} whose str() failed>"
 
 
 async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
@@ -138,9 +216,12 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             if isinstance(module, str):
                 fn = _resolve(module)
                 if inspect.iscoroutinefunction(fn):
-                    value = await _call(fn, args)
+                    try:
+                        value = await _call(fn, args)
+                    except (SystemExit, KeyboardInterrupt) as exc:
+                        raise _TaskExitError(exc) from None
                 else:
-                    value, stdout, stderr = await asyncio.to_thread(_captured, lambda: _call(fn, args))
+                    value, stdout, stderr = await _threaded(lambda: _call(fn, args))
             else:
                 assert isinstance(code, str)
                 try:
@@ -150,9 +231,7 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                         "SyntaxError", f"line {exc.lineno}: {exc.msg}", py={"exception_type": "SyntaxError"}
                     )
                 prev = copy.deepcopy(ctx.prev)
-                value, stdout, stderr = await asyncio.to_thread(
-                    _captured, lambda: _execute(code, filename, args, prev)
-                )
+                value, stdout, stderr = await _threaded(lambda: _execute(code, filename, args, prev))
     except TimeoutError:
         return Outcome.fail(
             "timeout",
@@ -165,10 +244,9 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         tb = traceback.extract_tb(exc.__traceback__)
         line = next((f.lineno for f in reversed(tb) if f.filename == filename), None)
         where = f" (line {line})" if line else ""
+        name = exc.type_name if isinstance(exc, _TaskExitError) else type(exc).__name__
         outcome = Outcome.fail(
-            type(exc).__name__,
-            f"{type(exc).__name__}: {exc}{where}",
-            py={"exception_type": type(exc).__name__, "line": line},
+            name, f"{name}: {_text(exc)}{where}", py={"exception_type": name, "line": line}
         )
         outcome.meta = {"stdout": _tail(out_err[0]), "stderr": _tail(out_err[1])}
         return outcome

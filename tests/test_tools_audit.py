@@ -1,0 +1,254 @@
+"""Tool error paths against real fixtures: each test failed before the fix it names.
+
+A tool that throws, times out, or is handed credentials in its arguments gives a clear error outcome
+and leaves the worker as it was: no exception reaches the event loop, no thread keeps running after
+its task ended, no password or token shows in the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from helpers import playbook, run
+from httpserver import HttpServer
+
+from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
+from noetl_stream.dataplane.tools.duckdb import run_duckdb
+from noetl_stream.dataplane.tools.http import run_http
+from noetl_stream.dataplane.tools.postgres import run_postgres
+from noetl_stream.dataplane.tools.python import run_python
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.local import local_runtime
+from noetl_stream.subjects import Topology
+
+PASSWORD = "S3cret-pw-91c4"
+TOKEN = "tok-a8f3e1d0"
+
+
+def context(spec: dict[str, Any] | None = None, services: WorkerServices | None = None) -> ToolContext:
+    return ToolContext(execution_id="e1", step="s", task="t", spec=spec or {}, services=services)
+
+
+def encoded(outcome: Outcome) -> str:
+    return msgspec.json.encode(outcome).decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[HttpServer]:
+    srv = await HttpServer().start()
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture
+async def services() -> AsyncIterator[WorkerServices]:
+    svc = WorkerServices()
+    yield svc
+    await svc.close()
+
+
+# --- python ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        ("import sys\nsys.exit(3)", "SystemExit"),
+        ("raise KeyboardInterrupt('stop')", "KeyboardInterrupt"),
+        ("import asyncio\nraise asyncio.CancelledError()", "CancelledError"),
+    ],
+)
+async def test_python_base_exceptions_are_task_errors(code: str, kind: str) -> None:
+    # Before: the exception left run_python (SystemExit stopped the worker's event loop, CancelledError
+    # made the command look cancelled, so it was redelivered forever).
+    out = await run_python({"code": code}, context())
+    assert out.status == "error" and out.error is not None
+    assert out.error["kind"] == kind and out.helpers["py"]["exception_type"] == kind
+    assert out.helpers["py"]["line"] == code.count("\n") + 1
+
+
+async def test_python_sys_exit_fails_the_step_and_the_worker_runs_on(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    text = playbook(
+        f"""
+        - step: start
+          tool:
+            kind: python
+            code: {json.dumps("import sys; sys.exit('bye')")}
+        """
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text, timeout=20)
+        assert r.status == "failed"
+        assert r.step_error("start")["kind"] == "SystemExit"
+        assert "bye" in r.step_error("start")["message"]
+        again = await run(rt, playbook("- step: start\n  tool: {kind: python, code: 'result = 7'}"))
+    assert again.status == "success" and again.step_result("start") == 7
+
+
+async def test_python_timeout_stops_the_code() -> None:
+    # Before: a timed-out task's code ran on in its pool thread; a few such tasks took every thread of
+    # the event loop's default executor and every later python/duckdb task (and DNS lookups) waited
+    # forever.
+    threads = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default max_workers
+    runaway = [
+        run_python({"code": "while True:\n    pass"}, context({"timeout": 0.2})) for _ in range(threads + 1)
+    ]
+    for out in await asyncio.gather(*runaway):
+        assert out.error is not None and out.error["kind"] == "timeout"
+    async with asyncio.timeout(20):
+        out = await run_python({"code": "result = 'still here'"}, context())
+    assert out.result == "still here"
+
+
+async def test_python_output_keeps_the_last_lines() -> None:
+    # Before: capture stopped after 128 KiB, so the tail shown was the middle of the output.
+    code = "for i in range(100_000):\n    print('line', i)\nprint('THE END')\nresult = 1"
+    out = await run_python({"code": code}, context())
+    assert out.status == "ok"
+    assert out.meta["stdout"].endswith("line 99999\nTHE END\n")
+    assert len(out.meta["stdout"]) <= 64 * 1024
+
+
+async def test_python_values_that_cannot_be_shown() -> None:
+    # Before: a raising __repr__/__str__ escaped the tool as an unrelated RuntimeError.
+    bad_repr = "class X:\n    def __repr__(self):\n        raise RuntimeError('no')\nresult = X()"
+    out = await run_python({"code": bad_repr}, context())
+    assert out.status == "ok" and out.result == "<X object>"
+    bad_str = "class Oops(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\nraise Oops()"
+    out = await run_python({"code": bad_str}, context())
+    assert out.error is not None and out.error["kind"] == "Oops" and "line 4" in out.error["message"]
+    addr = await run_python(
+        {"code": "import ipaddress\nresult = ipaddress.ip_address('10.1.2.3')"}, context()
+    )
+    assert addr.result == "10.1.2.3"  # before: "IPv4Address('10.1.2.3')"
+
+
+# --- duckdb ---------------------------------------------------------------------------------------
+
+
+async def test_duckdb_timeout_interrupts_the_statement(nats_server: EmbeddedNats, topology: Topology) -> None:
+    # Before: the statement ran on in its thread, closing the pipeline's database raised
+    # ResourceInUseException out of the pipeline, the command failed without a step event and was
+    # redelivered again and again.
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: duckdb
+            query: "SELECT count(*) FROM range(10000000000) a, range(100000000) b"
+            spec: {timeout_s: 0.5}
+        """
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text, timeout=20)
+    assert r.status == "failed"
+    assert r.step_error("start")["kind"] == "timeout"
+    assert r.started("start") == 1
+
+
+async def test_duckdb_db_path_must_be_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: `db_path: 5` (a template that rendered a number) created a database file "5" in the
+    # worker's working directory and ran there.
+    monkeypatch.chdir(tmp_path)
+    out = await run_duckdb({"query": "SELECT 1 AS one", "db_path": 5}, context())
+    assert out.error is not None and out.error["kind"] == "config_error"
+    assert "db_path" in out.error["message"] and list(tmp_path.iterdir()) == []
+
+
+# --- http -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "params"),
+    [
+        ("http://bob:{pw}@127.0.0.1:{dead}/x", None),  # refused
+        ("http://bob:{pw}@{live}/status/500", None),  # an error response
+        ("http://bob:{pw}@127.0.0.1:99999/x", None),  # an invalid url
+        ("http://127.0.0.1:{dead}/x?page=2&access_token={tok}", None),
+        ("http://{live}/status/403", {"api_key": "{tok}"}),
+    ],
+)
+async def test_http_credentials_in_the_url_are_masked(
+    server: HttpServer, services: WorkerServices, url: str, params: dict[str, str] | None
+) -> None:
+    # Before: the userinfo password and query tokens were in error.message and outcome.http.url.
+    fill = {"pw": PASSWORD, "tok": TOKEN, "dead": free_port(), "live": f"127.0.0.1:{server.port}"}
+    config: dict[str, Any] = {"url": url.format(**fill)}
+    if params is not None:
+        config["params"] = {k: v.format(**fill) for k, v in params.items()}
+    out = await run_http(config, context({"timeout": {"connect": 5, "read": 5}}, services))
+    assert out.status == "error" and out.error is not None
+    text = encoded(out)
+    assert PASSWORD not in text and TOKEN not in text
+    assert "***" in out.error["message"] + str(out.helpers["http"]["url"])
+
+
+# --- postgres -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:notaport", "[::1"])
+async def test_postgres_malformed_dsn_is_a_config_error(host: str) -> None:
+    # Before: a raw ValueError left the tool (the pipeline reported kind "ValueError").
+    out = await run_postgres({"query": "SELECT 1", "dsn": f"postgresql://u:{PASSWORD}@{host}/d"}, context())
+    assert out.error is not None and out.error["kind"] == "config_error"
+    assert "invalid connection settings" in out.error["message"]
+    assert PASSWORD not in encoded(out)
+
+
+# --- playbook -------------------------------------------------------------------------------------
+
+SLOW_CHILD = playbook(
+    """
+    - step: start
+      tool:
+        kind: python
+        code: "import time\\nwhile True:\\n    time.sleep(0.05)"
+        spec: {timeout: 3}
+    """,
+    name="slow",
+)
+
+
+async def test_playbook_child_timeout_is_a_clear_error(
+    nats_server: EmbeddedNats, topology: Topology, tmp_path: Path
+) -> None:
+    # Before: the runner's TimeoutError left the tool and the pipeline reported "task 'call' ran
+    # longer than Nones", and the child ran on.
+    (tmp_path / "children").mkdir()
+    (tmp_path / "children" / "slow.yaml").write_text(SLOW_CHILD)
+    parent = tmp_path / "parent.yaml"
+    parent.write_text(
+        playbook(
+            """
+            - step: start
+              tool:
+                name: call
+                kind: playbook
+                path: children/slow.yaml
+                spec: {child_timeout_s: 0.5}
+            """,
+            name="parent",
+        )
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        summary = await rt.run_playbook(parent.read_text(), str(parent), timeout=30)
+    assert summary.status == "failed" and summary.error is not None
+    assert summary.error["kind"] == "timeout"
+    assert "children/slow.yaml" in summary.error["message"] and "within 0.5 s" in summary.error["message"]

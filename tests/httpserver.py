@@ -20,6 +20,8 @@ class HttpServer:
     ``/flaky/{key}?fail=N&code=C&retry_after=S``  answers C (default 503) N times per key, then 200
     ``/setcookie``                     sets a cookie
     ``/pages/{name}?page=P&pageSize=Z`` a paginated API: ``data: {data: [...], paging: {page, hasMore}}``
+    ``/big?bytes=N&chunked=1``         N bytes of text, with a Content-Length or (chunked) without one
+    ``/drip?s=SECONDS``                a JSON body sent one byte every 0.1 s for that long
     """
 
     def __init__(self) -> None:
@@ -45,6 +47,8 @@ class HttpServer:
         app.router.add_route("*", "/flaky/{key}", self._flaky)
         app.router.add_get("/setcookie", self._setcookie)
         app.router.add_get("/pages/{name}", self._pages)
+        app.router.add_get("/big", self._big)
+        app.router.add_get("/drip", self._drip)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -91,6 +95,31 @@ class HttpServer:
         }
         self.seen.append(info)
         return web.json_response(info)
+
+    async def _big(self, request: web.Request) -> web.StreamResponse:
+        size = int(request.query.get("bytes", "1048576"))
+        if request.query.get("chunked") != "1":
+            return web.Response(body=b"x" * size, content_type="text/plain")
+        resp = web.StreamResponse()
+        resp.content_type = "text/plain"
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for start in range(0, size, 65536):
+            await resp.write(b"x" * min(65536, size - start))
+        await resp.write_eof()
+        return resp
+
+    async def _drip(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "application/json"
+        await resp.prepare(request)
+        await resp.write(b'"')
+        for _ in range(int(float(request.query.get("s", "5")) * 10)):
+            await asyncio.sleep(0.1)
+            await resp.write(b"x")
+        await resp.write(b'"')
+        await resp.write_eof()
+        return resp
 
     async def _slow(self, request: web.Request) -> web.Response:
         await asyncio.sleep(float(request.query.get("s", "5")))

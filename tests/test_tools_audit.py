@@ -200,6 +200,39 @@ async def test_http_credentials_in_the_url_are_masked(
     assert "***" in out.error["message"] + str(out.helpers["http"]["url"])
 
 
+@pytest.mark.parametrize("chunked", ["0", "1"])
+async def test_http_a_body_over_max_body_bytes_fails_without_being_read_whole(
+    server: HttpServer, services: WorkerServices, chunked: str
+) -> None:
+    """Before: the whole body was read into memory, whatever its size (200 MB took 685 MB)."""
+    url = f"{server.url}/big?bytes={3 * 1024 * 1024}&chunked={chunked}"
+    out = await run_http({"url": url}, context({"max_body_bytes": 1024 * 1024}, services))
+    assert out.status == "error" and out.error is not None
+    assert out.error["kind"] == "response_too_large" and not out.error.get("retryable")
+    assert "longer than 1048576 bytes" in out.error["message"]
+    assert out.result is None and out.helpers["http"]["status"] == 200
+    ok = await run_http({"url": url}, context({"max_body_bytes": 4 * 1024 * 1024}, services))
+    assert ok.status == "ok" and len(ok.result) == 3 * 1024 * 1024
+
+
+async def test_http_max_body_bytes_must_be_a_positive_number(
+    server: HttpServer, services: WorkerServices
+) -> None:
+    out = await run_http({"url": f"{server.url}/text"}, context({"max_body_bytes": "1MB"}, services))
+    assert out.error is not None and out.error["kind"] == "config_error"
+    assert "spec.max_body_bytes" in out.error["message"]
+
+
+async def test_http_a_total_timeout_stops_a_server_that_drips(
+    server: HttpServer, services: WorkerServices
+) -> None:
+    """One byte every 0.1 s never trips a 1 s read timeout; ``spec.timeout.total`` bounds the request."""
+    spec = {"timeout": {"connect": 5, "read": 1, "total": 0.5}}
+    out = await run_http({"url": f"{server.url}/drip?s=5"}, context(spec, services))
+    assert out.error is not None and out.error["kind"] == "timeout" and out.error.get("retryable")
+    assert "request timed out after 0.5s" in out.error["message"]
+
+
 # --- postgres -------------------------------------------------------------------------------------
 
 

@@ -5,7 +5,10 @@ most one body: ``body`` (str/bytes, sent as is), ``json`` (any JSON value), ``fo
 urlencoded) or ``data`` (a mapping like ``form``, else like ``body``). ``auth`` names a keychain entry:
 ``bearer``/``http_bearer`` {token}, ``basic``/``http_basic`` {username, password}, or ``api_key``
 {value, header (default ``X-API-Key``)} / {value, param} (a query parameter). ``spec.timeout``:
-``{connect, read}`` in seconds (a number sets both; defaults in ``dsl/kinds.py``).
+``{connect, read, total}`` in seconds (a number sets connect and read; defaults in ``dsl/kinds.py``; no
+total by default: ``total`` bounds a server that sends a byte now and then, which no read timeout
+catches). ``spec.max_body_bytes`` (default 64 MiB): a longer response body is not read but fails the
+task with ``response_too_large``, so that one answer cannot take the worker's memory.
 
 The result is the response body: JSON-decoded when the content type is JSON, else text (bytes that are
 not UTF-8 text are base64 and ``outcome.http.encoding`` says so). ``outcome.http``: ``status``,
@@ -85,23 +88,40 @@ async def _close_session(session: aiohttp.ClientSession) -> None:
     await session.close()
 
 
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The longest response body read without ``spec.max_body_bytes``."""
+
+
 def _timeout(spec: Mapping[str, Any]) -> aiohttp.ClientTimeout:
     raw = spec.get("timeout")
-    connect = read = None
+    connect = read = total = None
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         connect = read = float(raw)
     elif isinstance(raw, Mapping):
-        connect, read = raw.get("connect"), raw.get("read")
+        connect, read, total = raw.get("connect"), raw.get("read"), raw.get("total")
     elif raw is not None:
-        raise _ConfigError("spec.timeout must be a number or {connect, read}")
-    for name, value in (("connect", connect), ("read", read)):
+        raise _ConfigError("spec.timeout must be a number or {connect, read, total}")
+    for name, value in (("connect", connect), ("read", read), ("total", total)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
         ):
             raise _ConfigError(f"spec.timeout.{name} must be a non-negative number of seconds")
     return aiohttp.ClientTimeout(
-        total=None, sock_connect=float(connect) if connect else None, sock_read=float(read) if read else None
+        total=float(total) if total else None,
+        sock_connect=float(connect) if connect else None,
+        sock_read=float(read) if read else None,
     )
+
+
+def _max_body(spec: Mapping[str, Any]) -> int:
+    raw = spec.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        raise _ConfigError("spec.max_body_bytes must be a positive number of bytes")
+    return raw
+
+
+class _TooLarge(Exception):
+    """The response body is longer than ``spec.max_body_bytes``."""
 
 
 def _param_value(value: Any) -> str:
@@ -269,6 +289,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         if not isinstance(url, str) or not url:
             raise _ConfigError("http task needs 'url' (a string)")
         timeout = _timeout(ctx.spec)
+        max_body = _max_body(ctx.spec)
         params = _params(config.get("params"))
         in_request = _request_secrets(url, params)
         headers = _headers(config.get("headers"))
@@ -298,15 +319,27 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     try:
         if ctx.services is not None:
             session = await ctx.services.get_or_create(_SESSION_KEY, _new_session, _close_session)
-            outcome = await _request(session, method, url, params, headers, data, timeout, http, sensitive)
+            outcome = await _request(
+                session, method, url, params, headers, data, timeout, max_body, http, sensitive
+            )
         else:
             async with await _new_session() as session:
                 outcome = await _request(
-                    session, method, url, params, headers, data, timeout, http, sensitive
+                    session, method, url, params, headers, data, timeout, max_body, http, sensitive
                 )
+    except _TooLarge as exc:
+        outcome = Outcome.fail(
+            "response_too_large",
+            f"{method} {url}: the response body is longer than {max_body} bytes{exc} (spec.max_body_bytes)",
+            http=http,
+        )
     except (aiohttp.ConnectionTimeoutError, aiohttp.SocketTimeoutError, TimeoutError) as exc:
-        phase = "connect" if isinstance(exc, aiohttp.ConnectionTimeoutError) else "read"
-        limit = timeout.sock_connect if phase == "connect" else timeout.sock_read
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            phase, limit = "connect", timeout.sock_connect
+        elif isinstance(exc, aiohttp.SocketTimeoutError) or timeout.total is None:
+            phase, limit = "read", timeout.sock_read
+        else:
+            phase, limit = "request", timeout.total
         outcome = Outcome.fail(
             "timeout", f"{method} {url}: {phase} timed out after {limit}s", retryable=True, http=http
         )
@@ -332,16 +365,26 @@ async def _request(
     headers: dict[str, str],
     data: Any,
     timeout: aiohttp.ClientTimeout,
+    max_body: int,
     http: dict[str, Any],
     sensitive: frozenset[str],
 ) -> Outcome:
     async with session.request(
         method, url, params=params or None, headers=headers, data=data, timeout=timeout
     ) as resp:
-        body = await resp.read()
         http["status"] = resp.status
         http["headers"] = _response_headers(resp.headers, sensitive)
         http["url"] = str(resp.url)
+        if resp.content_length is not None and resp.content_length > max_body:
+            raise _TooLarge(f" ({resp.content_length} announced)")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_chunked(256 * 1024):
+            size += len(chunk)
+            if size > max_body:  # no Content-Length (chunked), or a server that sends more than it said
+                raise _TooLarge("")
+            chunks.append(chunk)
+        body = b"".join(chunks)
         http["retry_after"] = retry_after_seconds(resp.headers.get("Retry-After"))
         result, encoding = _decode(body, resp.content_type, resp.charset)
         if encoding:

@@ -12,6 +12,7 @@ from noetl_stream.dataplane.tools.noop import run_noop
 from noetl_stream.dataplane.tools.playbook import run_playbook
 from noetl_stream.dataplane.tools.postgres import run_postgres
 from noetl_stream.dataplane.tools.python import run_python
+from noetl_stream.dataplane.tools.script import run_script
 from noetl_stream.dataplane.tools.secrets import run_secrets
 
 TOOLS: dict[str, ToolFn] = {
@@ -22,6 +23,7 @@ TOOLS: dict[str, ToolFn] = {
     "http": run_http,
     "postgres": run_postgres,
     "secrets": run_secrets,
+    "script": run_script,
 }
 
 

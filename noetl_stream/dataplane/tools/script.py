@@ -1,0 +1,167 @@
+"""``script``: a shell or Python script in a child process of the worker.
+
+Config: ``code`` (the script's text) or ``path`` (a script file on the worker), ``language`` (``sh``,
+the default, ``bash`` or ``python``: the worker's own interpreter), ``env`` (a mapping of environment
+variables; values rendered to strings) and ``args`` (a mapping, given to the script as JSON in
+``NOETL_ARGS``). The script starts in a clean environment: ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``,
+``TMPDIR`` and ``TZ`` from the worker, ``NOETL_EXECUTION_ID``, ``NOETL_STEP``, ``NOETL_TASK``, then
+``env``: nothing else of the worker's (its NATS credentials, its keychain key) reaches the script.
+Templates never build the command line: the script's text goes to the interpreter as a file.
+
+The result: ``{exit_code, stdout, stderr, json}``: the last 64 KiB of each stream (UTF-8, undecodable
+bytes replaced), and ``json`` the whole stdout decoded as JSON when it is JSON (else None). A non-zero
+exit code is ``script_error`` (not retryable; the result is still there). ``spec.timeout`` (seconds)
+bounds the run: the script and every process it started are killed (SIGKILL to its process group) and
+the task fails with ``timeout`` (retryable). A cancelled step kills them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.dataplane.tools.base import ToolContext
+
+LANGUAGES = {"sh": ["/bin/sh"], "bash": ["bash"], "python": [sys.executable, "-I"]}
+"""Interpreters by ``language``; each runs the script file given as its last argument."""
+
+KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+"""What the script inherits of the worker's environment."""
+
+OUTPUT_LIMIT = 64 * 1024
+"""Bytes of stdout and stderr kept (the last ones)."""
+
+
+class _ConfigError(ValueError):
+    pass
+
+
+def _environment(config: Mapping[str, Any], ctx: ToolContext) -> dict[str, str]:
+    env = {name: os.environ[name] for name in KEPT_ENV if name in os.environ}
+    env.update(NOETL_EXECUTION_ID=ctx.execution_id, NOETL_STEP=ctx.step, NOETL_TASK=ctx.task)
+    args = config.get("args") or {}
+    if not isinstance(args, Mapping):
+        raise _ConfigError(f"script 'args' must render to a mapping, got {type(args).__name__}")
+    env["NOETL_ARGS"] = msgspec.json.encode(args).decode()
+    given = config.get("env") or {}
+    if not isinstance(given, Mapping):
+        raise _ConfigError(f"script 'env' must be a mapping of names to values, got {type(given).__name__}")
+    for name, value in given.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise _ConfigError(f"script 'env': invalid variable name {name!r}")
+        text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+        if "\0" in text:
+            raise _ConfigError(f"script 'env': the value of {name} holds a NUL byte")
+        env[name] = text
+    return env
+
+
+def _command(config: Mapping[str, Any]) -> tuple[list[str], str | None, str | None]:
+    """The interpreter's command, and either the script's text (to write to a file) or its path."""
+    code, path = config.get("code"), config.get("path")
+    if (code is None) == (path is None):
+        raise _ConfigError("script task needs 'code' (the script's text) or 'path' (a file), not both")
+    if code is not None and not isinstance(code, str):
+        raise _ConfigError("script 'code' must be a string")
+    if path is not None and (not isinstance(path, str) or not path):
+        raise _ConfigError("script 'path' must be a file path")
+    language = config.get("language") or "sh"
+    interpreter = LANGUAGES.get(language) if isinstance(language, str) else None
+    if interpreter is None:
+        raise _ConfigError(f"script 'language' {language!r} is not one of: {', '.join(sorted(LANGUAGES))}")
+    if path is not None and not os.path.isfile(path):
+        raise _ConfigError(f"script 'path' {path!r}: no such file on the worker")
+    return interpreter, code, path
+
+
+def _tail(data: bytes) -> str:
+    return data[-OUTPUT_LIMIT:].decode("utf-8", errors="replace")
+
+
+async def _drain(stream: asyncio.StreamReader | None) -> bytes:
+    """The last `OUTPUT_LIMIT` bytes of a stream, read to its end (a chatty script never blocks on a
+    full pipe, and never fills the worker's memory)."""
+    if stream is None:
+        return b""
+    kept = bytearray()
+    while chunk := await stream.read(64 * 1024):
+        kept += chunk
+        if len(kept) > 2 * OUTPUT_LIMIT:
+            del kept[:-OUTPUT_LIMIT]
+    return bytes(kept[-OUTPUT_LIMIT:])
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the script's process group: the script and whatever it started (also once the script has
+    ended: what it left running in the background is ours to stop)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_script(config: dict[str, Any], ctx: ToolContext) -> Outcome:
+    try:
+        interpreter, code, path = _command(config)
+        env = _environment(config, ctx)
+    except _ConfigError as exc:
+        return Outcome.fail("config_error", str(exc))
+    timeout = ctx.spec.get("timeout")
+    limit = float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
+    with tempfile.TemporaryDirectory(prefix="noetl-script-") as workdir:
+        script = path
+        if code is not None:
+            script = os.path.join(workdir, "script")
+            with open(script, "w", encoding="utf-8") as f:
+                f.write(code)
+        assert script is not None
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *interpreter,
+                script,
+                cwd=workdir,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own process group: a timeout kills everything it started
+            )
+        except OSError as exc:
+            return Outcome.fail("script_error", f"cannot start {interpreter[0]}: {exc.strerror or exc}")
+        try:
+            async with asyncio.timeout(limit):
+                out, err, code_ = await asyncio.gather(_drain(proc.stdout), _drain(proc.stderr), proc.wait())
+        except TimeoutError:
+            _kill(proc)
+            await proc.wait()
+            return Outcome.fail(
+                "timeout", f"script task '{ctx.task}' ran longer than {limit}s", retryable=True
+            )
+        except BaseException:  # cancelled (the step's timeout, a cancelled execution): leave nothing behind
+            _kill(proc)
+            raise
+        finally:
+            _kill(proc)  # the script ended, but something it started in the background may not have
+    stdout, stderr = _tail(out), _tail(err)
+    try:
+        parsed = msgspec.json.decode(out) if out.strip() and len(out) < OUTPUT_LIMIT else None
+    except msgspec.DecodeError:
+        parsed = None
+    result = {"exit_code": code_, "stdout": stdout, "stderr": stderr, "json": parsed}
+    if code_ == 0:
+        return Outcome.ok(result)
+    last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
+    outcome = Outcome.fail(
+        "script_error",
+        f"script exited with {code_}" + (f": {last[:500]}" if last else ""),
+        script={"exit_code": code_},
+    )
+    outcome.result = result
+    return outcome

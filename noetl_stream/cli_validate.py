@@ -30,23 +30,23 @@ def validate(
     invalid = False
     for path in files:
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            data = path.read_bytes()
+            text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text does
+        except OSError as exc:
             invalid = True
-            msg = f"{path}: cannot read: {exc.strerror if isinstance(exc, OSError) else exc}"
-            all_diags.append(
-                {
-                    "severity": "error",
-                    "message": msg,
-                    "file": str(path),
-                    "line": 0,
-                    "col": 0,
-                    "path": "<root>",
-                    "code": "io",
-                }
-            )
+            msg = f"{path}: cannot read: {exc.strerror}"
+            all_diags.append(_io_diagnostic(path, msg, 0, 0))
             if not as_json:
                 click.echo(msg, err=True)
+            continue
+        except UnicodeDecodeError as exc:
+            invalid = True
+            line = data.count(b"\n", 0, exc.start) + 1
+            col = len(data[data.rfind(b"\n", 0, exc.start) + 1 : exc.start].decode("utf-8", "replace")) + 1
+            msg = f"the file is not UTF-8: byte 0x{data[exc.start]:02x} cannot be decoded"
+            all_diags.append(_io_diagnostic(path, msg, line, col))
+            if not as_json:
+                click.echo(f"{path}:{line}:{col}: {msg}", err=True)
             continue
         result = compile_playbook(text, str(path), extensions=extensions)
         if result.errors:
@@ -65,6 +65,18 @@ def validate(
     if as_json:
         click.echo(msgspec.json.encode(all_diags).decode())
     sys.exit(EXIT_INVALID if invalid else EXIT_OK)
+
+
+def _io_diagnostic(path: Path, message: str, line: int, col: int) -> dict[str, object]:
+    return {
+        "severity": "error",
+        "message": message,
+        "file": str(path),
+        "line": line,
+        "col": col,
+        "path": "<root>",
+        "code": "io",
+    }
 
 
 def _show_canonical(text: str, file: str, extensions: tuple[str, ...]) -> None:

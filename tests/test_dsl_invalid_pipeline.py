@@ -111,7 +111,7 @@ CASES = [
         kind: noop
 """),
         [
-            "bad.yaml:10:15: step 'start': task label 'task_0' is used twice in this pipeline (first at line 9) (at workflow[0].tool[1].name)",
+            "bad.yaml:10:15: step 'start': task label 'task_0' is already the label of the unnamed task at line 9; choose another name (at workflow[0].tool[1].name)",
         ],
         id="duplicate-task-label-synthetic",
     ),

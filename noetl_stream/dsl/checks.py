@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,35 @@ def _task_label(tool: Any, key: Any, step: str) -> str | None:
     return None
 
 
+_LEGACY_STATUS = re.compile(
+    r"outcome\.status\s*(?:==|!=)\s*['\"]success['\"]|['\"]success['\"]\s*(?:==|!=)\s*outcome\.status"
+)
+_WHERE = {
+    "outcome": "only task policy rules see the outcome",
+    "_prev": "a pipeline local",
+    "_task": "a pipeline local",
+    "_attempt": "a pipeline local",
+    "event": "only routing and admission see the boundary event",
+}
+_UNAVAILABLE = {
+    "an admission rule": frozenset({"outcome", "_prev", "_task", "_attempt"}),
+    "an arc": frozenset({"outcome", "_prev", "_task", "_attempt"}),
+    "a task": frozenset({"event"}),
+}
+
+
+def _site(path: Path) -> str | None:
+    """Which evaluation site (001 §4, 003 §4) a workflow template belongs to, for the scopes it lacks."""
+    rel = path[2:] if len(path) > 2 and path[0] == "workflow" else ()
+    if rel[:4] == ("spec", "policy", "admit", "rules"):
+        return "an admission rule"
+    if rel[:2] == ("next", "arcs"):
+        return "an arc"
+    if rel[:1] == ("tool",):
+        return "a task"
+    return None
+
+
 def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
     """Every template parses; names it reads exist in some scope (a warning if not)."""
     workload_keys = set(playbook.workload)
@@ -167,7 +197,23 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 if path[1] not in labels_by_index:
                     continue  # the step did not compile; its errors say more than name checks could
                 known = base | labels_by_index[path[1]]
-            for name in sorted(undeclared_names(text) - known):
+            if _LEGACY_STATUS.search(text):
+                c.warn(
+                    path,
+                    f"{who}: outcome.status is 'ok' or 'error' (001 §11); 'success' is the legacy (002) "
+                    "spelling and never matches",
+                    code="legacy-status",
+                )
+            names = undeclared_names(text)
+            site = _site(path)
+            if site is not None:
+                for name in sorted((names & _UNAVAILABLE[site]) - workload_keys):
+                    c.warn(
+                        path,
+                        f"{who}: {site} cannot read '{name}' ({_WHERE[name]}); it is undefined here",
+                        code="out-of-scope",
+                    )
+            for name in sorted(names - known):
                 hint = V.suggest(name, known - V.JINJA_GLOBALS)
                 if any(s.loop is not None and s.loop.iterator == name for s in playbook.workflow):
                     hint = f"; did you mean 'iter.{name}'?"

@@ -42,6 +42,8 @@ class Compiler:
         self.smap = smap
         self.extensions = set(extensions)
         self.diagnostics: list[Diagnostic] = []
+        self.workbook_names: set[str] = set()
+        """The root workbook's template names, once parsed (``kind: workbook`` tasks refer to them)."""
 
     # -- reporting --------------------------------------------------------------
     def error(self, path: Path, message: str, *, at_key: bool = False, code: str = "invalid") -> None:
@@ -130,6 +132,7 @@ class Compiler:
             self.error(("workload",), "workload must be a mapping of input names to default values")
             workload = {}
         workbook = self._workbook(data.get("workbook"))
+        self.workbook_names = set(workbook) | _names(data.get("workbook"))
         steps = self._workflow(data.get("workflow"), keychain, present="workflow" in data)
         if steps is None or metadata is None:
             return None
@@ -171,6 +174,12 @@ class Compiler:
         if not isinstance(labels, dict):
             self.error(("metadata", "labels"), "metadata: 'labels' must be a mapping")
             labels = {}
+        for key, types in (("version", (str, int, float)), ("description", (str,))):
+            value = raw.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+                what = "a string or a number" if key == "version" else "a string"
+                self.error(("metadata", key), f"metadata: '{key}' must be {what}, got {V.type_name(value)}")
+                ok = False
         if not ok:
             return None
         version = raw.get("version")
@@ -207,7 +216,10 @@ class Compiler:
                 continue
             if not isinstance(kind, str) or not kind:
                 self.error(
-                    path, f"keychain entry '{name}' needs a 'kind' (e.g. postgres_credential, secret_manager)"
+                    path if kind is None else (*path, "kind"),
+                    f"keychain entry '{name}' needs a 'kind' (e.g. postgres_credential, secret_manager)"
+                    if kind is None
+                    else f"keychain entry '{name}': 'kind' must be a non-empty string, got {kind!r}",
                 )
                 continue
             if name in seen:
@@ -234,7 +246,7 @@ class Compiler:
             self.error(("executor",), "executor must be a mapping (with optional 'kind' and 'spec')")
             return Executor()
         self.unknown_keys(raw, V.EXECUTOR_KEYS, ("executor",), "executor")
-        spec = raw.get("spec", {}) or {}
+        spec = {} if raw.get("spec") is None else raw["spec"]
         if not isinstance(spec, dict):
             self.error(("executor", "spec"), "executor: 'spec' must be a mapping")
             spec = {}
@@ -258,6 +270,13 @@ class Compiler:
                             f"(known: {', '.join(V.EXECUTOR_POLICY_KEYS)})",
                             at_key=True,
                         )
+                limits = policy.get("limits")
+                size = limits.get("max_payload_bytes") if isinstance(limits, dict) else None
+                if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+                    self.error(
+                        ("executor", "spec", "policy", "limits", "max_payload_bytes"),
+                        f"executor: limits.max_payload_bytes must be a positive integer (bytes), got {size!r}",
+                    )
         exts = spec.get("extensions")
         if exts is not None:
             if not isinstance(exts, list) or not all(isinstance(e, str) for e in exts):
@@ -275,6 +294,8 @@ class Compiler:
         if pool is not None and not V.is_identifier(str(pool).replace("-", "_")):
             self.error(("executor", "spec", "pool"), f"executor: pool name {pool!r} must be a simple name")
         kind = raw.get("kind")
+        if kind is not None and not isinstance(kind, str):
+            self.error(("executor", "kind"), f"executor: 'kind' must be a string, got {V.type_name(kind)}")
         return Executor(kind=None if kind is None else str(kind), spec=spec)
 
     def _workbook(self, raw: Any) -> dict[str, Task]:
@@ -329,7 +350,7 @@ class Compiler:
             self.error((), "missing 'workflow' (a list of steps with a 'start' step)", code="missing")
             return None
         if not isinstance(raw, list) or not raw:
-            what = "empty" if raw is None or raw == [] else f"a {_type_name(raw)}"
+            what = "empty" if raw is None or raw == [] else f"a {V.type_name(raw)}"
             self.error(base, f"workflow must be a non-empty list of steps, got {what}", at_key=True)
             return None
         names: dict[str, int] = {}
@@ -361,18 +382,14 @@ class Compiler:
         return steps
 
 
-def _type_name(value: Any) -> str:
-    if isinstance(value, dict):
-        return "mapping"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return type(value).__name__
+def _names(raw: Any) -> set[str]:
+    """Every template name the workbook declares, compiled or not (so a broken one is not also "undefined")."""
+    if isinstance(raw, dict):
+        inner = raw["tasks"] if set(raw) == {"tasks"} and isinstance(raw["tasks"], dict) else raw
+        return {str(k) for k in inner}
+    if isinstance(raw, list):
+        return {str(i["name"]) for i in raw if isinstance(i, dict) and "name" in i}
+    return set()
 
 
 def compile_playbook(text: str, file: str = "<playbook>", *, extensions: Iterable[str] = ()) -> CompileResult:

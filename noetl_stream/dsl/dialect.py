@@ -37,6 +37,7 @@ from noetl_stream.dsl.rewrite import (
     tokenize,
 )
 from noetl_stream.dsl.source import SourceMap
+from noetl_stream.dsl.templates import has_template
 
 SCOPES = {"ctx": "set_ctx", "iter": "set_iter"}
 ERROR = "{{ outcome.status == 'error' }}"
@@ -196,8 +197,10 @@ class Dialect:
             )
         nxt = step.get("next")
         arcs = nxt.get("arcs") if isinstance(nxt, dict) else None
-        if nxt is not None and not (
-            isinstance(arcs, list) and all(isinstance(a, dict) and "step" in a for a in arcs)
+        if "next" in step and not (
+            isinstance(arcs, list)
+            and arcs
+            and all(isinstance(a, dict) and "step" in a and _condition(a.get("when", True)) for a in arcs)
         ):
             return None  # the router's own errors are reported by the validator
         name = str(step.get("step"))
@@ -315,6 +318,11 @@ def add_patches(
 
 def _copy(patches: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {k: dict(v) for k, v in patches.items()}
+
+
+def _condition(when: Any) -> bool:
+    """What the validator accepts as an arc's ``when``: a boolean or a template."""
+    return isinstance(when, bool) or (isinstance(when, str) and has_template(when))
 
 
 def _and(*parts: str | None) -> str:

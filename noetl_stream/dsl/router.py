@@ -28,7 +28,7 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
         c.error(path, f"{who}: 'next' must be a router object with 'arcs'")
         return None
     ok = c.unknown_keys(raw, V.NEXT_KEYS, path, who, "next")
-    spec = raw.get("spec", {}) or {}
+    spec = {} if raw.get("spec") is None else raw["spec"]
     mode = "exclusive"
     if not isinstance(spec, dict):
         c.error((*path, "spec"), f"{who}: next.spec must be a mapping")
@@ -123,13 +123,13 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
             )
             ok = False
         when = arc.get("when")
-        if when is not None and not check_when(c, when, (*apath, "when"), who, "arc 'when'"):
+        if "when" in arc and not check_when(c, when, (*apath, "when"), who, "arc 'when'"):
             ok = False
         args = arc.get("args")
         if args is not None and not isinstance(args, dict):
             c.error((*apath, "args"), f"{who}: arc 'args' must be a mapping")
             ok = False
-        aspec = arc.get("spec", {}) or {}
+        aspec = {} if arc.get("spec") is None else arc["spec"]
         if not isinstance(aspec, dict):
             c.error((*apath, "spec"), f"{who}: arc 'spec' must be a mapping")
             ok = False

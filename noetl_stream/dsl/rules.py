@@ -73,6 +73,8 @@ def check_when(c: Compiler, when: Any, path: Path, who: str, what: str = "'when'
             f"{who}: {what} is plain text, which would always be true; write it as a template: "
             f'"{{{{ {when.strip()} }}}}"',
         )
+    elif when is None:
+        c.error(path, f'{who}: {what} is empty; write a condition like "{{{{ ... }}}}" (or true)')
     else:
         c.error(path, f"{who}: {what} must be a template string or a boolean, got {when!r}")
     return False
@@ -109,6 +111,7 @@ def parse_task_policy(c: Compiler, raw: Any, path: Path, who: str, task_names: s
                 f"{who}: unknown task policy key '{k}'{V.key_hint(str(k), V.TASK_POLICY_KEYS)}",
                 at_key=True,
             )
+    ok = _task_policy_placeholders(c, raw, path, who)
     if "rules" not in raw:
         c.error(path, f"{who}: spec.policy needs a 'rules:' list (003 §5.4)", at_key=True)
         return None
@@ -123,7 +126,49 @@ def parse_task_policy(c: Compiler, raw: Any, path: Path, who: str, task_names: s
         )
         if then is not None:
             rules.append(Rule(then=then, when=when, is_else=is_else))
-    return TaskPolicy(rules=tuple(rules))
+    return TaskPolicy(rules=tuple(rules)) if ok else None
+
+
+def _task_policy_placeholders(c: Compiler, raw: dict[str, Any], path: Path, who: str) -> bool:
+    """``mode``, ``on_unmatched`` and the hooks are placeholders (003 §5.4): only their v10 values pass,
+    so that nothing an author writes there is silently ignored."""
+    ok = True
+    mode = raw.get("mode", "exclusive")
+    if mode not in V.ROUTE_MODES:
+        c.error(
+            (*path, "mode"),
+            f"{who}: spec.policy.mode must be one of {V.one_of(V.ROUTE_MODES)}, got {mode!r}"
+            f"{V.suggest(str(mode), V.ROUTE_MODES)}",
+        )
+        ok = False
+    unmatched = raw.get("on_unmatched", "continue")
+    if unmatched != "continue":
+        c.error(
+            (*path, "on_unmatched"),
+            f"{who}: spec.policy.on_unmatched is reserved and can only be 'continue' (the v10 default), "
+            f"got {unmatched!r}; add an 'else' rule for another action",
+        )
+        ok = False
+    for hook in V.TASK_POLICY_HOOKS:
+        if hook not in raw:
+            continue
+        items = raw[hook]
+        if not isinstance(items, list):
+            c.error((*path, hook), f"{who}: spec.policy.{hook} must be a list, got {V.type_name(items)}")
+            ok = False
+            continue
+        for i, item in enumerate(items):
+            control = sorted(k for k in item if k in V.CONTROL_KEYS) if isinstance(item, dict) else []
+            if control:
+                c.error(
+                    (*path, hook, i, control[0]),
+                    f"{who}: '{control[0]}' in spec.policy.{hook}: hooks have no control flow in v10; "
+                    "control actions belong in spec.policy.rules",
+                    at_key=True,
+                    code="control-in-hook",
+                )
+                ok = False
+    return ok
 
 
 def _nested(raw: Any, rp: Path) -> bool:
@@ -183,10 +228,7 @@ def _task_then(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]
         )
         ok = False
     delay = raw.get("delay")
-    if delay is not None and not (
-        (isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay >= 0)
-        or (isinstance(delay, str) and c.is_template(delay))
-    ):
+    if delay is not None and not (V.is_seconds(delay) or (isinstance(delay, str) and c.is_template(delay))):
         c.error(
             (*path, "delay"), f"{who}: 'delay' must be a number of seconds >= 0 or a template, got {delay!r}"
         )

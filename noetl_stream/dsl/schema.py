@@ -166,7 +166,16 @@ def _defs(kinds: tuple[str, ...]) -> Schema:
                     **_obj(
                         {
                             "policy": {
-                                **_obj({k: {"type": "object"} for k in V.EXECUTOR_POLICY_KEYS}, closed=False),
+                                **_obj(
+                                    {
+                                        **{k: {"type": "object"} for k in V.EXECUTOR_POLICY_KEYS},
+                                        "limits": _obj(
+                                            {"max_payload_bytes": {"type": "integer", "minimum": 1}},
+                                            closed=False,
+                                        ),
+                                    },
+                                    closed=False,
+                                ),
                                 **no_control,
                             },
                             "extensions": {"type": "array", "items": _enum(V.EXTENSIONS)},

@@ -14,7 +14,9 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedKeyMap, CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.reader import ReaderError
 
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError, format_path
 
@@ -100,6 +102,9 @@ class _Converter:
                     kl, kc = node.lc.key(key)
                     self.smap.set_key(child, kl, kc)
                     vl, vc = node.lc.value(key)
+                    if value is None and vl != kl:
+                        # An empty value ("key:" and nothing) is marked where the next token starts.
+                        vl, vc = kl, kc
                     self.smap.set_value(child, vl, vc)
                 except (KeyError, TypeError, AttributeError):
                     pass
@@ -160,6 +165,17 @@ def _check_size(node: Any, memo: dict[int, int], active: set[int], depth: int = 
     return total
 
 
+class _Constructor(RoundTripConstructor):
+    """ruamel builds a node that contains itself (``a: &x [*x]``) as null; report it instead."""
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        if node not in self.constructed_objects and node in self.recursive_objects:
+            raise ConstructorError(
+                None, None, "recursive alias: the node anchored here contains itself", node.start_mark
+            )
+        return super().construct_object(node, deep)
+
+
 class _TooLarge(Exception):
     def __init__(self, path: Path, message: str) -> None:
         super().__init__(message)
@@ -203,6 +219,9 @@ def _yaml_error(file: str, text: str, exc: YAMLError) -> Diagnostic:
     line, col = 1, 1
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     code = "yaml-syntax"
+    if isinstance(exc, ReaderError) and isinstance(exc.position, int) and 0 <= exc.position <= len(text):
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
     if isinstance(exc, MarkedYAMLError):
         pmark, cmark = exc.problem_mark, exc.context_mark
         mark = pmark or cmark
@@ -275,6 +294,7 @@ def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
         message = f"document is nested too deeply (more than {MAX_DEPTH} levels)"
         raise PlaybookError([Diagnostic("error", message, file, deep[0], deep[1], "<root>", "too-large")])
     yaml = YAML(typ="rt", pure=True)
+    yaml.Constructor = _Constructor
     yaml.allow_duplicate_keys = False
     try:
         docs = list(yaml.load_all(text))

@@ -56,7 +56,10 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
         c.error(path, f"{who}: a step needs 'tool' or 'next' (or both)", code="empty-step")
         ok = False
     desc = raw.get("desc")
-    spec = raw.get("spec", {}) or {}
+    if desc is not None and not isinstance(desc, str):
+        c.error((*path, "desc"), f"{who}: 'desc' must be a string, got {V.type_name(desc)}")
+        ok = False
+    spec = {} if raw.get("spec") is None else raw["spec"]
     admit = None
     failure_mode = "fail_fast"
     timeout_s: float | None = None
@@ -159,14 +162,14 @@ def _step_spec(
             c.unknown_keys(lifecycle, V.LIFECYCLE_KEYS, (*ppath, "lifecycle"), who, "lifecycle")
             for key in V.LIFECYCLE_KEYS:
                 v = lifecycle.get(key)
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                if v is not None and not V.is_seconds(v, positive=True):
                     c.error(
                         (*ppath, "lifecycle", key),
                         f"{who}: lifecycle.{key} must be a positive number of seconds, got {v!r}",
                     )
                     ok = False
             t = lifecycle.get("timeout_s")
-            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+            if V.is_seconds(t, positive=True):
                 timeout_s = float(t)
     failure = policy.get("failure")
     if failure is not None:
@@ -218,7 +221,7 @@ def parse_loop(c: Compiler, raw: Any, path: Path, who: str) -> Loop | None:
     elif not isinstance(raw["in"], (list, str)):
         c.error(
             (*path, "in"),
-            f"{who}: loop 'in' must be a list or a template, got {type(raw['in']).__name__}",
+            f"{who}: loop 'in' must be a list or a template, got {V.type_name(raw['in'])}",
         )
         ok = False
     elif isinstance(raw["in"], str) and not c.is_template(raw["in"]):
@@ -246,7 +249,7 @@ def parse_loop(c: Compiler, raw: Any, path: Path, who: str) -> Loop | None:
             f"{who}: loop iterator '{iterator}' clashes with iter.{iterator}; choose another name",
         )
         ok = False
-    spec = raw.get("spec", {}) or {}
+    spec = {} if raw.get("spec") is None else raw["spec"]
     lspec = LoopSpec()
     if not isinstance(spec, dict):
         c.error((*path, "spec"), f"{who}: loop 'spec' must be a mapping")
@@ -268,7 +271,7 @@ def _loop_spec(c: Compiler, spec: dict[str, Any], path: Path, who: str) -> LoopS
     """``mode`` and ``max_in_flight`` sit in loop.spec (001 §8.1); 003 §5.3 also allows them in
     loop.spec.policy, next to ``exec``. Either place works; both places with different values is an error."""
     ok = True
-    policy = spec.get("policy", {}) or {}
+    policy = {} if spec.get("policy") is None else spec["policy"]
     if not isinstance(policy, dict):
         c.error((*path, "policy"), f"{who}: loop.spec.policy must be a mapping")
         policy, ok = {}, False

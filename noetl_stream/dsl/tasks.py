@@ -26,6 +26,11 @@ class _Item:
         self.label_path = label_path
         self.label_at_key = label_at_key
 
+    @property
+    def synthetic(self) -> bool:
+        """The label was made up (``task_<i>``, ``<step>_task``): the author wrote no name."""
+        return self.label_path == self.path and not self.label_at_key and self.body is not None
+
 
 def _label_as_key(c: Compiler, path: Path, raw: dict[str, Any], who: str) -> _Item:
     label = next(iter(raw))
@@ -99,12 +104,19 @@ def parse_pipeline(
             first = labels.get(item.label)
             if first is not None:
                 line = (c.smap.key if first.label_at_key else c.smap.value)(first.label_path)[0]
-                c.error(
-                    item.label_path,
-                    f"{who}: task label '{item.label}' is used twice in this pipeline (first at line {line})",
-                    at_key=item.label_at_key,
-                    code="duplicate",
-                )
+                if item.synthetic:
+                    message = (
+                        f"{who}: this unnamed task gets the label '{item.label}', which the task at line "
+                        f"{line} already has; give it a 'name'"
+                    )
+                elif first.synthetic:
+                    message = (
+                        f"{who}: task label '{item.label}' is already the label of the unnamed task at line "
+                        f"{line}; choose another name"
+                    )
+                else:
+                    message = f"{who}: task label '{item.label}' is used twice in this pipeline (first at line {line})"
+                c.error(item.label_path, message, at_key=item.label_at_key, code="duplicate")
             else:
                 labels[item.label] = item
     tasks: list[Task] = []
@@ -203,7 +215,7 @@ def parse_task(
                 need = " or ".join(f"'{g}'" for g in group)
                 c.error(path, f"{twho}: kind '{kind}' needs {need}", at_key=True, code="missing")
                 ok = False
-    spec = raw.get("spec", {}) or {}
+    spec = {} if raw.get("spec") is None else raw["spec"]
     policy = None
     if not isinstance(spec, dict):
         c.error((*path, "spec"), f"{twho}: 'spec' must be a mapping")
@@ -211,6 +223,8 @@ def parse_task(
     if "policy" in spec:
         policy = parse_task_policy(c, spec["policy"], (*path, "spec", "policy"), twho, labels)
         ok = ok and policy is not None
+    if kind == "workbook" and keychain_names is not None:
+        ok = _workbook_ref(c, raw, path, twho, label) and ok
     auth = raw.get("auth")
     if (
         keychain_names is not None
@@ -227,3 +241,22 @@ def parse_task(
     line, col = c.smap.key(path) if label_at_key else c.smap.value(path)
     config = {k: v for k, v in raw.items() if k not in ("name", "kind", "spec")}
     return Task(name=label, kind=kind, config=config, spec=spec, policy=policy, line=line, col=col)
+
+
+def _workbook_ref(c: Compiler, raw: dict[str, Any], path: Path, who: str, label: str) -> bool:
+    """A ``kind: workbook`` task names a root workbook template (its ``task``, else its own label)."""
+    ref = raw.get("task", label)
+    if not isinstance(ref, str) or c.is_template(ref):
+        c.error((*path, "task"), f"{who}: 'task' must be the name of a root workbook template, got {ref!r}")
+        return False
+    if ref not in c.workbook_names:
+        where = (*path, "task") if "task" in raw else path
+        c.error(
+            where,
+            f"{who}: workbook template '{ref}' is not defined in the root workbook"
+            f"{V.suggest(ref, c.workbook_names)}",
+            at_key="task" not in raw,
+            code="unknown-target",
+        )
+        return False
+    return True

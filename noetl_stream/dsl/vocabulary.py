@@ -6,9 +6,10 @@ Validator and JSON Schema generator both read these, so they cannot drift apart.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Final, TypeGuard
 
 API_VERSION: Final = "noetl.io/v2"
 KIND: Final = "Playbook"
@@ -55,7 +56,8 @@ STEP_POLICY_KEYS: Final = (
 ADMIT_KEYS: Final = ("mode", "rules")
 LIFECYCLE_KEYS: Final = ("timeout_s", "deadline_s")
 FAILURE_KEYS: Final = ("mode",)
-TASK_POLICY_KEYS: Final = ("rules", "mode", "on_unmatched", "before", "after", "finally")
+TASK_POLICY_HOOKS: Final = ("before", "after", "finally")
+TASK_POLICY_KEYS: Final = ("rules", "mode", "on_unmatched", *TASK_POLICY_HOOKS)
 RULE_KEYS: Final = ("when", "then", "else")
 THEN_KEYS: Final = ("do", "attempts", "backoff", "delay", "to", "set_iter", "set_ctx")
 ADMIT_THEN_KEYS: Final = ("allow",)
@@ -137,6 +139,13 @@ def is_identifier(value: object) -> bool:
     return isinstance(value, str) and bool(_IDENT.match(value))
 
 
+def is_seconds(value: object, *, positive: bool = False) -> TypeGuard[int | float]:
+    """A finite number of seconds, >= 0 (> 0 when ``positive``); not a boolean, NaN or infinity."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > 0 if positive else value >= 0
+
+
 def suggest(word: str, choices: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` or the empty string."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
@@ -154,6 +163,23 @@ def key_hint(word: str, allowed: Iterable[str], deprecated: Mapping[str, str] | 
         if match:
             return f"; '{match[0]}' {NOT_V10} either: {deprecated[match[0]]}"
     return f" (allowed: {', '.join(sorted(allowed))})"
+
+
+def type_name(value: object) -> str:
+    """How a message names the YAML type of ``value``."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "mapping"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
 
 
 def one_of(values: Iterable[str]) -> str:

@@ -275,12 +275,13 @@ class Publisher:
         try:
             for i, (subject, payload, msg_id) in enumerate(messages):
                 n = len(payload)
-                if n > max_payload:
-                    raise nats.errors.MaxPayloadError
-                size += n
                 if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
                     raise nats.errors.BadHeaderError(MSG_ID)
                 mid = msg_id.encode()
+                # The server's limit counts the headers too, and it closes a connection that passes it.
+                if _HEADER_LEN_NEW + len(mid) + n > max_payload:
+                    raise nats.errors.MaxPayloadError
+                size += n
                 hlen = _HEADER_LEN + len(mid)
                 if i < ack_from:
                     parts.append(_HPUB % (_subject(subject), hlen, hlen + n, mid, payload))
@@ -345,12 +346,13 @@ class Publisher:
         for messages, stream in groups:  # what nats-py would refuse fails this caller only, before any write
             ready: list[_Ready] = []
             for subject, payload, msg_id in messages:
-                if len(payload) > max_payload:
-                    raise nats.errors.MaxPayloadError
                 if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
                     raise nats.errors.BadHeaderError(MSG_ID)
+                mid = msg_id.encode()
+                if _HEADER_LEN + len(mid) + len(payload) > max_payload:  # headers count (see `send`)
+                    raise nats.errors.MaxPayloadError
                 size += len(payload)
-                ready.append((_subject(subject), msg_id.encode(), payload))
+                ready.append((_subject(subject), mid, payload))
             checked.append((ready, stream))
         batch = self._batch
         # While reconnecting, writes are buffered: the limit counts what this turn collected so far too.

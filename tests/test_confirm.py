@@ -278,3 +278,20 @@ async def test_a_connection_closed_before_the_end_of_the_turn_fails_the_confirms
     with pytest.raises(nats.errors.ConnectionClosedError):
         await pub.confirm([(f"{stream}.c", b"c", "c-after")], stream)
     assert (await js.stream_info(stream)).state.messages == 1  # the warm-up message alone
+
+
+async def test_a_message_over_the_limit_only_with_its_headers_is_refused_before_it_is_written(
+    nc: NATS, js: JetStreamContext, stream: str
+) -> None:
+    """The server's ``max_payload`` counts the headers (``Nats-Msg-Id``, ...) too, and it closes a
+    connection that sends a message over it: `send` and `confirm` refuse it to their caller instead."""
+    pub = publisher(nc)
+    await _warm(pub, stream)
+    body = b"x" * (nc.max_payload - 20)  # fits alone; with a header block of 30+ bytes it does not
+    with pytest.raises(nats.errors.MaxPayloadError):
+        await pub.confirm([(f"{stream}.a", body, "near-limit-1")], stream)
+    with pytest.raises(nats.errors.MaxPayloadError):
+        await pub.send([(f"{stream}.a", body, "near-limit-2")], 0)
+    assert not nc.is_closed
+    ack = await _confirm_and_wait(pub, [(f"{stream}.a", b"after", "after-1")], stream)
+    assert ack.seq == 2 and not nc.is_closed

@@ -22,6 +22,7 @@ from apiserver import Api, serve
 from helpers import playbook
 from nats.aio.msg import Msg
 
+from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.control.endpoints import MAX_ID_LENGTH, MAX_SEQ
 from noetl_stream.local import Runtime
@@ -185,6 +186,28 @@ async def test_the_request_subject_rejects_a_request_too_large_to_record_once(ru
     assert summary.status == "rejected" and "request too large" in (summary.error or {})["message"]
     await assert_still_serving(runtime)
     assert await requests_settled(runtime)
+
+
+async def test_a_request_whose_record_fits_only_without_its_headers_is_rejected(runtime: Runtime) -> None:
+    """The recorded event a few dozen bytes under ``max_payload``: with its headers it is over, and the
+    server closed the controller's connection for good (every lease lost) when intake sent it."""
+    js = runtime.nc.jetstream()
+
+    def request(execution_id: str, filler: int) -> bytes:
+        body = {"playbook": GOOD, "execution_id": execution_id, "payload": {"x": "x" * filler}}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    await js.publish(runtime.topology.request_subject, request("probe-size", 1000))
+    await follow(runtime.nc, runtime.topology, "probe-size", timeout=10)
+    subject = runtime.topology.stored_event_filter("probe-size", E.EXECUTION_REQUESTED)
+    overhead = len((await js.get_last_msg(runtime.topology.events_stream, subject)).data) - 1000
+    filler = runtime.nc.max_payload - overhead - 60 + len("probe-size") - len("near-limit")
+    await js.publish(runtime.topology.request_subject, request("near-limit", filler))
+
+    summary = await follow(runtime.nc, runtime.topology, "near-limit", timeout=10)
+
+    assert summary.status == "rejected" and "request too large" in (summary.error or {})["message"]
+    await assert_still_serving(runtime)
 
 
 async def test_rest_answers_a_body_too_large_to_record_with_a_400(api: Api, runtime: Runtime) -> None:

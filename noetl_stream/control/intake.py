@@ -83,6 +83,10 @@ class RequestError(ValueError):
     """A request that cannot become an execution."""
 
 
+HEADER_ROOM = 1024
+"""Bytes of a message's limit kept for its headers (``Nats-Msg-Id``, ``Nats-Expected-Last-Subject-Sequence``):
+the server's ``max_payload`` counts them, and it closes a connection that sends more."""
+
 MAX_MESSAGE = 1000
 """The longest error message about a request (it may quote a field name or value of any length, and it
 goes into two events and a log line)."""
@@ -419,14 +423,14 @@ class Intake:
             trace_id=request.trace_id,
         )
         data = encode(requested)
-        if len(data) > self.nc.max_payload:
+        if len(data) + HEADER_ROOM > self.nc.max_payload:
             # The server would refuse the event: reject the request (its rejection is small) instead.
             if may_exist and await self._exists(execution_id):
                 return execution_id, None
             too_large = {
                 "kind": "bad_request",
                 "message": f"request too large: recorded, it is {len(data)} bytes and the server takes at "
-                f"most {self.nc.max_payload} (register a large playbook in the catalog, pass large inputs "
+                f"most {self.nc.max_payload - HEADER_ROOM} (register a large playbook in the catalog, pass large inputs "
                 "by reference)",
             }
             self._reject(outbox, execution_id, too_large, trace_id=request.trace_id)

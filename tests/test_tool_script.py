@@ -82,15 +82,30 @@ async def test_a_timeout_kills_the_script_and_what_it_started(tmp_path: Path) ->
     assert out.status == "error" and out.error is not None
     assert out.error["kind"] == "timeout" and out.error["retryable"]
     assert time.monotonic() - started < 20  # not the 30 s of the sleep
-    child = int(pidfile.read_text())
+    await _gone(int(pidfile.read_text()))
+
+
+async def test_a_script_that_leaves_a_child_behind_ends_when_it_ends_and_the_child_is_stopped(
+    tmp_path: Path,
+) -> None:
+    """The child inherits the script's pipes: reading them to their end waited for it (30 s here)."""
+    pidfile = tmp_path / "child.pid"
+    started = time.monotonic()
+    out = await script({"code": f"sleep 30 &\necho $! > {pidfile}\necho done"})
+    assert out.status == "ok", out.error
+    assert out.result["stdout"] == "done\n"
+    assert time.monotonic() - started < 20
+    await _gone(int(pidfile.read_text()))
+
+
+async def _gone(pid: int) -> None:
     for _ in range(100):  # SIGKILL is sent; the kernel reaps the orphan shortly
         try:
-            os.kill(child, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
-            break
+            return
         await asyncio.sleep(0.05)
-    else:
-        raise AssertionError(f"the script's background child {child} still runs")
+    raise AssertionError(f"the script's background child {pid} still runs")
 
 
 async def test_a_chatty_script_keeps_the_tail_of_its_output() -> None:

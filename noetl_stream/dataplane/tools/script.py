@@ -40,6 +40,9 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 OUTPUT_LIMIT = 64 * 1024
 """Bytes of stdout and stderr kept (the last ones)."""
 
+OUTPUT_GRACE_S = 2.0
+"""How long the pipes are read after the script and its process group are gone."""
+
 
 class _ConfigError(ValueError):
     pass
@@ -100,6 +103,18 @@ async def _drain(stream: asyncio.StreamReader | None) -> bytes:
     return bytes(kept[-OUTPUT_LIMIT:])
 
 
+async def _finish(reading: asyncio.Future[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """What the pipes held, once every writer is gone (a few seconds at most: a process that left the
+    script's group, a daemon, may keep a pipe open; the output is then lost)."""
+    try:
+        async with asyncio.timeout(OUTPUT_GRACE_S):
+            out, err = await asyncio.shield(reading)
+            return out, err
+    except TimeoutError:
+        reading.cancel()
+        return b"", b""
+
+
 def _kill(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL the script's process group: the script and whatever it started (also once the script has
     ended: what it left running in the background is ours to stop)."""
@@ -135,20 +150,24 @@ async def run_script(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             )
         except OSError as exc:
             return Outcome.fail("script_error", f"cannot start {interpreter[0]}: {exc.strerror or exc}")
+        reading = asyncio.gather(_drain(proc.stdout), _drain(proc.stderr))
         try:
             async with asyncio.timeout(limit):
-                out, err, code_ = await asyncio.gather(_drain(proc.stdout), _drain(proc.stderr), proc.wait())
+                code_ = await proc.wait()
         except TimeoutError:
             _kill(proc)
             await proc.wait()
+            await _finish(reading)
             return Outcome.fail(
                 "timeout", f"script task '{ctx.task}' ran longer than {limit}s", retryable=True
             )
         except BaseException:  # cancelled (the step's timeout, a cancelled execution): leave nothing behind
             _kill(proc)
+            await _finish(reading)
             raise
-        finally:
-            _kill(proc)  # the script ended, but something it started in the background may not have
+        # The script ended; what it started in the background would keep its pipes open: stop it.
+        _kill(proc)
+        out, err = await _finish(reading)
     stdout, stderr = _tail(out), _tail(err)
     try:
         parsed = msgspec.json.decode(out) if out.strip() and len(out) < OUTPUT_LIMIT else None

@@ -40,9 +40,6 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 OUTPUT_LIMIT = 64 * 1024
 """Bytes of stdout and stderr kept (the last ones)."""
 
-OUTPUT_GRACE_S = 2.0
-"""How long the pipes are read after the script and its process group are gone."""
-
 
 class _ConfigError(ValueError):
     pass
@@ -90,29 +87,12 @@ def _tail(data: bytes) -> str:
     return data[-OUTPUT_LIMIT:].decode("utf-8", errors="replace")
 
 
-async def _drain(stream: asyncio.StreamReader | None) -> bytes:
-    """The last `OUTPUT_LIMIT` bytes of a stream, read to its end (a chatty script never blocks on a
-    full pipe, and never fills the worker's memory)."""
-    if stream is None:
-        return b""
-    kept = bytearray()
-    while chunk := await stream.read(64 * 1024):
-        kept += chunk
-        if len(kept) > 2 * OUTPUT_LIMIT:
-            del kept[:-OUTPUT_LIMIT]
-    return bytes(kept[-OUTPUT_LIMIT:])
-
-
-async def _finish(reading: asyncio.Future[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-    """What the pipes held, once every writer is gone (a few seconds at most: a process that left the
-    script's group, a daemon, may keep a pipe open; the output is then lost)."""
-    try:
-        async with asyncio.timeout(OUTPUT_GRACE_S):
-            out, err = await asyncio.shield(reading)
-            return out, err
-    except TimeoutError:
-        reading.cancel()
-        return b"", b""
+def _tail_of(path: str) -> bytes:
+    """The last `OUTPUT_LIMIT` bytes of an output file."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - OUTPUT_LIMIT))
+        return f.read()
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -137,37 +117,37 @@ async def run_script(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             with open(script, "w", encoding="utf-8") as f:
                 f.write(code)
         assert script is not None
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *interpreter,
-                script,
-                cwd=workdir,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # its own process group: a timeout kills everything it started
-            )
-        except OSError as exc:
-            return Outcome.fail("script_error", f"cannot start {interpreter[0]}: {exc.strerror or exc}")
-        reading = asyncio.gather(_drain(proc.stdout), _drain(proc.stderr))
+        out_path, err_path = os.path.join(workdir, "stdout"), os.path.join(workdir, "stderr")
+        # Output goes to files, not pipes: a child the script leaves behind may hold them open, and a
+        # pipe is only at its end when every holder is gone.
+        with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *interpreter,
+                    script,
+                    cwd=workdir,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out_f,
+                    stderr=err_f,
+                    start_new_session=True,  # its own process group: a timeout kills everything it started
+                )
+            except OSError as exc:
+                return Outcome.fail("script_error", f"cannot start {interpreter[0]}: {exc.strerror or exc}")
         try:
             async with asyncio.timeout(limit):
                 code_ = await proc.wait()
         except TimeoutError:
             _kill(proc)
             await proc.wait()
-            await _finish(reading)
             return Outcome.fail(
                 "timeout", f"script task '{ctx.task}' ran longer than {limit}s", retryable=True
             )
         except BaseException:  # cancelled (the step's timeout, a cancelled execution): leave nothing behind
             _kill(proc)
-            await _finish(reading)
             raise
-        # The script ended; what it started in the background would keep its pipes open: stop it.
-        _kill(proc)
-        out, err = await _finish(reading)
+        _kill(proc)  # the script ended; what it started in the background is ours to stop
+        out, err = _tail_of(out_path), _tail_of(err_path)
     stdout, stderr = _tail(out), _tail(err)
     try:
         parsed = msgspec.json.decode(out) if out.strip() and len(out) < OUTPUT_LIMIT else None

@@ -215,6 +215,16 @@ async def test_http_a_body_over_max_body_bytes_fails_without_being_read_whole(
     assert ok.status == "ok" and len(ok.result) == 3 * 1024 * 1024
 
 
+async def test_http_a_head_request_is_not_judged_by_the_length_it_announces(
+    server: HttpServer, services: WorkerServices
+) -> None:
+    """HEAD announces the resource's length and sends no body: checking a size that way must work."""
+    url = f"{server.url}/big?bytes={3 * 1024 * 1024}"
+    out = await run_http({"url": url, "method": "HEAD"}, context({"max_body_bytes": 1024 * 1024}, services))
+    assert out.status == "ok", out.error
+    assert out.helpers["http"]["headers"]["content-length"] == str(3 * 1024 * 1024)
+
+
 async def test_http_max_body_bytes_must_be_a_positive_number(
     server: HttpServer, services: WorkerServices
 ) -> None:

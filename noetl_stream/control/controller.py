@@ -666,7 +666,7 @@ class Controller:
         while True:
             await asyncio.sleep(self.retention_refresh_s)
             try:
-                age = await events_max_age_s(self.js, self.topology)
+                age = await events_max_age_s(self.js, self.topology, missing=self._events_max_age_s)
             except Exception as exc:  # NATS down or slow: keep the value we have, try again later
                 log.warning("controller.retention_read_failed", error=str(exc) or type(exc).__name__)
                 continue

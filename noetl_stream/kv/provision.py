@@ -343,13 +343,13 @@ def _object_stream(cfg: api.ObjectStoreConfig) -> api.StreamConfig:
 _PARTITION_RE = re.compile(r"\{\{\s*partition\((\d+)\s*,")
 
 
-async def events_max_age_s(js: JetStreamManager, topology: Topology) -> float:
-    """The events stream's ``max_age`` on the server, in seconds (0: events are kept forever, or there
-    is no stream yet)."""
+async def events_max_age_s(js: JetStreamManager, topology: Topology, missing: float = 0.0) -> float:
+    """The events stream's ``max_age`` on the server, in seconds (0: events are kept forever); `missing`
+    when there is no stream (yet, or for a moment: a cluster electing its leader)."""
     try:
         info = await js.stream_info(topology.events_stream)
     except NotFoundError:
-        return 0.0
+        return missing
     return float(info.config.max_age or 0)
 
 

@@ -18,6 +18,7 @@ to a table in ``db_path`` and return its path or row count as the result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,8 @@ async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         try:
             rows = await asyncio.to_thread(_run, conn, sql, params, attach)
         except asyncio.CancelledError:  # a timeout: stop the statement, else it runs on in its thread
-            conn.interrupt()
+            with contextlib.suppress(duckdb.Error):  # already finished and closed: nothing to stop
+                conn.interrupt()
             raise
     except duckdb.Error as exc:
         return Outcome.fail(

@@ -375,7 +375,8 @@ async def _request(
         http["status"] = resp.status
         http["headers"] = _response_headers(resp.headers, sensitive)
         http["url"] = str(resp.url)
-        if resp.content_length is not None and resp.content_length > max_body:
+        bodiless = method == "HEAD" or resp.status < 200 or resp.status in (204, 304)
+        if not bodiless and resp.content_length is not None and resp.content_length > max_body:
             raise _TooLarge(f" ({resp.content_length} announced)")
         chunks: list[bytes] = []
         size = 0

@@ -46,6 +46,8 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     try:
         ev = await runner.run(request, timeout=limit, stop_check=ctx.stop_check)
     except TimeoutError:  # spec.child_timeout_s (the pipeline's own timeout_s cancels instead)
+        if limit is None:  # not ours: e.g. NATS did not answer the child's request
+            raise
         with contextlib.suppress(Exception):
             await runner.cancel(child_id, f"the parent task waited spec.child_timeout_s ({limit} s)")
         return Outcome.fail(

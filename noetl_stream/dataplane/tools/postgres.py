@@ -285,13 +285,16 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         return Outcome.fail("credential_error", msg)
     except ConfigurationError as exc:
         return Outcome.fail("credential_error", str(exc))
+    connected = False
     try:
         if ctx.services is not None:
             pool = await _pool(ctx, connect, connect_timeout)
             async with pool.acquire(timeout=connect_timeout) as conn:
+                connected = True
                 results = await _run_all(conn, stmts, transaction, timeout)
         else:
             conn = await asyncpg.connect(**connect, timeout=connect_timeout or 60)
+            connected = True
             try:
                 await _init_connection(conn)
                 results = await _run_all(conn, stmts, transaction, timeout)
@@ -301,8 +304,11 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         outcome = _pg_error(exc, getattr(exc, "sqlstate", None))
     except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
         outcome = _pg_error(exc, None)
-    except ValueError as exc:  # a malformed dsn (bad port, bad IPv6 host) fails in parsing
-        outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
+    except ValueError as exc:
+        if connected:  # a value the statement's codecs refused (a string that is not JSON, bad UTF-8, ...)
+            outcome = _pg_error(exc, None)
+        else:  # a malformed dsn (bad port, bad IPv6 host) fails in parsing
+            outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
     except TimeoutError:
         outcome = Outcome.fail(
             "timeout",

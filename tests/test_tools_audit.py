@@ -183,6 +183,9 @@ async def test_duckdb_db_path_must_be_a_path(tmp_path: Path, monkeypatch: pytest
         ("http://bob:{pw}@127.0.0.1:99999/x", None),  # an invalid url
         ("http://127.0.0.1:{dead}/x?page=2&access_token={tok}", None),
         ("http://{live}/status/403", {"api_key": "{tok}"}),
+        ("http://{live}/status/403", {"sig": "ab+cd/{tok}=="}),  # yarl's encoding of + and =
+        ("http://{live}/status/403?x-amz-signature=Zm9v%2B{tok}%3D", None),
+        ("http://bob:p@{live}/status/500", None),  # a short password, an @ in it
     ],
 )
 async def test_http_credentials_in_the_url_are_masked(

@@ -38,6 +38,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import aiohttp
 import msgspec
+import yarl
 from multidict import CIMultiDictProxy
 
 from noetl_stream import __version__
@@ -278,7 +279,34 @@ def _decode(data: bytes, content_type: str, charset: str | None) -> tuple[Any, s
     return base64.b64encode(data).decode(), "base64"
 
 
+def masked_url(url: str) -> str:
+    """`url` with the password of its userinfo and the values of query parameters named like credentials
+    (`SENSITIVE_PARAMS`) as ``***``, whatever their encoding (the structure is masked, not the text)."""
+    try:
+        parsed = yarl.URL(url)
+        if parsed.password is not None:
+            parsed = parsed.with_password("***")
+        if any(name.lower() in SENSITIVE_PARAMS for name in parsed.query):
+            parsed = parsed.with_query(
+                [(k, "***" if k.lower() in SENSITIVE_PARAMS else v) for k, v in parsed.query.items()]
+            )
+        return str(parsed)
+    except (ValueError, TypeError):  # not a URL yarl reads: the masking of values still applies
+        return url
+
+
 async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
+    outcome = await _run_http(config, ctx)
+    url = config.get("url")
+    http = outcome.helpers.get("http")
+    if isinstance(http, dict) and isinstance(http.get("url"), str):
+        http["url"] = masked_url(http["url"])
+    if isinstance(url, str) and outcome.error is not None and isinstance(outcome.error.get("message"), str):
+        outcome.error["message"] = outcome.error["message"].replace(url, masked_url(url))
+    return outcome
+
+
+async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     secrets: set[str] = set()
     sensitive = SENSITIVE_HEADERS
     method = str(config.get("method") or "GET").upper()

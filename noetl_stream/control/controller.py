@@ -22,7 +22,6 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.control.deadlines import Deadlines
-from noetl_stream.control.effects import server_event
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.leases import Leases, default_controller_id
@@ -31,7 +30,6 @@ from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import (
     COMPILE_INLINE_CHARS,
     ITERATION_RESULTS,
-    Effects,
     PlanCache,
     Reducer,
     folds,
@@ -342,13 +340,13 @@ class Controller:
         for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
                 continue  # already applied (a redelivery after a crash)
-            try:
-                state, fx = self.reducer.apply(state, event, seq)
-            except LookupError:
-                raise  # not applied: the batch is not acked and comes back
-            except Exception as exc:  # a reducer bug must not wedge the execution or the controller
-                log.exception("controller.reducer_error", execution_id=eid, event_name=event.name)
-                state, fx = self._internal_failure(state, event, seq, exc)
+            # Raises only what says "load it first" (the batch is not acked and comes back); a reducer bug
+            # fails the execution instead (`Reducer.apply`).
+            state, fx = self.reducer.apply(state, event, seq)
+            if fx.error is not None:
+                log.error(
+                    "controller.reducer_error", execution_id=eid, event_name=event.name, exc_info=fx.error
+                )
             if self.observer is not None:
                 self.observer(event, fx.events, state)
             for blob in fx.blobs:  # before anything that depends on it is published or snapshotted
@@ -381,31 +379,6 @@ class Controller:
             await self._delete_items(eid, dropped)
         for msg, _, _ in batch:
             ack_soon(msg)
-
-    def _internal_failure(
-        self, state: ExecutionState | None, event: Event, seq: int, exc: Exception
-    ) -> tuple[ExecutionState | None, Effects]:
-        fx = Effects()
-        if state is None:
-            return None, fx
-        state.status = "failed"
-        state.error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
-        state.last_seq = max(state.last_seq, seq)
-        summary = {"status": "failed", "error": state.error, "steps": dict(state.step_status)}
-        for name, etype in ((E.WORKFLOW_FINISHED, "workflow"), (E.PLAYBOOK_PROCESSED, "playbook")):
-            fx.events.append(
-                server_event(
-                    state.execution_id,
-                    name,
-                    etype,
-                    state.path or state.file,
-                    "error",
-                    "execution",
-                    summary,
-                    trace_id=state.trace_id,
-                )
-            )
-        return state, fx
 
     # -- reference-first --------------------------------------------------------------------------
     async def _offload_command(self, cmd: Command) -> Command:

@@ -47,6 +47,8 @@ class Effects:
     deletes them once this fold's events are stored."""
     loop_results: dict[str, LoopResults] = field(default_factory=dict)
     """By event id: the events of ``events`` whose result the controller fills in before publishing."""
+    error: Exception | None = None
+    """The reducer's own failure (a bug) that failed the execution with ``internal_error``: for the log."""
 
 
 LEGACY_ADVICE = (

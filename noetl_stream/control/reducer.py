@@ -19,7 +19,7 @@ from noetl_stream.control.effects import (
     rejection_events,
     server_event,
 )
-from noetl_stream.control.items import LoopItems
+from noetl_stream.control.items import ItemsMissingError, LoopItems
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.control.transitions import Run as _Run
@@ -37,6 +37,7 @@ PlanLoader = Callable[[str, str, str], "Plan | list[Diagnostic]"]
 __all__ = [
     "COMPILE_INLINE_CHARS",
     "Effects",
+    "NotLoadedError",
     "PlanCache",
     "Reducer",
     "invalid_playbook_error",
@@ -97,6 +98,10 @@ class PlanCache:
         self._plans[plan.content_hash] = plan
 
 
+class NotLoadedError(LookupError):
+    """The execution's compiled playbook is not in the plan cache (the controller loads it first)."""
+
+
 class Reducer:
     """Folds input events into ``ExecutionState`` and says what to publish."""
 
@@ -108,6 +113,51 @@ class Reducer:
     # -- entry point ------------------------------------------------------------------------------
     def apply(
         self, state: ExecutionState | None, event: Event, seq: int = 0
+    ) -> tuple[ExecutionState | None, Effects]:
+        """Fold `event` into `state`. Raises `NotLoadedError` or `ItemsMissingError` when the caller must
+        load something first (nothing is applied). Any other failure of the reducer itself (a bug) fails
+        the execution with ``internal_error`` (rejects it, for its request): the same live, on resume and
+        in replay, so that every execution still reaches a terminal event; ``Effects.error`` holds it."""
+        try:
+            return self._apply(state, event, seq)
+        except (NotLoadedError, ItemsMissingError):
+            raise
+        except Exception as exc:
+            return self._internal_failure(state, event, seq, exc)
+
+    def _internal_failure(
+        self, state: ExecutionState | None, event: Event, seq: int, exc: Exception
+    ) -> tuple[ExecutionState | None, Effects]:
+        fx = Effects(error=exc)
+        error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+        if state is None or event.name == E.EXECUTION_REQUESTED:  # its request: never started
+            if state is None:
+                state = ExecutionState(execution_id=event.execution_id, file=event.entity_id or "<playbook>")
+            self._reject(state, fx, error)
+        else:
+            state.status = "failed"
+            state.error = error
+            summary = {"status": "failed", "error": error, "steps": dict(state.step_status)}
+            for name, etype in ((E.WORKFLOW_FINISHED, "workflow"), (E.PLAYBOOK_PROCESSED, "playbook")):
+                fx.events.append(
+                    server_event(
+                        state.execution_id,
+                        name,
+                        etype,
+                        state.path or state.file,
+                        "error",
+                        "execution",
+                        summary,
+                        trace_id=state.trace_id,
+                    )
+                )
+        self.items.forget(state.execution_id)
+        state.events_applied += 1
+        state.last_seq = max(state.last_seq, seq)
+        return state, fx
+
+    def _apply(
+        self, state: ExecutionState | None, event: Event, seq: int
     ) -> tuple[ExecutionState | None, Effects]:
         fx = Effects()
         if event.name in ITERATION_RESULTS and state is not None and not folds(state, event):
@@ -121,7 +171,7 @@ class Reducer:
         else:
             plan = self.plans.get(state.content_hash)
             if plan is None:  # the controller loads it before folding; never ack an event we could not apply
-                raise LookupError(
+                raise NotLoadedError(
                     f"execution {state.execution_id}: playbook {state.content_hash[:12]} not loaded"
                 )
             _Run(self, state, plan, fx).on_event(event)

@@ -15,7 +15,7 @@ from nats.js import api
 
 from noetl_stream import events as E
 from noetl_stream.dsl.compiler import compile_playbook
-from noetl_stream.subjects import Topology, check_token
+from noetl_stream.subjects import Topology, check_new_id
 from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id, request_msg_id
 
 
@@ -141,7 +141,7 @@ async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str
     if request.execution_id is None:
         request = msgspec.structs.replace(request, execution_id=new_execution_id())
     assert request.execution_id is not None
-    check_token(request.execution_id, "execution id")
+    check_new_id(request.execution_id)
     await nc.jetstream().publish(
         topology.request_subject,
         encode(request),

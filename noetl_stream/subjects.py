@@ -20,7 +20,16 @@ import msgspec
 from noetl_stream import events
 from noetl_stream.errors import ConfigurationError
 
-__all__ = ["MAX_TOKEN_LENGTH", "SubjectError", "Topology", "TopologyError", "check_pool", "check_token"]
+__all__ = [
+    "MAX_NEW_ID_LENGTH",
+    "MAX_TOKEN_LENGTH",
+    "SubjectError",
+    "Topology",
+    "TopologyError",
+    "check_new_id",
+    "check_pool",
+    "check_token",
+]
 
 # Identifiers that become subject tokens, and also KV keys, consumer names and file names on the
 # server: stricter than the NATS subject rules (no dots, whitespace, `*`, `>`) on purpose.
@@ -60,10 +69,23 @@ def _is_token(value: str) -> bool:
     return _TOKEN_RE.fullmatch(value) is not None
 
 
-MAX_TOKEN_LENGTH = 128
+MAX_TOKEN_LENGTH = 1024
 """The longest identifier that becomes a subject token (an execution id, a pool, a controller id...). A
-longer one taken from a caller would make subjects longer than the server's control line (4 KiB), and
-the server closes a connection that sends one."""
+longer one would make subjects longer than the server's control line (4 KiB), and the server closes a
+connection that sends one. New ids are held to less (`MAX_NEW_ID_LENGTH`); this bound is for every id,
+those of executions started before that limit included."""
+
+
+MAX_NEW_ID_LENGTH = 128
+"""The longest id a caller may give something new (an execution, a pool). Ids of existing executions are
+read up to `MAX_TOKEN_LENGTH`, so that none started before this limit is lost to it."""
+
+
+def check_new_id(value: str, what: str = "execution id") -> str:
+    """An id a caller gives something new: `check_token`, and at most `MAX_NEW_ID_LENGTH` characters."""
+    if isinstance(value, str) and len(value) > MAX_NEW_ID_LENGTH:
+        raise SubjectError(f"invalid {what} of {len(value)} characters: at most {MAX_NEW_ID_LENGTH}")
+    return check_token(value, what)
 
 
 def check_token(value: str, what: str = "token") -> str:

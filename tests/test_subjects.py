@@ -6,7 +6,15 @@ import pytest
 
 from noetl_stream import events
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.subjects import MAX_TOKEN_LENGTH, SubjectError, Topology, TopologyError, check_token
+from noetl_stream.subjects import (
+    MAX_NEW_ID_LENGTH,
+    MAX_TOKEN_LENGTH,
+    SubjectError,
+    Topology,
+    TopologyError,
+    check_new_id,
+    check_token,
+)
 
 
 def test_default_names_match_the_design() -> None:
@@ -125,8 +133,13 @@ def test_bad_settings_are_rejected(kwargs: dict[str, object]) -> None:
 
 
 def test_a_token_longer_than_a_subject_can_carry_is_refused() -> None:
-    """128 characters pass; one more is refused with its length (a long id once made the server close the
-    controller's connection: its subjects overflowed the 4 KiB control line)."""
+    """An id of any length once made the server close the controller's connection (its subjects overflowed
+    the 4 KiB control line). New ids are held to 128 characters; ids of existing executions are read up
+    to 1024, so that none started before that limit is lost to it."""
     assert check_token("a" * MAX_TOKEN_LENGTH, "execution id") == "a" * MAX_TOKEN_LENGTH
-    with pytest.raises(SubjectError, match="invalid execution id of 129 characters: at most 128"):
+    with pytest.raises(SubjectError, match="invalid execution id of 1025 characters: at most 1024"):
         check_token("a" * (MAX_TOKEN_LENGTH + 1), "execution id")
+    assert check_new_id("a" * MAX_NEW_ID_LENGTH) == "a" * MAX_NEW_ID_LENGTH
+    with pytest.raises(SubjectError, match="invalid execution id of 129 characters: at most 128"):
+        check_new_id("a" * (MAX_NEW_ID_LENGTH + 1))
+    assert Topology().event_subject("a" * 500, "step.done").count("a" * 500) == 1  # an older, longer id

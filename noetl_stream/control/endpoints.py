@@ -37,7 +37,7 @@ from noetl_stream.operations import (
     ExecutionRef,
     ListExecutions,
 )
-from noetl_stream.subjects import MAX_TOKEN_LENGTH, SubjectError, Topology, check_token
+from noetl_stream.subjects import MAX_NEW_ID_LENGTH, SubjectError, Topology, check_new_id, check_token
 
 __all__ = [
     "ENDPOINTS",
@@ -46,6 +46,7 @@ __all__ = [
     "ApiError",
     "QueryEndpoints",
     "check_id",
+    "check_new_id",
     "internal_error",
     "respond_error",
 ]
@@ -68,12 +69,12 @@ async def respond_error(req: Request, err: ApiError) -> None:
     await req.respond_error(str(err.code), err.reply.detail, msgspec.json.encode(err.reply))
 
 
-MAX_ID_LENGTH = MAX_TOKEN_LENGTH
-"""The longest execution id (or other id that becomes a subject token or KV key) taken from a caller."""
+MAX_ID_LENGTH = MAX_NEW_ID_LENGTH
+"""The longest id a caller may give something new (`subjects.check_new_id`)."""
 
 
 def check_id(value: str, what: str = "execution id") -> str:
-    """`check_token` (which also bounds the length); raise `SubjectError` otherwise."""
+    """An id that names something that may exist: `check_token`; raise `SubjectError` otherwise."""
     return check_token(value, what)
 
 

@@ -40,6 +40,7 @@ from noetl_stream.control.endpoints import (
     ApiError,
     QueryEndpoints,
     check_id,
+    check_new_id,
     decode,
     internal_error,
     respond_error,
@@ -119,14 +120,14 @@ def _parse_request(raw: bytes) -> ExecutionRequest:
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (a catalog path)")
     if request.playbook is not None and (request.path is not None or request.version is not None):
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (+ 'version'), not both")
-    for value, what in (
-        (request.execution_id, "execution id"),
-        (request.parent_execution_id, "parent execution id"),
-        (request.pool, "pool"),
+    for value, what, check in (
+        (request.execution_id, "execution id", check_new_id),
+        (request.parent_execution_id, "parent execution id", check_id),
+        (request.pool, "pool", check_new_id),
     ):
         if value is not None:
             try:
-                check_id(value, what)
+                check(value, what)
             except SubjectError as exc:
                 raise RequestError(f"bad request: {exc}") from None
     if request.trace_id is not None and len(request.trace_id) > MAX_ID_LENGTH:  # every event carries it
@@ -164,7 +165,7 @@ def _claimed_id(raw: bytes) -> str | None:
     if not isinstance(value, str):
         return None
     try:
-        return check_id(value)
+        return check_new_id(value)
     except SubjectError:
         return None
 

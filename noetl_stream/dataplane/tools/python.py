@@ -149,6 +149,8 @@ class _Job:
 
     def run(self, fn: Callable[[], Any]) -> tuple[Any, str, str]:
         with self._lock:
+            if self._interrupted:  # cut short before its thread took it: never start it
+                raise _TaskInterruptedError
             self._ident = threading.get_ident()
         try:
             return _captured(fn)
@@ -160,8 +162,10 @@ class _Job:
 
     def interrupt(self) -> None:
         with self._lock:
-            if self._ident is not None and not self._interrupted:
-                self._interrupted = True
+            if self._interrupted:
+                return
+            self._interrupted = True
+            if self._ident is not None:
                 _set_async_exc(self._ident, _TaskInterruptedError)
 
 

@@ -19,6 +19,7 @@ from noetl_stream.dataplane.worker import Worker
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey
 from noetl_stream.kv.provision import provision
+from noetl_stream.logs import configure_unless_configured
 from noetl_stream.natsconn import connect
 from noetl_stream.plugins import load_plugins
 from noetl_stream.subjects import Topology
@@ -71,6 +72,7 @@ async def local_runtime(
     (default: ``NOETL_KEYCHAIN_KEY`` / ``NOETL_KEYCHAIN_KEY_FILE``, read when a secret is first needed).
     """
     load_plugins()
+    configure_unless_configured()
     topology = topology or Topology()
     server: EmbeddedNats | None = None
     if nats_url is None:

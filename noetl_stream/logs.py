@@ -16,11 +16,24 @@ from typing import Any
 
 import structlog
 
-__all__ = ["bound", "configure"]
+__all__ = ["bound", "configure", "configure_unless_configured"]
+
+
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written (a test runner, a daemon may swap it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
 
 
 def configure(level: str = "info", *, json: bool | None = None, stream: object = None) -> None:
-    out = stream if stream is not None else sys.stderr
+    out = stream if stream is not None else _Stderr()
     if json is None:
         json = not getattr(out, "isatty", lambda: False)()
     renderer: structlog.types.Processor = (
@@ -39,6 +52,14 @@ def configure(level: str = "info", *, json: bool | None = None, stream: object =
         logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
+
+
+def configure_unless_configured(level: str = "warning") -> None:
+    """`configure` unless the application has configured structlog itself. structlog's own default
+    writes to stdout and, with ``rich`` installed, prints each frame's local variables with a traceback:
+    a credential in a local would be logged."""
+    if not structlog.is_configured():
+        configure(level)
 
 
 _BOUND: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,3 +94,43 @@ def test_json_when_not_a_tty(restore_structlog: None) -> None:
     record = json.loads(out.getvalue())
     assert record["event"] == "worker.command"
     assert (record["execution_id"], record["worker"], record["pool"]) == ("e2", "w1", "default")
+
+
+_TRACEBACK_WITH_A_SECRET = """
+import structlog
+from noetl_stream.logs import configure_unless_configured
+{setup}
+configure_unless_configured()
+def fetch():
+    password = "hunter2-in-a-local"
+    raise RuntimeError("refused")
+try:
+    fetch()
+except RuntimeError:
+    structlog.get_logger().exception("fetch_failed")
+"""
+
+
+def test_an_unconfigured_process_gets_the_runtimes_logging_without_local_variables() -> None:
+    """structlog's own default prints to stdout and, with ``rich`` installed (it is, in the test
+    environment), every frame's local variables: a credential held in one would be logged."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TRACEBACK_WITH_A_SECRET.format(setup="")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == ""
+    assert "fetch_failed" in out.stderr and "RuntimeError: refused" in out.stderr
+    assert "hunter2-in-a-local" not in out.stderr
+
+
+def test_an_applications_own_logging_is_left_as_it_is() -> None:
+    setup = "structlog.configure(processors=[structlog.processors.JSONRenderer()])"
+    out = subprocess.run(
+        [sys.executable, "-c", _TRACEBACK_WITH_A_SECRET.format(setup=setup)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert '"event": "fetch_failed"' in out.stdout and out.stderr == ""  # its JSON on stdout, as it chose

@@ -1,7 +1,7 @@
 """Invalid playbooks, document to router: each case asserts every diagnostic, complete.
 
-YAML syntax, the root document, metadata, the workflow and its steps, next routers. Tasks,
-policies, admission, loops and templates are in test_dsl_invalid_pipeline.py.
+YAML syntax, the root document, metadata, the workflow and its steps, next routers. Inside a step:
+test_dsl_invalid_tasks.py, _policies.py (and admission), _loops.py, _templates.py.
 """
 
 from __future__ import annotations

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from helpers import playbook
+from helpers import playbook, requested
 
 from noetl_stream import events as E
-from noetl_stream.client import request_for
 from noetl_stream.control.reducer import NotLoadedError, PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.wire import Event, now_iso
@@ -25,21 +24,6 @@ TEXT = playbook(
       tool: {kind: noop}
     """
 )
-
-
-def requested(execution_id: str = "e1") -> Event:
-    request = request_for(TEXT, "t.yaml", execution_id=execution_id)
-    return Event(
-        event_id=f"{execution_id}:execution:{E.EXECUTION_REQUESTED}",
-        execution_id=execution_id,
-        name=E.EXECUTION_REQUESTED,
-        source="server",
-        entity_type="playbook",
-        entity_id="t.yaml",
-        status="in_progress",
-        timestamp=now_iso(),
-        payload={"request": msgspec.to_builtins(request)},
-    )
 
 
 def start_done(execution_id: str = "e1") -> Event:
@@ -58,7 +42,7 @@ def start_done(execution_id: str = "e1") -> Event:
 
 
 def started(reducer: Reducer) -> ExecutionState:
-    state, _ = reducer.apply(None, requested(), 1)
+    state, _ = reducer.apply(None, requested("e1", TEXT), 1)
     assert state is not None and state.status == "running" and "start-1" in state.runs
     return state
 

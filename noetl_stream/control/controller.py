@@ -28,12 +28,10 @@ from noetl_stream.control.leases import Leases, default_controller_id
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.reducer import (
-    COMPILE_INLINE_CHARS,
     ITERATION_RESULTS,
     PlanCache,
     Reducer,
     folds,
-    plan_key,
 )
 from noetl_stream.control.resume import resume
 from noetl_stream.control.state import ExecutionState
@@ -323,12 +321,11 @@ class Controller:
         new = first.name == E.EXECUTION_REQUESTED and num_delivered(batch[0][0]) == 1
         cached = eid in self.states
         state = await self._load(eid, new)
-        for _, event, _ in batch:
-            if event.name == E.EXECUTION_REQUESTED and "rejected" not in event.payload:
-                request = event.payload.get("request") or {}
-                await self._precompile(
-                    request.get("playbook"), request.get("file"), request.get("extensions")
-                )
+        if state is None and first.name == E.EXECUTION_REQUESTED and "rejected" not in first.payload:
+            request = first.payload.get("request") or {}  # compiled off the loop when long (intake did)
+            text, file = request.get("playbook"), request.get("file") or request.get("path") or "<playbook>"
+            if isinstance(text, str):
+                await self.reducer.plans.load_off_loop(text, file, request.get("extensions") or ())
         if state is not None and not state.terminal:
             await self._ensure_plan(state)  # the plan cache may have evicted it
             await self._ensure_items(state)
@@ -443,29 +440,14 @@ class Controller:
         text = request.get("playbook")
         if not isinstance(text, str):
             raise RuntimeError(f"execution {state.execution_id}: its request has no playbook text")
-        await self._precompile(text, state.file, request.get("extensions"))
-        plan, diagnostics = self.reducer.plans.load(text, state.file, request.get("extensions") or ())
+        plan, diagnostics = await self.reducer.plans.load_off_loop(
+            text, state.file, request.get("extensions") or ()
+        )
         if plan is None or plan.content_hash != state.content_hash:
             raise RuntimeError(
                 f"execution {state.execution_id}: cannot rebuild its playbook ({len(diagnostics)} "
                 "diagnostics or a different content hash)"
             )
-
-    async def _precompile(self, text: object, file: object, extensions: object) -> None:
-        """Compile a large playbook in a thread and cache its plan, so the reducer (pure, on the event
-        loop) finds it compiled: seconds of parsing would hold up every other execution of the
-        controller, and its partition leases. A small one, or a cached one, is left to the reducer."""
-        if not isinstance(text, str) or len(text) <= COMPILE_INLINE_CHARS:
-            return
-        exts = tuple(e for e in extensions if isinstance(e, str)) if isinstance(extensions, list) else ()
-        plans = self.reducer.plans
-        digest = plan_key(text, exts)
-        if plans.get(digest) is not None:
-            return
-        name = file if isinstance(file, str) else "<playbook>"
-        plan, _ = await asyncio.to_thread(plans.compile, text, name, exts, digest)
-        if plan is not None:  # an invalid one: the reducer compiles it again, and rejects it
-            plans.store(plan)
 
     async def _ensure_items(self, state: ExecutionState) -> None:
         """A resumed distributed loop's packed items are in the object store: load them for the reducer

@@ -47,14 +47,12 @@ from noetl_stream.control.endpoints import (
 )
 from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.reducer import (
-    COMPILE_INLINE_CHARS,
     PlanCache,
     invalid_playbook_error,
     plan_key,
     rejection_events,
 )
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
@@ -460,32 +458,18 @@ class Intake:
         assert request.playbook is not None
         digest = plan_key(request.playbook, request.extensions)
         if digest not in self._checked:
-            self._remember(digest, await self._compile(request, digest))
+            self._remember(digest, await self._compile(request))
         error, steps = self._checked[digest]
         if error is None and request.return_step is not None and request.return_step not in steps:
             message = f"bad request: 'return_step' {request.return_step!r} is not a step of the playbook"
             return {"kind": "bad_request", "message": _short(message)}
         return error
 
-    async def _compile(
-        self, request: ExecutionRequest, digest: str
-    ) -> tuple[dict[str, Any] | None, frozenset[str]]:
+    async def _compile(self, request: ExecutionRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:
         assert request.playbook is not None
-        plan = self.plans.get(digest)
-        diagnostics: tuple[Diagnostic, ...] = ()
-        if plan is None:
-            args = (
-                request.playbook,
-                request.file or request.path or "<playbook>",
-                request.extensions,
-                digest,
-            )
-            if len(request.playbook) > COMPILE_INLINE_CHARS:
-                plan, diagnostics = await asyncio.to_thread(self.plans.compile, *args)
-            else:
-                plan, diagnostics = self.plans.compile(*args)
-            if plan is not None:
-                self.plans.store(plan)  # the reducer, folding this request, finds it compiled
+        file = request.file or request.path or "<playbook>"
+        # Into the reducer's cache: folding this request, it finds the plan compiled.
+        plan, diagnostics = await self.plans.load_off_loop(request.playbook, file, request.extensions)
         if plan is None:
             return invalid_playbook_error(diagnostics), frozenset()
         return None, frozenset(step.name for step in plan.playbook.workflow)

@@ -8,6 +8,7 @@ publish. Every id it mints is deterministic, so publishing the same effects twic
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -46,9 +47,8 @@ __all__ = [
 ]
 
 COMPILE_INLINE_CHARS = 16 * 1024
-"""Playbooks up to this long are compiled on the controller's event loop (milliseconds); the callers that
-can (intake, the controller before a fold) compile longer ones in a thread, so that seconds of parsing
-do not hold up every other execution (and the partition leases)."""
+"""Playbooks up to this long are compiled on the controller's event loop (milliseconds); intake and the
+controller, before a fold, compile longer ones in a thread (`PlanCache.load_off_loop`)."""
 
 
 def plan_key(text: str, extensions: Iterable[str] = ()) -> str:
@@ -82,17 +82,34 @@ class PlanCache:
             self.store(plan)
         return plan, diagnostics
 
+    async def load_off_loop(
+        self, text: str, file: str, extensions: Iterable[str] = ()
+    ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+        """`load`, compiling a playbook longer than `COMPILE_INLINE_CHARS` in a thread: seconds of parsing
+        would hold up the caller's event loop (every other execution, the partition leases)."""
+        extensions = tuple(extensions)
+        if len(text) <= COMPILE_INLINE_CHARS:
+            return self.load(text, file, extensions)
+        digest = plan_key(text, extensions)
+        plan = self._plans.get(digest)
+        if plan is not None:
+            return plan, ()
+        plan, diagnostics = await asyncio.to_thread(self.compile, text, file, extensions, digest)
+        if plan is not None:
+            self.store(plan)
+        return plan, diagnostics
+
     def compile(
         self, text: str, file: str, extensions: Iterable[str], digest: str
     ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
-        """Compile without touching the cache: pure, so a caller may run it in a thread (a large playbook
-        takes seconds) and `store` the plan afterwards. `digest` is ``plan_key(text, extensions)``."""
+        """Compile without touching the cache (pure: `load_off_loop` runs it in a thread). `digest` is
+        ``plan_key(text, extensions)``."""
         result = compile_playbook(text, file, extensions=tuple(extensions))
         if result.playbook is None:
             return None, result.diagnostics
         return Plan.build(result.playbook, text, digest, self.default_pool), result.diagnostics
 
-    def store(self, plan: Plan) -> None:
+    def store(self, plan: Plan) -> None:  # on the event loop only
         if len(self._plans) >= self.max_size:
             self._plans.pop(next(iter(self._plans)))
         self._plans[plan.content_hash] = plan

@@ -24,9 +24,9 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
-from noetl_stream.control.endpoints import MAX_ID_LENGTH, MAX_SEQ
+from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.local import Runtime
-from noetl_stream.subjects import MAX_TOKEN_LENGTH, SubjectError
+from noetl_stream.subjects import MAX_NEW_ID_LENGTH, MAX_TOKEN_LENGTH, SubjectError
 
 GOOD = playbook(
     """
@@ -83,7 +83,7 @@ async def test_execute_refuses_an_id_too_long_for_a_subject(runtime: Runtime, bo
     code, reply = refusal(await call(runtime, "execute", body))
 
     assert code == "400" and what in reply["detail"], reply
-    assert len(reply["execution_id"]) <= MAX_ID_LENGTH
+    assert len(reply["execution_id"]) <= MAX_NEW_ID_LENGTH
     summary = await follow(runtime.nc, runtime.topology, reply["execution_id"], timeout=10)
     assert summary.status == "rejected"
     await assert_still_serving(runtime)

@@ -10,14 +10,14 @@ import msgspec
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from noetl_stream.control.endpoints import ApiError, check_id
+from noetl_stream.control.endpoints import ApiError
 from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.metrics import Metrics
 from noetl_stream.kv.catalog import Catalog
 from noetl_stream.kv.keychain import Keychain
 from noetl_stream.operations import ErrorReply
-from noetl_stream.subjects import SubjectError, Topology
+from noetl_stream.subjects import SubjectError, Topology, check_token
 
 __all__ = [
     "CONTEXT",
@@ -66,7 +66,7 @@ def context(request: web.Request) -> ApiContext:
 def path_execution_id(request: web.Request) -> str:
     """The ``{execution_id}`` of the route's path, checked (400 for a malformed or too long one)."""
     try:
-        return check_id(request.match_info["execution_id"])
+        return check_token(request.match_info["execution_id"], "execution id")
     except SubjectError as exc:
         raise ApiError(400, "bad_request", str(exc)) from None
 

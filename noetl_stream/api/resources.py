@@ -6,7 +6,7 @@ from aiohttp import web
 from nats.js.errors import BucketNotFoundError
 
 from noetl_stream.api.http import ApiError, context, read_json, reply
-from noetl_stream.control.endpoints import MAX_ID_LENGTH, catalog_error
+from noetl_stream.control.endpoints import catalog_error
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.catalog import CatalogConflictError, CatalogError, CatalogNotFoundError
 from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, check_name
@@ -19,6 +19,7 @@ from noetl_stream.operations import (
     KeychainList,
     KeychainPut,
 )
+from noetl_stream.subjects import MAX_NEW_ID_LENGTH
 
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain")
 
@@ -85,9 +86,11 @@ def _keychain(request: web.Request) -> Keychain:
 
 def _name(request: web.Request) -> str:
     name = request.match_info["name"]
-    if len(name) > MAX_ID_LENGTH:  # its KV subject would be longer than the server takes
+    if len(name) > MAX_NEW_ID_LENGTH:  # its KV subject would be longer than the server takes
         raise ApiError(
-            400, "bad_request", f"invalid keychain name of {len(name)} characters: at most {MAX_ID_LENGTH}"
+            400,
+            "bad_request",
+            f"invalid keychain name of {len(name)} characters: at most {MAX_NEW_ID_LENGTH}",
         )
     try:
         return check_name(name)

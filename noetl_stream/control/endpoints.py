@@ -37,16 +37,13 @@ from noetl_stream.operations import (
     ExecutionRef,
     ListExecutions,
 )
-from noetl_stream.subjects import MAX_NEW_ID_LENGTH, SubjectError, Topology, check_new_id, check_token
+from noetl_stream.subjects import Topology
 
 __all__ = [
     "ENDPOINTS",
-    "MAX_ID_LENGTH",
     "MAX_SEQ",
     "ApiError",
     "QueryEndpoints",
-    "check_id",
-    "check_new_id",
     "internal_error",
     "respond_error",
 ]
@@ -69,24 +66,8 @@ async def respond_error(req: Request, err: ApiError) -> None:
     await req.respond_error(str(err.code), err.reply.detail, msgspec.json.encode(err.reply))
 
 
-MAX_ID_LENGTH = MAX_NEW_ID_LENGTH
-"""The longest id a caller may give something new (`subjects.check_new_id`)."""
-
-
-def check_id(value: str, what: str = "execution id") -> str:
-    """An id that names something that may exist: `check_token`; raise `SubjectError` otherwise."""
-    return check_token(value, what)
-
-
 MAX_SEQ = 2**63 - 2
 """The largest stream sequence a caller may give as ``after`` (the server's sequences are 64-bit)."""
-
-
-def _checked_id(value: str) -> str:
-    try:
-        return check_id(value)
-    except SubjectError as exc:
-        raise ApiError(400, "bad_request", f"bad request: {exc}") from None
 
 
 def decode(raw: bytes, type_: type[Req]) -> Req:
@@ -179,7 +160,7 @@ class QueryEndpoints:
     # -- executions -----------------------------------------------------------------------------
     async def status(self, raw: bytes) -> msgspec.Struct:
         ref = decode(raw, ExecutionRef)
-        summary = await self.inspector.status(_checked_id(ref.execution_id))
+        summary = await self.inspector.status(ref.execution_id)
         if summary is None:
             raise ApiError(404, "not_found", f"no execution {ref.execution_id}")
         return summary
@@ -188,14 +169,14 @@ class QueryEndpoints:
         query = decode(raw, EventsRequest)
         if not 0 <= query.after <= MAX_SEQ:
             raise ApiError(400, "bad_request", f"bad request: 'after' must be between 0 and {MAX_SEQ}")
-        page = await self.inspector.events(_checked_id(query.execution_id), query.after, query.limit)
+        page = await self.inspector.events(query.execution_id, query.after, query.limit)
         if page is None:
             raise ApiError(404, "not_found", f"no execution {query.execution_id}")
         return page
 
     async def ctx(self, raw: bytes) -> msgspec.Struct:
         ref = decode(raw, ExecutionRef)
-        reply = await self.inspector.ctx(_checked_id(ref.execution_id))
+        reply = await self.inspector.ctx(ref.execution_id)
         if reply is None:
             raise ApiError(404, "not_found", f"no execution {ref.execution_id}")
         return reply

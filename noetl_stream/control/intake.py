@@ -36,11 +36,8 @@ from nats.micro.service import EndpointConfig, Service, ServiceConfig
 from noetl_stream import __version__
 from noetl_stream import events as E
 from noetl_stream.control.endpoints import (
-    MAX_ID_LENGTH,
     ApiError,
     QueryEndpoints,
-    check_id,
-    check_new_id,
     decode,
     internal_error,
     respond_error,
@@ -58,7 +55,7 @@ from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
 from noetl_stream.outbox import AlreadyStored, Outbox
-from noetl_stream.subjects import SubjectError, Topology
+from noetl_stream.subjects import MAX_NEW_ID_LENGTH, SubjectError, Topology, check_new_id, check_token
 from noetl_stream.wire import (
     Event,
     ExecutionRequest,
@@ -120,7 +117,7 @@ def _parse_request(raw: bytes) -> ExecutionRequest:
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (+ 'version'), not both")
     for value, what, check in (
         (request.execution_id, "execution id", check_new_id),
-        (request.parent_execution_id, "parent execution id", check_id),
+        (request.parent_execution_id, "parent execution id", check_token),
         (request.pool, "pool", check_new_id),
     ):
         if value is not None:
@@ -128,9 +125,9 @@ def _parse_request(raw: bytes) -> ExecutionRequest:
                 check(value, what)
             except SubjectError as exc:
                 raise RequestError(f"bad request: {exc}") from None
-    if request.trace_id is not None and len(request.trace_id) > MAX_ID_LENGTH:  # every event carries it
+    if request.trace_id is not None and len(request.trace_id) > MAX_NEW_ID_LENGTH:  # every event carries it
         raise RequestError(
-            f"bad request: 'trace_id' of {len(request.trace_id)} characters: at most {MAX_ID_LENGTH}"
+            f"bad request: 'trace_id' of {len(request.trace_id)} characters: at most {MAX_NEW_ID_LENGTH}"
         )
     if request.deadline_s is not None and request.deadline_s <= 0:
         raise RequestError("bad request: 'deadline_s' must be a positive number of seconds")
@@ -309,7 +306,7 @@ class Intake:
     async def control(self, execution_id: str, name: str, reason: str | None = None) -> ControlAccepted:
         """Record an operator action (``execution.cancel.requested``, ...) for an existing execution."""
         try:
-            ev = control_event(check_id(execution_id), name, reason)
+            ev = control_event(check_token(execution_id, "execution id"), name, reason)
         except SubjectError as exc:
             raise ApiError(400, "bad_request", f"bad request: {exc}") from None
         if reason is not None and len(reason) > MAX_MESSAGE:  # the event carries it (and fits in a message)

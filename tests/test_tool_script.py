@@ -4,8 +4,13 @@ everything they started when their time is up. Real processes, a real runtime fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +111,115 @@ async def _gone(pid: int) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"the script's background child {pid} still runs")
+
+
+ESCAPE = """
+setsid sh -c 'echo $$ > {d}/a.tmp; mv {d}/a.tmp {d}/a; exec sleep 300' &
+( setsid sh -c 'echo $$ > {d}/b.tmp; mv {d}/b.tmp {d}/b; exec sleep 300' & ) &
+until [ -e {d}/a ] && [ -e {d}/b ]; do sleep 0.01; done
+touch {d}/ready
+"""
+"""Two processes that leave the script's process group (``setsid``, and ``setsid`` in a double fork);
+each writes its pid to a file, and the script goes on once both have."""
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sweep reads /proc")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """State and parent pid of a process, None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def _alive(pid: int) -> bool:
+    """Running, or a zombie still ours to reap (a zombie orphan is dead: init reaps it, or never here)."""
+    stat = _stat(pid)
+    return stat is not None and (stat[0] != "Z" or stat[1] == os.getpid())
+
+
+async def _all_gone(pids: list[int]) -> None:
+    for _ in range(200):  # SIGKILL is sent; the kernel tears the processes down shortly
+        if not any(_alive(pid) for pid in pids):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"escaped processes still run: {[pid for pid in pids if _alive(pid)]}")
+
+
+@contextlib.contextmanager
+def _escaped(d: Path) -> Iterator[list[int]]:
+    """The pids the `ESCAPE` script wrote, filled once it has run; whatever still runs of them at the
+    end is killed here (by pid, if still a sleep), so a failing test leaks nothing."""
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        for name in ("a", "b"):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int((d / name).read_text())
+                if _alive(pid) and b"sleep" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _pids(d: Path) -> list[int]:
+    assert (d / "ready").exists(), "the script did not get to start its escaped processes"
+    return [int((d / name).read_text()) for name in ("a", "b")]
+
+
+@linux_only
+async def test_processes_that_left_the_process_group_are_killed_when_the_script_ends(
+    tmp_path: Path,
+) -> None:
+    with _escaped(tmp_path):
+        out = await script({"code": ESCAPE.format(d=tmp_path) + "echo done"})
+        assert out.status == "ok", out.error
+        assert out.result["stdout"] == "done\n"
+        await _all_gone(_pids(tmp_path))
+
+
+@linux_only
+async def test_processes_that_left_the_process_group_are_killed_at_the_timeout(tmp_path: Path) -> None:
+    with _escaped(tmp_path):
+        out = await script({"code": ESCAPE.format(d=tmp_path) + "sleep 300"}, {"timeout": 3})
+        assert out.status == "error" and out.error is not None
+        assert out.error["kind"] == "timeout"
+        await _all_gone(_pids(tmp_path))
+
+
+@linux_only
+async def test_processes_that_left_the_process_group_are_killed_when_the_task_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    with _escaped(tmp_path):
+        task = asyncio.create_task(script({"code": ESCAPE.format(d=tmp_path) + "sleep 300"}))
+        for _ in range(400):
+            if (tmp_path / "ready").exists():
+                break
+            await asyncio.sleep(0.025)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _all_gone(_pids(tmp_path))
+
+
+@linux_only
+async def test_a_process_without_the_runs_marker_survives_a_script_run(tmp_path: Path) -> None:
+    """The worker's own processes, and one with another run's marker, are not the script's to kill."""
+    plain = subprocess.Popen(["sleep", "300"])
+    other = subprocess.Popen(["sleep", "300"], env={**os.environ, "NOETL_SCRIPT_RUN": "0" * 32})
+    try:
+        with _escaped(tmp_path):
+            out = await script({"code": ESCAPE.format(d=tmp_path)})
+            assert out.status == "ok", out.error
+            await _all_gone(_pids(tmp_path))  # the sweep ran
+        assert plain.poll() is None and other.poll() is None
+    finally:
+        for proc in (plain, other):
+            proc.kill()
+            proc.wait()
 
 
 async def test_a_chatty_script_keeps_the_tail_of_its_output() -> None:

@@ -13,6 +13,13 @@ bytes replaced), and ``json`` the whole stdout decoded as JSON when it is JSON (
 exit code is ``script_error`` (not retryable; the result is still there). ``spec.timeout`` (seconds)
 bounds the run: the script and every process it started are killed (SIGKILL to its process group) and
 the task fails with ``timeout`` (retryable). A cancelled step kills them too.
+
+When the script ends (by itself, at its timeout, or cancelled), what it started in the background is
+killed too: its process group, and every process that left the group (``setsid``, a double fork, a
+daemon). Those are found by a marker in their environment: ``NOETL_SCRIPT_RUN``, a random value for
+each run, inherited by every descendant. The worker reads ``/proc/<pid>/environ`` of the processes it
+may signal and SIGKILLs those whose environment holds that exact entry. It is Linux-only (without
+``/proc`` that sweep is skipped), and a descendant that clears its environment still escapes.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ import os
 import signal
 import sys
 import tempfile
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import structlog
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext
@@ -39,6 +48,17 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 
 OUTPUT_LIMIT = 64 * 1024
 """Bytes of stdout and stderr kept (the last ones)."""
+
+RUN_MARKER = "NOETL_SCRIPT_RUN"
+"""The variable that marks every process of one run: its value is new for each run."""
+
+SWEEP_ROUNDS = 5
+"""At most this many scans of ``/proc`` per run: another one only while the last killed new processes
+(one may fork between the scan that finds it and its kill)."""
+
+PROC = "/proc"
+
+log = structlog.get_logger(__name__)
 
 
 class _ConfigError(ValueError):
@@ -102,12 +122,86 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _is_marked(pid: int, entry: bytes, uid: int) -> bool:
+    """Whether process `pid` (of user `uid`, unless the worker is root) has `entry` in its environment.
+    A process that is gone, a zombie (its environment reads empty), a kernel thread or another user's
+    process is not."""
+    try:
+        if uid != 0 and os.stat(f"{PROC}/{pid}").st_uid != uid:
+            return False
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    return entry in environ and entry in environ.split(b"\0")
+
+
+def _kill_marked_pid(pid: int, entry: bytes, uid: int) -> bool:
+    """SIGKILL `pid` if it still holds `entry`; through a pidfd, so that a pid reused by another process
+    between the scan and the kill is not signalled."""
+    if not hasattr(os, "pidfd_open"):  # pragma: no cover - a Linux kernel before 5.3
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            return True
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already
+        return False
+    try:
+        if not _is_marked(pid, entry, uid):  # no longer the process the scan found
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _kill_marked(marker: str) -> list[int]:
+    """SIGKILL every process whose environment holds ``NOETL_SCRIPT_RUN=<marker>``: what the script left
+    running, also outside its process group. The pids killed. Never raises."""
+    if not os.path.isdir(f"{PROC}/self"):
+        log.debug("script.sweep_skipped", reason=f"no {PROC} on this system")
+        return []
+    entry = f"{RUN_MARKER}={marker}".encode()
+    me, uid = os.getpid(), os.geteuid()
+    killed: list[int] = []
+    try:
+        for _ in range(SWEEP_ROUNDS):
+            found = [
+                pid
+                for pid in (int(name) for name in os.listdir(PROC) if name.isdigit())
+                if pid != me and pid not in killed and _is_marked(pid, entry, uid)
+            ]
+            new = [pid for pid in found if _kill_marked_pid(pid, entry, uid)]
+            if not new:
+                break
+            killed.extend(new)
+    except Exception as exc:  # a sweep never fails the task nor the worker
+        log.warning("script.sweep_failed", marker=marker, error=str(exc) or type(exc).__name__)
+    if killed:
+        log.info("script.escaped_killed", marker=marker, pids=killed)
+    return killed
+
+
+async def _sweep(marker: str) -> None:
+    """`_kill_marked` off the event loop; it finishes even if the task is cancelled meanwhile."""
+    try:
+        await asyncio.shield(asyncio.to_thread(_kill_marked, marker))
+    except RuntimeError:  # the loop's executor is shut down (the worker is stopping): sweep here
+        _kill_marked(marker)
+
+
 async def run_script(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     try:
         interpreter, code, path = _command(config)
         env = _environment(config, ctx)
     except _ConfigError as exc:
         return Outcome.fail("config_error", str(exc))
+    marker = uuid.uuid4().hex
+    env[RUN_MARKER] = marker  # after `env`: a task cannot unset or share it
     timeout = ctx.spec.get("timeout")
     limit = float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
     with tempfile.TemporaryDirectory(prefix="noetl-script-") as workdir:
@@ -140,13 +234,16 @@ async def run_script(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         except TimeoutError:
             _kill(proc)
             await proc.wait()
+            await _sweep(marker)
             return Outcome.fail(
                 "timeout", f"script task '{ctx.task}' ran longer than {limit}s", retryable=True
             )
         except BaseException:  # cancelled (the step's timeout, a cancelled execution): leave nothing behind
             _kill(proc)
+            await _sweep(marker)
             raise
         _kill(proc)  # the script ended; what it started in the background is ours to stop
+        await _sweep(marker)
         out, err = _tail_of(out_path), _tail_of(err_path)
     stdout, stderr = _tail(out), _tail(err)
     try:

@@ -34,7 +34,7 @@ import asyncio
 import collections
 import functools
 import weakref
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Protocol
 
 import msgspec
@@ -61,6 +61,7 @@ from noetl_stream.natsconn import (
 __all__ = [
     "DUPLICATE_IN_PROCESS",
     "EXPECTED_LAST_SUBJECT_SEQUENCE",
+    "EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT",
     "WRONG_LAST_SEQUENCE",
     "WRONG_LAST_SEQUENCE_PENDING",
     "PubAck",
@@ -70,6 +71,7 @@ __all__ = [
 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 WRONG_LAST_SEQUENCE = 10071
 """The ``err_code`` of a publish refused because its subject's last sequence is not the expected one."""
 WRONG_LAST_SEQUENCE_PENDING = 10164
@@ -88,10 +90,20 @@ _HPUB_REPLY_NEW = (
     b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\nNats-Expected-Last-Subject-Sequence: 0\r\n\r\n%b\r\n"
 )
 _HEADER_LEN_NEW = len(b"NATS/1.0\r\nNats-Msg-Id: \r\nNats-Expected-Last-Subject-Sequence: 0\r\n\r\n")
+# And with a third: the subjects checked are those matching a filter, not the message's own.
+_HPUB_REPLY_NEW_ON = (
+    b"HPUB %b %b %d %d\r\nNATS/1.0\r\nNats-Msg-Id: %b\r\nNats-Expected-Last-Subject-Sequence: 0\r\n"
+    b"Nats-Expected-Last-Subject-Sequence-Subject: %b\r\n\r\n%b\r\n"
+)
+_HEADER_LEN_NEW_ON = _HEADER_LEN_NEW + len(b"Nats-Expected-Last-Subject-Sequence-Subject: \r\n")
 _NO_RESPONDERS = "503"
 _CONNECTED = NATS.CONNECTED
 _TICK_S = 0.25
 DEFAULT_TIMEOUT_S = 10.0
+_STREAM_INFO = "$JS.API.STREAM.INFO."  # the default JetStream API prefix, as the runtime's contexts use
+_RECHECK_S = 60.0  # a stream's configuration is looked at again this long after (on use, without waiting)
+_RETRY_S = 5.0  # after a failed look: "may refuse" meanwhile
+_LOOKUP_TIMEOUT_S = 5.0
 
 
 Message = tuple[str, bytes, str]
@@ -115,6 +127,37 @@ class PubAck(msgspec.Struct):
 
 
 _decode_ack = msgspec.json.Decoder(PubAck).decode
+
+
+class _StreamConfig(msgspec.Struct):
+    """What of a stream's configuration says whether it may refuse one message and store a later one."""
+
+    max_msg_size: int = -1
+    discard: str = "old"
+    discard_new_per_subject: bool = False
+    mirror: dict[str, object] | None = None
+
+
+class _StreamInfo(msgspec.Struct):
+    config: _StreamConfig | None = None
+    error: ApiError | None = None
+
+
+_decode_info = msgspec.json.Decoder(_StreamInfo).decode
+
+
+def _may_refuse_one(config: _StreamConfig) -> bool:
+    """Whether the stream may refuse one message of a connection and store a later one: only per-message
+    limits do that, a maximum message size or a full limit with ``discard: new`` (``max_msgs``,
+    ``max_bytes``, ``max_msgs_per_subject`` with ``discard_new_per_subject``). A mirror stores nothing
+    published (its name is not where the messages go: nothing known). A sealed stream, or one whose
+    every message the server refuses alike (no ack, counters), fails every caller of a group rightly."""
+    return (
+        config.max_msg_size > 0
+        or config.discard == "new"
+        or config.discard_new_per_subject
+        or config.mirror is not None
+    )
 
 
 def api_error(err: ApiError) -> APIError:
@@ -161,7 +204,7 @@ _Ready = tuple[bytes, bytes, bytes]
 class _Batch:
     """The messages `Publisher.confirm` collects during one turn of the event loop, written at its end."""
 
-    __slots__ = ("deadline", "groups", "last", "messages", "size")
+    __slots__ = ("alone", "deadline", "groups", "last", "messages", "size")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
@@ -169,10 +212,15 @@ class _Batch:
         self.messages: list[_Ready] = []
         self.last: dict[str, int] = {}  # stream -> index of its last message: the one asking for the ack
         self.groups: dict[str, _Group] = {}
+        # index of a caller's last message to a stream that may refuse one message -> that caller's future
+        self.alone: dict[int, asyncio.Future[PubAck]] = {}
 
-    def add(self, messages: list[_Ready], stream: str, fut: asyncio.Future[PubAck]) -> None:
+    def add(self, messages: list[_Ready], stream: str, fut: asyncio.Future[PubAck], alone: bool) -> None:
         self.size += sum(len(m[2]) for m in messages)
         self.messages.extend(messages)
+        if alone:  # its own ack: another caller's message stored after it says nothing of its own
+            self.alone[len(self.messages) - 1] = fut
+            return
         self.last[stream] = len(self.messages) - 1
         group = self.groups.get(stream)
         if group is None:
@@ -202,6 +250,9 @@ class Publisher:
         self._deadlines: collections.deque[tuple[float, str, _Settles]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
         self._batch: _Batch | None = None  # what `confirm` collects during this turn of the loop
+        # stream -> (may it refuse one message and store a later one, when to look at its config again)
+        self._streams: dict[str, tuple[bool, float]] = {}
+        self._lookups: dict[str, asyncio.Task[None]] = {}  # stream -> its stream info request in flight
         self._init_lock = asyncio.Lock()
         self._chain_disconnected(nc)
 
@@ -245,7 +296,7 @@ class Publisher:
         messages: list[Message],
         ack_from: int,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        expect_new: Collection[int] = (),
+        expect_new: Collection[int] | Mapping[int, str] = (),
     ) -> list[asyncio.Future[PubAck]]:
         """Publish `messages` (subject, payload, ``Nats-Msg-Id``) in order, as one write to the
         connection's buffer; those from index `ack_from` on ask for an ack: their futures, in order,
@@ -255,7 +306,10 @@ class Publisher:
         message yet; the server refuses them otherwise, and their futures fail with a
         ``BadRequestError`` whose ``err_code`` is `WRONG_LAST_SEQUENCE` (or, on a cluster while another
         message on the subject is being stored, `WRONG_LAST_SEQUENCE_PENDING`). They must ask for an ack
-        (an index from `ack_from` on): a refusal nobody hears of would be a message silently lost."""
+        (an index from `ack_from` on): a refusal nobody hears of would be a message silently lost.
+        Given as a mapping, an index's non-empty value is a subject filter (as stored, wildcards allowed):
+        the message is stored only if no subject matching it holds a message (an insert-if-absent over
+        several subjects: e.g. one execution's request and its rejection exclude each other)."""
         if expect_new and (min(expect_new) < ack_from or max(expect_new) >= len(messages)):
             raise ValueError(
                 f"expect_new {sorted(expect_new)}: each index must be an acked message's "
@@ -278,8 +332,10 @@ class Publisher:
                 if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
                     raise nats.errors.BadHeaderError(MSG_ID)
                 mid = msg_id.encode()
+                on = expect_new.get(i, "") if isinstance(expect_new, Mapping) else ""
+                filt = _subject(on) if on else b""
                 # The server's limit counts the headers too, and it closes a connection that passes it.
-                if _HEADER_LEN_NEW + len(mid) + n > max_payload:
+                if (_HEADER_LEN_NEW_ON + len(filt) if filt else _HEADER_LEN_NEW) + len(mid) + n > max_payload:
                     raise nats.errors.MaxPayloadError
                 size += n
                 hlen = _HEADER_LEN + len(mid)
@@ -294,6 +350,13 @@ class Publisher:
                 deadlines.append((deadline, token, fut))
                 reply = self._prefix_b + token.encode()
                 if expect_new and i in expect_new:
+                    if filt:
+                        hlen = _HEADER_LEN_NEW_ON + len(mid) + len(filt)
+                        parts.append(
+                            _HPUB_REPLY_NEW_ON
+                            % (_subject(subject), reply, hlen, hlen + n, mid, filt, payload)
+                        )
+                        continue
                     hlen = _HEADER_LEN_NEW + len(mid)
                     parts.append(_HPUB_REPLY_NEW % (_subject(subject), reply, hlen, hlen + n, mid, payload))
                     continue
@@ -312,8 +375,9 @@ class Publisher:
         self, messages: list[Message], stream: str, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> asyncio.Future[PubAck]:
         """Publish `messages` (subject, payload, ``Nats-Msg-Id``), all bound for `stream`, in order; the
-        future settles with the `PubAck` of the last message of the turn's write bound for `stream`, or
-        fails as `send`'s do.
+        future settles with the `PubAck` of the last message of the turn's write bound for `stream` (of
+        this caller's own last message, for a stream that may refuse one message), or fails as `send`'s
+        do.
 
         Messages confirmed during one turn of the event loop are written together at its end, and only
         the last one bound for each stream asks for an ack: JetStream processes one connection's
@@ -323,9 +387,19 @@ class Publisher:
         the same turn, that is one ack for all of them instead of one each.
 
         Processed is stored unless the stream refuses one message on its own and stores the next: only
-        per-message limits do that (``max_msg_size``, ``discard: new`` with a full limit), which the
-        runtime's streams never have (docs/architecture.md, "Group commit across handlers"). `stream`
-        must be the stream the subjects are stored in: the key that groups the messages under one ack."""
+        per-message limits do that (``max_msg_size``, ``discard: new`` with a full limit). So the
+        publisher looks at the configuration of `stream` the first time a confirm names it (one stream
+        info request, which that confirm awaits, within its timeout) and again a minute later, on use,
+        without waiting. A stream with such limits (or a mirror, or one whose info cannot be fetched:
+        no such stream, no answer, not connected; looked at again a few seconds later) gets one ack per
+        caller: the last message of each caller's group asks for one and settles that caller's future
+        alone, with its own `PubAck` or API error. The runtime's streams have no such limits
+        (docs/architecture.md, "Group commit across handlers"). What remains: a caller's earlier
+        message refused while its own last one is stored (as with `send` and one ack at the end), and a
+        limit set on the stream since its configuration was last looked at (up to a minute).
+
+        `stream` must be the stream the subjects are stored in: the key that groups the messages under
+        one ack, and the configuration looked at."""
         (fut,) = await self.confirm_all([(messages, stream)], timeout_s)
         return fut
 
@@ -341,7 +415,12 @@ class Publisher:
         if not self._prefix:
             await self._subscribe()
         max_payload = nc._max_payload
-        checked: list[tuple[list[_Ready], str]] = []
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = now + timeout_s
+        known = self._streams
+        checked: list[tuple[list[_Ready], str, bool]] = []
+        stale = False
         size = 0
         for messages, stream in groups:  # what nats-py would refuse fails this caller only, before any write
             ready: list[_Ready] = []
@@ -353,28 +432,35 @@ class Publisher:
                     raise nats.errors.MaxPayloadError
                 size += len(payload)
                 ready.append((_subject(subject), mid, payload))
-            checked.append((ready, stream))
+            looked = known.get(stream)  # (may it refuse one message, when to look again)
+            if looked is None or looked[1] <= now:
+                stale = True
+            checked.append((ready, stream, True if looked is None else looked[0]))
+        if stale:  # a stream not looked at yet is waited for; one looked at a minute ago, not
+            check_writable(nc, 0)  # closed: no request
+            checked = await self._look_up(checked, now, deadline)
         batch = self._batch
         # While reconnecting, writes are buffered: the limit counts what this turn collected so far too.
         check_writable(nc, size + (batch.size if batch is not None else 0))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         if batch is None:
             batch = self._batch = _Batch(deadline)
             loop.call_soon(self._write_batch, batch)
         elif deadline < batch.deadline:
             batch.deadline = deadline  # the shortest timeout of the turn's callers holds for the write
         futures: list[asyncio.Future[PubAck]] = []
-        for ready, stream in checked:
+        for ready, stream, alone in checked:
             fut: asyncio.Future[PubAck] = loop.create_future()
-            batch.add(ready, stream, fut)
+            batch.add(ready, stream, fut, alone)
             futures.append(fut)
         return futures
 
     def _write_batch(self, batch: _Batch) -> None:
-        """The end of the turn: write the messages confirmed during it, one ack request per stream."""
+        """The end of the turn: write the messages confirmed during it, one ack request per stream (per
+        caller for a stream that may refuse one message)."""
         self._batch = None
-        acked = {i: batch.groups[stream] for stream, i in batch.last.items()}  # index -> its stream's group
+        acked: dict[int, _Settles] = {i: batch.groups[stream] for stream, i in batch.last.items()}
+        if batch.alone:
+            acked.update(batch.alone)  # index -> what its ack settles
         parts: list[bytes] = []
         size = 0
         try:
@@ -398,8 +484,59 @@ class Publisher:
                 self._timer = asyncio.get_running_loop().call_later(_TICK_S, self._expire)
             write_soon(nc, b"".join(parts), len(batch.messages), size)
         except Exception as exc:  # the connection is gone: each caller hears it (and publishes again)
-            for group in batch.groups.values():
-                group.set_exception(exc)
+            for settles in acked.values():
+                if not settles.done():
+                    settles.set_exception(exc)
+
+    # -- stream configurations -----------------------------------------------------------------------
+    async def _look_up(
+        self, checked: list[tuple[list[_Ready], str, bool]], now: float, deadline: float
+    ) -> list[tuple[list[_Ready], str, bool]]:
+        """Look at the configuration of the streams of `checked` not looked at yet (awaited, until
+        `deadline` at most) or a while ago (not awaited: the answer of then holds meanwhile); `checked`
+        with what is known after. While the connection is not connected, nothing is requested: a stream
+        not looked at yet counts as one that may refuse a message, for this confirm."""
+        nc = self._conn()
+        known, lookups = self._streams, self._lookups
+        wait: set[asyncio.Task[None]] = set()
+        for _, stream, _ in checked:
+            k = known.get(stream)
+            if k is not None and k[1] > now:
+                continue
+            task = lookups.get(stream)
+            if task is None:
+                if nc._status != _CONNECTED:
+                    continue
+                task = lookups[stream] = asyncio.create_task(self._stream_info(stream))
+                task.add_done_callback(functools.partial(_forget_lookup, lookups, stream))
+            if k is None:
+                wait.add(task)
+        if not wait:
+            return checked
+        await asyncio.wait(wait, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+        return [
+            (ready, stream, alone if (k := known.get(stream)) is None else k[0])
+            for ready, stream, alone in checked
+        ]
+
+    async def _stream_info(self, stream: str) -> None:
+        """Request the stream's info and note whether it may refuse one message (yes if it cannot be
+        fetched: looked at again in `_RETRY_S`)."""
+        refuses, again = True, _RETRY_S
+        try:
+            msg = await self._conn().request(_STREAM_INFO + stream, b"", timeout=_LOOKUP_TIMEOUT_S)
+            info = _decode_info(msg.data)
+            if info.error is None and info.config is not None:
+                refuses, again = _may_refuse_one(info.config), _RECHECK_S
+        except Exception:  # no responders, a timeout, a bad name or answer, a closed connection
+            pass
+        self._streams[stream] = (refuses, asyncio.get_running_loop().time() + again)
+
+    def _cancel_lookups(self) -> None:
+        """A lost connection: its answers never come (confirms waiting for them go on as for a stream
+        that may refuse a message)."""
+        for task in list(self._lookups.values()):
+            task.cancel()
 
     # -- acks ----------------------------------------------------------------------------------------
     async def _subscribe(self) -> None:
@@ -467,6 +604,7 @@ class Publisher:
         async def on_disconnected() -> None:
             me, conn = ref(), nc_ref()
             if me is not None and conn is not None:
+                me._cancel_lookups()
                 if conn.is_closed:  # its subscriptions are gone: subscribe again if it is reconnected
                     me._prefix, me._prefix_b = "", b""
                     me._fail_all(nats.errors.ConnectionClosedError())
@@ -477,6 +615,11 @@ class Publisher:
 
         nc_ref = weakref.ref(nc)
         nc._disconnected_cb = on_disconnected
+
+
+def _forget_lookup(lookups: dict[str, asyncio.Task[None]], stream: str, task: asyncio.Task[None]) -> None:
+    if lookups.get(stream) is task:
+        del lookups[stream]
 
 
 @functools.lru_cache(maxsize=8192)  # an execution's subjects repeat, step after step

@@ -22,7 +22,8 @@ acks still awaited; an ack that never came) publishes everything again, with the
 command handed back ``max_deliver`` times during one election would fail its step.
 
 An event queued with ``expect_new`` is stored only if its subject holds no message yet (an insert-if-
-absent, e.g. the one ``playbook.execution.requested`` of an execution): it and every message after it
+absent; with ``new_on``, only if no subject matching that filter holds one: e.g. an execution's one
+``playbook.execution.requested`` or ``playbook.request.rejected``): it and every message after it
 in the flush are published with an ack, and a refusal raises `AlreadyStored`, which is not retried.
 
 A clustered stream refuses a message for a moment while another with its ``Nats-Msg-Id`` (or, for an
@@ -69,7 +70,8 @@ Message = tuple[str, bytes, str]
 
 
 class AlreadyStored(StateConflictError):
-    """An event queued with ``expect_new`` was refused: a message is already stored on its subject.
+    """An event queued with ``expect_new`` was refused: a message is already stored on its subject (on
+    one matching its ``new_on`` filter, for an event queued with one).
 
     Possibly by an earlier attempt of this same flush: an attempt that failed for a transient reason
     (no ack in time, a reconnect) may have stored it all the same, and the retry is refused (a single
@@ -116,18 +118,22 @@ class Outbox:
         self.topology = topology
         self._events: list[Message] = []
         self._commands: list[Message] = []
-        self._new: list[int] = []  # indices in `_events` of the events queued with expect_new
+        # Indices in `_events` of the events queued with expect_new -> the subject filter checked ("": own).
+        self._new: dict[int, str] = {}
         # What `send_now` wrote since the last flush, and the connection's reconnect count then: bytes
         # written before a reconnect may have died with the old socket, and are published again.
         self._sent: list[Message] = []
         self._sent_reconnects = 0
 
-    def event(self, event: Event, data: bytes | None = None, *, expect_new: bool = False) -> None:
+    def event(
+        self, event: Event, data: bytes | None = None, *, expect_new: bool = False, new_on: str = ""
+    ) -> None:
         """Queue an event (``data`` if the caller already encoded it). With `expect_new` it is stored only
-        if its subject holds no message yet; `flush` raises `AlreadyStored` otherwise."""
+        if its subject holds no message yet, or, given `new_on` (a stored-subject filter), if no subject
+        matching `new_on` does; `flush` raises `AlreadyStored` otherwise."""
         subject = self.topology.event_subject(event.execution_id, event.name)
-        if expect_new:
-            self._new.append(len(self._events))
+        if expect_new or new_on:
+            self._new[len(self._events)] = new_on
         self._events.append((subject, data if data is not None else encode(event), event.event_id))
 
     def command(self, command: Command, data: bytes | None = None) -> None:
@@ -165,7 +171,7 @@ class Outbox:
         commands, self._commands = self._commands, []
         new = self._new
         if new:
-            self._new = []
+            self._new = {}
         if not events and not commands:
             if not self._sent:
                 return
@@ -178,7 +184,7 @@ class Outbox:
                 if self._sent and self.nc.stats["reconnects"] != self._sent_reconnects:
                     # A reconnect since `send_now` wrote them: they go again, before the rest, same ids.
                     self._sent_reconnects = self.nc.stats["reconnects"]
-                    new = [i + len(self._sent) for i in new]
+                    new = {i + len(self._sent): on for i, on in new.items()}
                     events = self._sent + [m for m in events if m not in self._sent]
                 await self._publish(events, commands, new)
                 if self._sent and self.nc.stats["reconnects"] != self._sent_reconnects:
@@ -197,7 +203,7 @@ class Outbox:
                 )
                 await asyncio.sleep(delay)
 
-    async def _publish(self, events: list[Message], commands: list[Message], new: list[int]) -> None:
+    async def _publish(self, events: list[Message], commands: list[Message], new: dict[int, str]) -> None:
         if new:
             await self._publish_new(events, commands, new)
             return
@@ -216,14 +222,14 @@ class Outbox:
             if not ok:
                 _discard(futures)  # failed or cancelled: an ack that comes later is ignored
 
-    async def _publish_new(self, events: list[Message], commands: list[Message], new: list[int]) -> None:
+    async def _publish_new(self, events: list[Message], commands: list[Message], new: dict[int, str]) -> None:
         """A flush with ``expect_new`` events: on its own, each message from the first of them on acked."""
         futures: list[asyncio.Future[PubAck]] = []
         first_error: BaseException | None = None
         refused: AlreadyStored | None = None
         ok = False
         messages = events + commands
-        ack_from = min(max(0, len(events) - 1), new[0])
+        ack_from = min(max(0, len(events) - 1), min(new))
         try:
             futures = await self._pub.send(messages, ack_from, self.ack_timeout_s, new)
             for i, fut in enumerate(futures, ack_from):

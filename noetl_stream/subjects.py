@@ -210,6 +210,12 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         check_token(execution_id, "execution id")
         return f"{self.prefix}.events.{execution_id}.*.{_check_event_name(event_name)}"
 
+    def execution_claim_filter(self, execution_id: str) -> str:
+        """Every ``playbook.*`` record of one execution, as stored: ``noetl.events.<id>.*.playbook.>``. The
+        intake writes an execution's first record (its request, or its rejection) only while this holds
+        nothing: whichever of two racing submissions is stored first decides the execution."""
+        return f"{self.prefix}.events.{check_token(execution_id, 'execution id')}.*.playbook.>"
+
     def stored_any_execution_filter(self, event_name: str) -> str:
         """One event name of every execution, as stored: ``noetl.events.*.*.step.done``."""
         return f"{self.prefix}.events.*.*.{_check_event_name(event_name)}"

@@ -1,7 +1,9 @@
-"""An execution id is recorded once, against a real nats-server: `Intake.admit` publishes an accepted
-request's ``playbook.execution.requested`` only onto a subject with no message yet, so a request for
-an execution that exists (a client's retry, a redelivery) is answered without a second one, whatever
-its ``Nats-Msg-Id`` and however late it comes, and it never writes rejection events for it."""
+"""An execution id is decided once, against a real nats-server: `Intake.admit` publishes an execution's
+first record (its ``playbook.execution.requested``, or the ``playbook.request.rejected`` of a request
+that names no runnable playbook) only while the execution has no ``playbook.*`` record, so a request
+for an execution that is decided (a client's retry, a redelivery, another request with the same id,
+even one racing it) is answered with what was decided, whatever its ``Nats-Msg-Id`` and however late
+it comes: an execution never has both a request that runs and a rejection."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from nats.js import JetStreamContext
 from noetl_stream import events as E
 from noetl_stream.client import request_for
 from noetl_stream.control.intake import Intake
+from noetl_stream.control.reducer import rejection_events
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.subjects import Topology
@@ -53,7 +56,7 @@ async def test_a_request_admitted_again_is_recorded_once(
 
     assert await intake.admit(raw, no_default) == ("twice", None)
     assert await intake.admit(raw, no_default) == ("twice", None)
-    assert await intake.submit(raw, no_default, redelivered=True) == ("twice", None)
+    assert await intake.submit(raw, no_default) == ("twice", None)  # as a redelivery
 
     events = await history(js, topology, "twice")
     assert [ev.name for ev in events] == [E.EXECUTION_REQUESTED]
@@ -93,7 +96,7 @@ async def test_a_redelivered_request_without_an_id_is_recorded_once_under_its_de
         return "derived-1"
 
     assert await intake.admit(raw, default_id) == ("derived-1", None)
-    assert await intake.admit(raw, default_id, redelivered=True) == ("derived-1", None)
+    assert await intake.admit(raw, default_id) == ("derived-1", None)  # redelivered
 
     assert made == ["derived-1", "derived-1"]
     assert len(requested(await history(js, topology, "derived-1"))) == 1
@@ -114,7 +117,7 @@ async def test_a_late_duplicate_of_an_accepted_request_writes_no_rejection(
     unknown = encode(ExecutionRequest(path="tests/nowhere", execution_id="ran"))
     assert await intake.admit(unknown, no_default) == ("ran", None)
     redelivered = encode(ExecutionRequest(path="tests/nowhere"))
-    assert await intake.admit(redelivered, lambda: "ran", redelivered=True) == ("ran", None)
+    assert await intake.admit(redelivered, lambda: "ran") == ("ran", None)
 
     assert [ev.name for ev in await history(js, topology, "ran")] == [E.EXECUTION_REQUESTED]
 
@@ -125,11 +128,20 @@ async def test_a_new_request_that_cannot_run_is_still_rejected_once(
     invalid = encode(request_for(INVALID, "bad.yaml", execution_id="bad"))
     execution_id, error = await intake.admit(invalid, no_default)
     assert execution_id == "bad" and error is not None and error["kind"] == "invalid_playbook"
-    assert await intake.admit(invalid, no_default) == ("bad", None)  # it exists now (as rejected)
+    # Again (a retry, a redelivery): answered with the recorded rejection, nothing written.
+    again_id, again = await intake.admit(invalid, no_default)
+    assert again_id == "bad" and again is not None and again["kind"] == "invalid_playbook"
+    assert again["message"].startswith("execution 'bad' is recorded as rejected: ")
 
     unknown = encode(ExecutionRequest(path="tests/nowhere", execution_id="unknown"))
     execution_id, error = await intake.admit(unknown, no_default)
     assert execution_id == "unknown" and error is not None and error["kind"] == "unknown_playbook"
+    _, again = await intake.admit(unknown, no_default)
+    assert (
+        again is not None
+        and again["kind"] == "unknown_playbook"
+        and "recorded as rejected" in again["message"]
+    )
 
     names = [ev.name for ev in await history(js, topology, "bad")]
     assert names == [E.EXECUTION_REQUESTED, E.REQUEST_REJECTED, E.PLAYBOOK_PROCESSED]
@@ -137,6 +149,103 @@ async def test_a_new_request_that_cannot_run_is_still_rejected_once(
     assert ev.payload["rejected"]["kind"] == "invalid_playbook"
     names = [ev.name for ev in await history(js, topology, "unknown")]
     assert names == [E.REQUEST_REJECTED, E.PLAYBOOK_PROCESSED]
+
+
+def decided(events: list[Event]) -> str:
+    """What an execution's history says was decided: "accepted" or "rejected" (and it is one of them)."""
+    names = [ev.name for ev in events]
+    reqs = requested(events)
+    rejected_by_request = [ev for ev in reqs if "rejected" in ev.payload]
+    assert len(reqs) <= 1, names
+    if reqs and not rejected_by_request:
+        assert E.REQUEST_REJECTED not in names and E.PLAYBOOK_PROCESSED not in names, names
+        return "accepted"
+    assert names.count(E.REQUEST_REJECTED) == 1 and names.count(E.PLAYBOOK_PROCESSED) == 1, names
+    return "rejected"
+
+
+@pytest.mark.parametrize("other", ["invalid", "unknown", "malformed"])
+async def test_a_valid_and_a_failing_request_for_one_id_at_once_decide_it_one_way(
+    intake: Intake, js: JetStreamContext, topology: Topology, other: str
+) -> None:
+    """Two requests with the same id, admitted at the same moment, one that runs and one that is
+    rejected (a playbook that does not compile, a catalog path that is not there, a request that does
+    not parse): the execution is either accepted or rejected, never both, and both callers are told
+    what was decided."""
+    for n in range(12):
+        eid = f"race-{other}-{n}"
+        good = encode(request_for(GOOD, "good.yaml", execution_id=eid))
+        bad = {
+            "invalid": encode(request_for(INVALID, "bad.yaml", execution_id=eid)),
+            "unknown": encode(ExecutionRequest(path="tests/nowhere", execution_id=eid)),
+            "malformed": b'{"execution_id": "%s", "playbook": 7}' % eid.encode(),
+        }[other]
+        pair = (good, bad) if n % 2 else (bad, good)
+        answers = await asyncio.gather(*(intake.admit(raw, no_default) for raw in pair))
+
+        outcome = decided(await history(js, topology, eid))
+        for answer_id, error in answers:
+            assert answer_id == eid
+            assert (error is None) == (outcome == "accepted"), (outcome, answers)
+
+
+async def test_a_request_for_an_id_rejected_before_is_told_so_and_records_nothing(
+    intake: Intake, js: JetStreamContext, topology: Topology
+) -> None:
+    unknown = encode(ExecutionRequest(path="tests/nowhere", execution_id="taken"))
+    _, first = await intake.admit(unknown, no_default)
+    assert first is not None and first["kind"] == "unknown_playbook"
+    before = [ev.event_id for ev in await history(js, topology, "taken")]
+
+    # A request that would run, with the same id: the id is decided (rejected), so nothing runs.
+    execution_id, error = await intake.admit(
+        encode(request_for(GOOD, "good.yaml", execution_id="taken")), no_default
+    )
+    assert execution_id == "taken" and error is not None and error["kind"] == "unknown_playbook"
+    assert error["message"] == f"execution 'taken' is recorded as rejected: {first['message']}"
+    assert [ev.event_id for ev in await history(js, topology, "taken")] == before
+
+
+async def test_a_rejection_whose_writer_stopped_halfway_is_completed_by_the_next_delivery(
+    intake: Intake, js: JetStreamContext, topology: Topology
+) -> None:
+    """Intake writes an execution's deciding record first and ``playbook.processed`` after it: a crash
+    in between leaves the request unacknowledged, and its redelivery writes what is missing (once)."""
+    error = {"kind": "unknown_playbook", "message": "no playbook 'tests/nowhere' in the catalog"}
+    rejected, _ = rejection_events("half", "tests/nowhere", error, None)
+    await js.publish(
+        topology.event_subject("half", E.REQUEST_REJECTED), encode(rejected), headers={"Nats-Msg-Id": "other"}
+    )
+    unknown = encode(ExecutionRequest(path="tests/nowhere", execution_id="half"))
+    _, answer = await intake.admit(unknown, no_default)
+    assert answer is not None and answer["kind"] == "unknown_playbook"
+    names = [ev.name for ev in await history(js, topology, "half")]
+    assert names == [E.REQUEST_REJECTED, E.PLAYBOOK_PROCESSED]
+    (processed,) = [ev for ev in await history(js, topology, "half") if ev.name == E.PLAYBOOK_PROCESSED]
+    assert processed.payload == {"status": "rejected", "error": error}
+
+    # The same for a playbook that does not compile: its request event (carrying `rejected`) is stored,
+    # its rejection events are not.
+    invalid = request_for(INVALID, "bad.yaml", execution_id="half-invalid")
+    rejected_request = msgspec.structs.replace(
+        requested_event("half-invalid", INVALID, "bad.yaml"),
+        payload={
+            "request": msgspec.to_builtins(invalid),
+            "rejected": {"kind": "invalid_playbook", "message": "x"},
+        },
+    )
+    await js.publish(
+        topology.event_subject("half-invalid", E.EXECUTION_REQUESTED),
+        encode(rejected_request),
+        headers={"Nats-Msg-Id": "other-2"},
+    )
+    _, answer = await intake.admit(encode(invalid), no_default)
+    assert answer is not None and answer["kind"] == "invalid_playbook"
+    names = [ev.name for ev in await history(js, topology, "half-invalid")]
+    assert names == [E.EXECUTION_REQUESTED, E.REQUEST_REJECTED, E.PLAYBOOK_PROCESSED]
+    # A third delivery finds it complete: nothing more is written.
+    await intake.admit(encode(invalid), no_default)
+    assert len(await history(js, topology, "half-invalid")) == 3
 
 
 async def test_a_request_on_the_subject_without_an_id_runs_under_the_id_of_its_stream_position(

@@ -5,8 +5,9 @@ message redelivered after a crash) and records ``playbook.execution.requested``;
 the reducer does the rest when that event comes back through the controller's
 consumer. A malformed request is answered with ``playbook.request.rejected`` and a
 ``playbook.processed`` for its id: nothing is left half-started. An execution id is
-recorded once: a request for an execution that exists (a client's retry, a
-redelivery) changes nothing (`Intake.admit`).
+decided once, by its first record (its request or its rejection, whichever the server
+stores first): a request for a decided execution (a client's retry, a redelivery, a
+racing request with the same id) records nothing and is told the decision (`Intake.admit`).
 
 A request naming a catalog ``path`` (and ``version``, default latest) is resolved here: the
 requested event carries the resolved text in ``request.playbook`` and ``catalog: {path, version,
@@ -51,8 +52,9 @@ from noetl_stream.control.reducer import (
 )
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
+from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
-from noetl_stream.natsconn import ContinuousPuller, ack, num_delivered, stream_seq
+from noetl_stream.natsconn import ContinuousPuller, ack, stream_seq
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
 from noetl_stream.outbox import AlreadyStored, Outbox
 from noetl_stream.subjects import MAX_NEW_ID_LENGTH, SubjectError, Topology, check_new_id, check_token
@@ -253,7 +255,7 @@ class Intake:
                 self.topology.requests_stream, stream_seq(msg), msg.metadata.timestamp
             )
 
-        await self.submit(msg.data, default_id, redelivered=num_delivered(msg) > 1)
+        await self.submit(msg.data, default_id)
         await ack(msg)
 
     async def _on_execute(self, req: Request) -> None:
@@ -342,41 +344,35 @@ class Intake:
         exts = request.get("extensions") if isinstance(request, dict) else None
         return [e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else []
 
-    async def submit(
-        self, raw: bytes, default_id: str | Callable[[], str], *, redelivered: bool = False
-    ) -> tuple[str, str | None]:
+    async def submit(self, raw: bytes, default_id: str | Callable[[], str]) -> tuple[str, str | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error message or None)``."""
-        execution_id, error = await self.admit(raw, default_id, redelivered=redelivered)
+        execution_id, error = await self.admit(raw, default_id)
         return execution_id, None if error is None else str(error.get("message"))
 
     async def admit(
-        self, raw: bytes, default_id: str | Callable[[], str], *, redelivered: bool = False
+        self, raw: bytes, default_id: str | Callable[[], str]
     ) -> tuple[str, dict[str, Any] | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error or None)``; the error's
         ``kind`` is ``bad_request``, ``unknown_playbook`` or ``invalid_playbook``. `default_id` is the id
         of a request that brings none (a function making it is called only then).
 
-        A request whose execution is already recorded (a client retrying with its own execution id, a
-        request redelivered after a crash) is not recorded again, however late it comes: JetStream's
-        duplicate window alone would let a second ``playbook.execution.requested`` in after it. It is
-        answered as if it were recorded now, ``(execution_id, None)``. An accepted request's event is
-        published on the condition that its subject holds no message yet (``expect_new``): the server
-        refuses a second one, without a read first. A request that would be rejected (unknown or invalid
-        playbook) is looked up first (``get_last_msg``) when its execution may exist (its own id, or a
-        redelivery): its rejection events must not be written for an execution that was accepted.
-        A request that cannot be parsed is rejected under the id it asked for (or the default), without
-        a look-up."""
-        outbox = Outbox(self.js, self.topology)
+        An execution id is decided once, by the first record of it: its ``playbook.execution.requested``
+        (accepted, or carrying ``rejected`` when the playbook does not compile) or, for a request that
+        names no runnable playbook, its ``playbook.request.rejected``. Each is published on the condition
+        that the execution has no ``playbook.*`` record yet (`Topology.execution_claim_filter`): the
+        server refuses the second, however late it comes (JetStream's duplicate window alone would let
+        it in), without a read first. A request whose execution is decided already (a client's retry, a
+        redelivery after a crash, another request with the same id, even one racing this one) records
+        nothing and is answered with what was decided (`_recorded`): ``(execution_id, None)`` for an
+        accepted execution, its rejection for a rejected one. So an execution never gets both a request
+        that runs and a rejection. A request that cannot be parsed is rejected under the id it asked for
+        (or the default)."""
         try:
             request = parse_request(raw)
         except RequestError as exc:
             execution_id = _claimed_id(raw) or _make(default_id)
-            rejection = {"kind": "bad_request", "message": str(exc)}
-            self._reject(outbox, execution_id, rejection)
-            await outbox.flush()
-            return execution_id, rejection
+            return await self._reject_new(execution_id, {"kind": "bad_request", "message": str(exc)})
         execution_id = request.execution_id or _make(default_id)
-        may_exist = request.execution_id is not None or redelivered
         pinned: dict[str, Any] = {}
         extensions = {*request.extensions, *self.extensions}
         if request.playbook is None:
@@ -384,13 +380,9 @@ class Intake:
             try:
                 entry, text, registered = await self.catalog.resolve_for_run(request.path, request.version)
             except (CatalogNotFoundError, CatalogError) as exc:
-                if may_exist and await self._exists(execution_id):
-                    return execution_id, None
                 kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
                 unknown = {"kind": kind, "message": _short(str(exc))}
-                self._reject(outbox, execution_id, unknown, _short(request.path), request.trace_id)
-                await outbox.flush()
-                return execution_id, unknown
+                return await self._reject_new(execution_id, unknown, _short(request.path), request.trace_id)
             request = msgspec.structs.replace(request, playbook=text, version=entry.version)
             pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
             pinned = {"catalog": pin}
@@ -400,8 +392,6 @@ class Intake:
         if sorted(extensions) != request.extensions:
             request = msgspec.structs.replace(request, extensions=sorted(extensions))
         error = await self._check_playbook(request)
-        if error is not None and may_exist and await self._exists(execution_id):
-            return execution_id, None
         requested = Event(
             event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
             execution_id=execution_id,
@@ -421,33 +411,96 @@ class Intake:
         data = encode(requested)
         if len(data) + HEADER_ROOM > self.nc.max_payload:
             # The server would refuse the event: reject the request (its rejection is small) instead.
-            if may_exist and await self._exists(execution_id):
-                return execution_id, None
             too_large = {
                 "kind": "bad_request",
                 "message": f"request too large: recorded, it is {len(data)} bytes and the server takes at "
                 f"most {self.nc.max_payload - HEADER_ROOM} (register a large playbook in the catalog, pass large inputs "
                 "by reference)",
             }
-            self._reject(outbox, execution_id, too_large, trace_id=request.trace_id)
-            await outbox.flush()
-            return execution_id, too_large
-        outbox.event(requested, data, expect_new=error is None)
-        if error is not None:
-            # Written here so the caller of `execute` gets its answer at once; the request event says
-            # so (`rejected`), and the reducer then records the rejection without writing it again.
-            self._reject(
-                outbox, execution_id, error, request.file or request.path or "<playbook>", request.trace_id
-            )
-            await outbox.flush()
-            return execution_id, error
+            return await self._reject_new(execution_id, too_large, trace_id=request.trace_id)
+        outbox = Outbox(self.js, self.topology)
+        outbox.event(requested, data, new_on=self.topology.execution_claim_filter(execution_id))
         try:
             await outbox.flush()
         except AlreadyStored:
-            # Recorded already: by an earlier submission or delivery of this request, or by an attempt
-            # of this flush whose ack was lost.
-            pass
-        return execution_id, None
+            # Decided already: by an earlier submission or delivery of this id, by a request racing this
+            # one, or by an attempt of this flush whose ack was lost.
+            return await self._recorded(execution_id)
+        if error is not None:
+            # The request event says so (`rejected`): the reducer records the rejection without writing
+            # it; intake writes it, and `_recorded` completes it if intake stops in between.
+            entity = request.file or request.path or "<playbook>"
+            await self._write_rejection(execution_id, error, entity, request.trace_id)
+        return execution_id, error
+
+    async def _reject_new(
+        self,
+        execution_id: str,
+        error: dict[str, Any],
+        entity_id: str = "<request>",
+        trace_id: str | None = None,
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Reject a request whose execution is not decided yet; answer with what was decided if it is."""
+        rejected, processed = rejection_events(execution_id, entity_id, error, trace_id)
+        outbox = Outbox(self.js, self.topology)
+        outbox.event(rejected, new_on=self.topology.execution_claim_filter(execution_id))
+        try:
+            await outbox.flush()
+        except AlreadyStored:
+            return await self._recorded(execution_id)
+        outbox.event(processed)
+        await outbox.flush()
+        log.warning("intake.rejected", execution_id=execution_id, error=error.get("message"))
+        return execution_id, error
+
+    async def _write_rejection(
+        self,
+        execution_id: str,
+        error: dict[str, Any],
+        entity_id: str,
+        trace_id: str | None,
+        *,
+        only_missing: bool = False,
+    ) -> None:
+        """``playbook.request.rejected`` and ``playbook.processed`` (those not stored yet, with
+        `only_missing`: beyond the duplicate window the server would store them twice)."""
+        outbox = Outbox(self.js, self.topology)
+        for ev in rejection_events(execution_id, entity_id, error, trace_id):
+            if not only_missing or await self._last(execution_id, ev.name) is None:
+                outbox.event(ev)
+        await outbox.flush()
+        log.warning("intake.rejected", execution_id=execution_id, error=error.get("message"))
+
+    async def _recorded(self, execution_id: str) -> tuple[str, dict[str, Any] | None]:
+        """The answer for a request whose execution was decided before it: ``None`` if its request was
+        accepted, else its rejection, completed first if its writer stopped before ``playbook.processed``
+        (its request's retry or redelivery is what comes here then)."""
+        decided = await self._last(execution_id, E.EXECUTION_REQUESTED)
+        if decided is not None:
+            error = decided.payload.get("rejected")
+            if not isinstance(error, dict):
+                return execution_id, None
+        else:
+            decided = await self._last(execution_id, E.REQUEST_REJECTED)
+            error = decided.payload.get("error") if decided is not None else None
+            if decided is None or not isinstance(error, dict):
+                # Its records went (they expired, or were purged) between the refusal and this read.
+                raise StateConflictError(f"execution {execution_id}: its records changed while read; retry")
+        if await self._last(execution_id, E.PLAYBOOK_PROCESSED) is None:
+            await self._write_rejection(
+                execution_id, error, decided.entity_id, decided.trace_id, only_missing=True
+            )
+        message = f"execution {execution_id!r} is recorded as rejected: {error.get('message')}"
+        return execution_id, {**error, "message": _short(message)}
+
+    async def _last(self, execution_id: str, name: str) -> Event | None:
+        """The execution's last stored event of one name, or None."""
+        subject = self.topology.stored_event_filter(execution_id, name)
+        try:
+            raw = await self.js.get_last_msg(self.topology.events_stream, subject)
+        except NotFoundError:
+            return None
+        return decode_event(raw.data or b"")
 
     async def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:
         """Compile the playbook (cached by content) so a caller learns at once that it is invalid. A large
@@ -475,15 +528,3 @@ class Intake:
         if len(self._checked) >= 1024:
             self._checked.pop(next(iter(self._checked)))
         self._checked[digest] = checked
-
-    def _reject(
-        self,
-        outbox: Outbox,
-        execution_id: str,
-        error: dict[str, Any],
-        entity_id: str = "<request>",
-        trace_id: str | None = None,
-    ) -> None:
-        for ev in rejection_events(execution_id, entity_id, error, trace_id):
-            outbox.event(ev)
-        log.warning("intake.rejected", execution_id=execution_id, error=error.get("message"))

@@ -197,6 +197,32 @@ class _Group:
                 f.set_exception(exception)
 
 
+class _AllOf:
+    """One caller's messages to a stream that may refuse one of them and store a later one: each asks for
+    an ack, and the caller's future settles with the last stored message's `PubAck` once every ack came,
+    or fails with the first refusal (a later message stored says nothing of an earlier one)."""
+
+    __slots__ = ("future", "left", "result")
+
+    def __init__(self, future: asyncio.Future[PubAck], messages: int) -> None:
+        self.future, self.left = future, messages
+        self.result: PubAck | None = None
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, result: PubAck, /) -> None:
+        self.left -= 1
+        if self.result is None or result.seq > self.result.seq:
+            self.result = result
+        if self.left <= 0 and not self.future.done():
+            self.future.set_result(self.result)
+
+    def set_exception(self, exception: type | BaseException, /) -> None:
+        if not self.future.done():
+            self.future.set_exception(exception)
+
+
 _Ready = tuple[bytes, bytes, bytes]
 """A checked message: subject, ``Nats-Msg-Id`` and payload, as bytes"""
 
@@ -212,14 +238,16 @@ class _Batch:
         self.messages: list[_Ready] = []
         self.last: dict[str, int] = {}  # stream -> index of its last message: the one asking for the ack
         self.groups: dict[str, _Group] = {}
-        # index of a caller's last message to a stream that may refuse one message -> that caller's future
-        self.alone: dict[int, asyncio.Future[PubAck]] = {}
+        # index of each message of a caller to a stream that may refuse one message -> that caller's acks
+        self.alone: dict[int, _AllOf] = {}
 
     def add(self, messages: list[_Ready], stream: str, fut: asyncio.Future[PubAck], alone: bool) -> None:
         self.size += sum(len(m[2]) for m in messages)
         self.messages.extend(messages)
-        if alone:  # its own ack: another caller's message stored after it says nothing of its own
-            self.alone[len(self.messages) - 1] = fut
+        if alone:  # its own acks: another message stored after one says nothing of that one
+            settles = _AllOf(fut, len(messages))
+            for i in range(len(self.messages) - len(messages), len(self.messages)):
+                self.alone[i] = settles
             return
         self.last[stream] = len(self.messages) - 1
         group = self.groups.get(stream)
@@ -376,8 +404,8 @@ class Publisher:
     ) -> asyncio.Future[PubAck]:
         """Publish `messages` (subject, payload, ``Nats-Msg-Id``), all bound for `stream`, in order; the
         future settles with the `PubAck` of the last message of the turn's write bound for `stream` (of
-        this caller's own last message, for a stream that may refuse one message), or fails as `send`'s
-        do.
+        this caller's own last message once every one of its messages is acked, for a stream that may
+        refuse one message), or fails as `send`'s do.
 
         Messages confirmed during one turn of the event loop are written together at its end, and only
         the last one bound for each stream asks for an ack: JetStream processes one connection's
@@ -392,11 +420,10 @@ class Publisher:
         info request, which that confirm awaits, within its timeout) and again a minute later, on use,
         without waiting. A stream with such limits (or a mirror, or one whose info cannot be fetched:
         no such stream, no answer, not connected; looked at again a few seconds later) gets one ack per
-        caller: the last message of each caller's group asks for one and settles that caller's future
-        alone, with its own `PubAck` or API error. The runtime's streams have no such limits
-        (docs/architecture.md, "Group commit across handlers"). What remains: a caller's earlier
-        message refused while its own last one is stored (as with `send` and one ack at the end), and a
-        limit set on the stream since its configuration was last looked at (up to a minute).
+        caller: each message of a caller's group asks for one, and they settle that caller's future
+        alone, with its last `PubAck` or its first API error. The runtime's streams have no such limits
+        (docs/architecture.md, "Group commit across handlers"). What remains: a limit set on the stream
+        since its configuration was last looked at (up to a minute).
 
         `stream` must be the stream the subjects are stored in: the key that groups the messages under
         one ack, and the configuration looked at."""

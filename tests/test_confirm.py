@@ -149,26 +149,26 @@ async def test_the_confirms_of_one_turn_to_two_streams_get_one_ack_each(
 
 
 async def test_confirms_in_different_turns_are_separate_writes_with_their_own_acks(
-    nc: NATS, js: JetStreamContext, stream: str
+    nc: NATS, js: JetStreamContext, plain: str
 ) -> None:
     """A confirm after the turn of an earlier one ended (one ``sleep(0)``: the write went out, its ack
     has not come back) is another write with its own ack; so is one after the earlier ack came."""
     pub = publisher(nc)
-    await _warm(pub, stream)
+    await _warm(pub, plain)
     before = pub._next
-    first = await pub.confirm(_caller_messages(stream, 1), stream)  # 2 messages: seq 2, 3
+    first = await pub.confirm(_caller_messages(plain, 1), plain)  # 2 messages: seq 2, 3
     assert pub._next == before  # nothing written before the end of the turn
     await asyncio.sleep(0)  # the end of the turn: the write goes out
     assert pub._next == before + 1
-    second = await pub.confirm(_caller_messages(stream, 2), stream)  # 3 messages: seq 4..6
+    second = await pub.confirm(_caller_messages(plain, 2), plain)  # 3 messages: seq 4..6
     assert not first.done()  # the first ack cannot be back yet: two writes, two acks in flight
     a1, a2 = await asyncio.wait_for(asyncio.gather(first, second), 10)
     assert pub._next == before + 2
     assert (a1.seq, a2.seq) == (3, 6)
-    a3 = await _confirm_and_wait(pub, _caller_messages(stream, 3), stream)  # after an ack: 1 message
+    a3 = await _confirm_and_wait(pub, _caller_messages(plain, 3), plain)  # after an ack: 1 message
     assert pub._next == before + 3
     assert a3.seq == 7
-    assert (await js.stream_info(stream)).state.messages == 7
+    assert (await js.stream_info(plain)).state.messages == 7
 
 
 @pytest.mark.parametrize(("limited", "seqs"), [(False, [2, 2]), (True, [1, 2])])
@@ -288,7 +288,7 @@ async def test_callers_of_a_stream_that_may_refuse_are_settled_each_with_their_o
     nc: NATS, js: JetStreamContext, stream: str
 ) -> None:
     """Twenty callers of a stream with a max message size in one turn, every third one's last message
-    over it: one ack per caller, in the order of the write; each stored caller gets the sequence of its
+    over it: an ack per message, in the order of the write; each stored caller gets the sequence of its
     own last message, each refused one its own API error."""
     pub = publisher(nc)
     await _warm(pub, stream)
@@ -302,7 +302,7 @@ async def test_callers_of_a_stream_that_may_refuse_are_settled_each_with_their_o
     ]
     futures = [await pub.confirm(messages, stream) for messages in callers]
     results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
-    assert pub._next - before == 20
+    assert pub._next - before == sum(len(messages) for messages in callers)
     seq = 1
     for i, (messages, result) in enumerate(zip(callers, results, strict=True)):
         seq += len(messages) - (i % 3 == 0)
@@ -311,6 +311,24 @@ async def test_callers_of_a_stream_that_may_refuse_are_settled_each_with_their_o
         else:
             assert isinstance(result, PubAck) and result.seq == seq, (i, result)
     assert (await js.stream_info(stream)).state.messages == seq
+
+
+async def test_a_caller_whose_earlier_message_the_stream_refuses_is_not_told_it_is_stored(
+    nc: NATS, js: JetStreamContext, stream: str
+) -> None:
+    """Within one caller's group too: its first message over the stream's max message size, its last
+    one stored. The last one's ack says nothing of the first: the caller hears the refusal."""
+    pub = publisher(nc)
+    await _warm(pub, stream)
+    fut = await pub.confirm(
+        [(f"{stream}.a", b"x" * 2048, "big-first"), (f"{stream}.a", b"ok", "ok-last")], stream
+    )
+    other = await pub.confirm([(f"{stream}.b", b"fine", "fine")], stream)
+    results = await asyncio.wait_for(asyncio.gather(fut, other, return_exceptions=True), 10)
+    assert isinstance(results[0], BadRequestError) and "size" in (results[0].description or ""), results
+    assert isinstance(results[1], PubAck) and results[1].seq == 3, results
+    assert (await js.stream_info(stream)).state.messages == 3  # warm, ok-last, fine
+    assert pub.pending == 0
 
 
 @pytest.mark.parametrize(

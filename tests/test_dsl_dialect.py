@@ -435,3 +435,45 @@ async def test_a_playbook_as_noetl_users_write_it_runs_without_any_flag(
     assert (r.result, r.summary.ctx) == (result, ctx)
     if limit == 3:
         assert r.step_result("per_user") == [2, 4, 6]
+
+
+def test_a_diagnostic_in_a_set_value_points_at_the_key_the_author_wrote() -> None:
+    """`set:` entries are moved into the policy's rules (task), every task's rules (step) or a
+    ``<step>_set`` step (looped step): an error in one is reported at the authored key's value, with
+    the authored path, not at the task or step nor with the rewritten path."""
+    text = playbook(
+        """
+        - step: start
+          tool:
+            - name: fetch
+              kind: noop
+              set:
+                ctx.total: "{{ outcome.result | nosuchfilter }}"
+          next:
+            arcs:
+              - step: each
+        - step: each
+          loop: {in: "{{ [1, 2] }}", iterator: item}
+          tool: {kind: noop}
+          set:
+            ctx: {sum: "{{ each | nosuchfilter }}"}
+          next:
+            arcs:
+              - step: end
+        - step: end
+          tool: {kind: noop}
+          set:
+            ctx.x: "{{ end.foo( }}"
+        """
+    )
+    lines = text.splitlines()
+    result = compile_playbook(text, "t.yaml")
+    found = {(d.path, d.line): d for d in result.errors}
+    where = {
+        "workflow[0].tool[0].set.ctx.total": next(i for i, s in enumerate(lines, 1) if "ctx.total:" in s),
+        "workflow[1].set.ctx.sum": next(i for i, s in enumerate(lines, 1) if "{sum:" in s),
+        "workflow[2].set.ctx.x": next(i for i, s in enumerate(lines, 1) if "ctx.x:" in s),
+    }
+    assert sorted(found) == sorted(where.items()), [d.format() for d in result.errors]
+    for (path, line), d in found.items():
+        assert d.col == lines[line - 1].index('"{{') + 1, (path, d.format())

@@ -187,7 +187,7 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                         c.smap.file,
                         line,
                         col,
-                        format_path(path),
+                        format_path(c.smap.authored(path)),
                         "template-syntax",
                     )
                 )

@@ -93,8 +93,13 @@ class Dialect:
         self.diagnostics.append(self.smap.diagnostic(path, message, at_key=True, code="dialect"))
         return _Reject(message)
 
-    def scoped(self, raw: Any, path: Path, who: str) -> dict[str, dict[str, Any]]:
-        """``set:`` keys by scope: ``{"set_ctx": {...}, "set_iter": {...}}``."""
+    def scoped(
+        self, raw: Any, path: Path, who: str, where: dict[tuple[str, str], Path] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """``set:`` keys by scope: ``{"set_ctx": {...}, "set_iter": {...}}``; `where` gets the authored
+        path of each ``(scope, name)``."""
+        if where is None:
+            where = {}
         if not isinstance(raw, dict) or not raw:
             raise self.error(path, f"{who}: 'set' must be a mapping like {{ctx.total: ..., iter.page: ...}}")
         out: dict[str, dict[str, Any]] = {}
@@ -104,6 +109,7 @@ class Dialect:
                 for name, v in value.items():
                     self._name(str(name), (*path, key, name), who)
                     out.setdefault(SCOPES[key], {})[str(name)] = v
+                    where[(SCOPES[key], str(name))] = (*path, key, name)
                 continue
             scope, dot, name = key.partition(".")
             if not dot or scope not in SCOPES:
@@ -115,7 +121,20 @@ class Dialect:
                 )
             self._name(name, (*path, key), who)
             out.setdefault(SCOPES[scope], {})[name] = value
+            where[(SCOPES[scope], name)] = (*path, key)
         return out
+
+    def mark_patches(self, task: dict[str, Any], where: dict[tuple[str, str], Path]) -> None:
+        """Point the ``set_ctx``/``set_iter`` entries the rules of `task` got from a ``set:`` at the key
+        the author wrote (so a diagnostic in one shows that key's path and line)."""
+        for then in _thens(task):
+            for scope in SCOPES.values():
+                values = then.get(scope)
+                if isinstance(values, dict):
+                    for name in values:
+                        authored = where.get((scope, str(name)))
+                        if authored is not None:
+                            self.origins.mark_key(values, name, authored)
 
     def _name(self, name: str, path: Path, who: str) -> None:
         if not V.is_identifier(name):
@@ -151,8 +170,9 @@ class Dialect:
                     self.origins.mark_key(task, "args", (*tpath, "input"))
             if "set" in task:
                 raw = task.pop("set")
+                where: dict[tuple[str, str], Path] = {}
                 try:
-                    patches = self.scoped(raw, (*tpath, "set"), twho)
+                    patches = self.scoped(raw, (*tpath, "set"), twho, where)
                 except _Reject:
                     continue
                 rw = Rewrite(names={str(label): "outcome.result"})
@@ -162,6 +182,7 @@ class Dialect:
                         (*tpath, "set"),
                         f"{twho}: 'set' cannot be added to this task's spec.policy (see its errors)",
                     )
+                self.mark_patches(task, where)
         if "set" in step:
             raw = step.pop("set")
             try:
@@ -177,7 +198,8 @@ class Dialect:
     ) -> dict[str, Any] | None:
         """Step ``set:`` of a looped step: a step ``<step>_set`` after the loop applies it and routes."""
         spath: Path = (*path, "set")
-        patches = self.scoped(raw, spath, who)
+        where: dict[tuple[str, str], Path] = {}
+        patches = self.scoped(raw, spath, who, where)
         if "set_iter" in patches:
             key = next(iter(patches["set_iter"]))
             raise self.error(
@@ -245,13 +267,15 @@ class Dialect:
         step["next"] = self.origins.mark({**router, "arcs": [*stay, to_set]}, spath)
         task: dict[str, Any] = {"kind": "noop", "result": template(name)}
         add_patches(task, {"set_ctx": values}, ("continue",))
+        self.mark_patches(task, where)
         added: dict[str, Any] = {"step": set_name, "tool": task}
         if moved:
             added["next"] = {**copy.deepcopy(router), "arcs": moved}
         return self.origins.mark(added, spath)
 
     def _step_set(self, step: dict[str, Any], raw: Any, path: Path, who: str) -> None:
-        patches = self.scoped(raw, (*path, "set"), who)
+        where: dict[tuple[str, str], Path] = {}
+        patches = self.scoped(raw, (*path, "set"), who, where)
         name = str(step.get("step"))
         patches = {k: rewrite_value(v, Rewrite(names={name: "outcome.result"})) for k, v in patches.items()}
         tasks = _tasks(step)
@@ -267,6 +291,7 @@ class Dialect:
                     (*path, "set"),
                     f"{who}: 'set' cannot be added to the policy of its tasks (see their errors)",
                 )
+            self.mark_patches(task, where)
 
 
 def add_patches(
@@ -314,6 +339,20 @@ def add_patches(
     if not has_else and "continue" in dos:
         rules.append({"else": {"then": {"do": "continue", **_copy(patches)}}})
     return True
+
+
+def _thens(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``then`` mappings of the rules of a task's policy (an ``else``'s too)."""
+    spec = task.get("spec")
+    policy = spec.get("policy") if isinstance(spec, dict) else None
+    rules = policy.get("rules") if isinstance(policy, dict) else None
+    out: list[dict[str, Any]] = []
+    for rule in rules if isinstance(rules, list) else ():
+        if isinstance(rule, dict):
+            then = rule["else"].get("then") if isinstance(rule.get("else"), dict) else rule.get("then")
+            if isinstance(then, dict):
+                out.append(then)
+    return out
 
 
 def _copy(patches: dict[str, dict[str, Any]]) -> dict[str, Any]:

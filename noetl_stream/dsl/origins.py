@@ -90,6 +90,7 @@ class Origins:
         out = SourceMap(authored.file)
         out.lines = authored.lines
         for new, old in self.resolve(data).items():
+            out.set_authored(new, old)
             line, col = authored.value(old)
             out.set_value(new, line - 1, col - 1)
             kline, kcol = authored.key(old)

@@ -28,13 +28,30 @@ MAX_DEPTH = 200
 class SourceMap:
     """Positions (1-based line, col) of values and keys, by YAML path."""
 
-    __slots__ = ("_keys", "_values", "file", "lines")
+    __slots__ = ("_authored", "_keys", "_values", "file", "lines")
 
     def __init__(self, file: str, text: str = "") -> None:
         self.file = file
         self.lines = text.splitlines()
         self._values: dict[Path, tuple[int, int]] = {}
         self._keys: dict[Path, tuple[int, int]] = {}
+        self._authored: dict[Path, Path] = {}  # a rewritten tree's paths -> what the author wrote there
+
+    def set_authored(self, path: Path, authored: Path) -> None:
+        """``path`` of the tree this map describes stands for ``authored`` in the text (a rewrite)."""
+        if path != authored:
+            self._authored[path] = authored
+
+    def authored(self, path: Path) -> Path:
+        """The path the author wrote for ``path``: a rewritten node's authored path (its nearest rewritten
+        ancestor's, with the rest of ``path`` after it); ``path`` itself where nothing was rewritten."""
+        if not self._authored:
+            return path
+        for n in range(len(path), -1, -1):
+            found = self._authored.get(path[:n])
+            if found is not None:
+                return (*found, *path[n:])
+        return path
 
     def set_value(self, path: Path, line: int, col: int) -> None:
         self._values.setdefault(path, (line + 1, col + 1))
@@ -74,7 +91,7 @@ class SourceMap:
             file=self.file,
             line=line,
             col=col,
-            path=format_path(path),
+            path=format_path(self.authored(path)),
             code=code,
         )
 

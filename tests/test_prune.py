@@ -12,7 +12,7 @@ from helpers import requested
 from nats.js.client import JetStreamContext
 
 from noetl_stream.cli import main
-from noetl_stream.control.prune import SNAPSHOT_OBJECT_GRACE_S, _mtime, prune
+from noetl_stream.control.prune import CONCURRENCY, SNAPSHOT_OBJECT_GRACE_S, _mtime, prune
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
@@ -195,3 +195,52 @@ def test_object_times_are_read_with_their_offset(
     text: str | None, expected: datetime.datetime | None
 ) -> None:
     assert _mtime(text) == expected
+
+
+async def test_many_executions_are_pruned_in_listing_order_and_a_bad_snapshot_keeps_only_its_own(
+    installed: JetStreamContext, topology: Topology
+) -> None:
+    """More executions than are pruned at once: the report lists the deleted objects in the order they
+    were listed, whatever order the deletes finished in; an unreadable snapshot keeps its execution's
+    objects only."""
+    js = installed
+    results = ResultStore(js, topology)
+    written = []
+    for i in range(3 * CONCURRENCY):
+        if i == CONCURRENCY + 1:
+            kv = await js.key_value(topology.executions_bucket)
+            await kv.put("bad", b'{"status": 5}')  # not a snapshot prune can read
+            await results.put("bad/bad-l1/items", [1])
+        for name in (f"g{i:02d}/g{i:02d}-s1/result", f"g{i:02d}/g{i:02d}-l1/items"):
+            await results.put(name, i)
+            written.append(name)
+
+    dry = await prune(js, topology, now=LATER, dry_run=True)
+    report = await prune(js, topology, now=LATER)
+    assert dry.pruned == report.pruned == written
+    assert report.executions == 3 * CONCURRENCY and report.kept == 1 and report.scanned == len(written) + 1
+    (error,) = report.errors
+    assert error.startswith("bad: ")
+    assert await names(js, topology) == {"bad/bad-l1/items"}
+
+
+async def test_every_snapshot_is_read_before_anything_is_deleted(
+    installed: JetStreamContext, topology: Topology
+) -> None:
+    """A few hundred snapshots, each a running parent holding its gone child's result: every run sees
+    them all. (nats-py's ``watchall`` may end its current values before the first one arrives, which
+    now and then made the scan see no snapshot at all and prune every child's result.)"""
+    js = installed
+    results = ResultStore(js, topology)
+    snapshots = await SnapshotStore.open(js, topology, ExecutionState)
+    parents = 200
+
+    async def parent(i: int) -> None:
+        child = await results.put(f"c{i:03d}/c{i:03d}-s1/result", i)
+        state = ExecutionState(execution_id=f"p{i:03d}", status="running", results={"call": child})
+        await snapshots.put(f"p{i:03d}", state)
+
+    await asyncio.gather(*(parent(i) for i in range(parents)))
+    for _ in range(10):
+        report = await prune(js, topology, now=LATER, dry_run=True)
+        assert (report.pruned, report.referenced, report.errors) == ([], parents, [])

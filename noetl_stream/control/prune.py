@@ -12,34 +12,48 @@ What the runtime writes to ``<prefix>_results`` is named after the execution tha
   replaced one is deleted; a failed delete, or the pointer expiring with a finished execution's
   snapshot, leaves it).
 
-`prune` first reads every snapshot in the executions bucket and collects the result references they
-hold. It then deletes, among objects older than a grace period that no snapshot refers to: the objects
-of executions that no longer exist (no snapshot and no ``playbook.execution.requested`` or
-``playbook.processed`` left in the events stream: the history expired), the items of finished
-executions, and snapshot objects their execution's pointer does not name (these only after
-`SNAPSHOT_OBJECT_GRACE_S` whatever the grace period: a snapshot's object is written just before its
-pointer). Anything else (names the runtime does not write, an unreadable snapshot) is kept.
+`prune` lists the objects (keeping, of those old enough, only name, nuid and size), then reads every
+snapshot in the executions bucket and collects the result references they hold; nothing is deleted
+unless both reads reached their end. It then deletes, among objects older than a grace period that no
+snapshot refers to: the objects of executions that no longer exist (no snapshot and no
+``playbook.execution.requested`` or ``playbook.processed`` left in the events stream: the history
+expired), the items of finished executions, and snapshot objects their execution's pointer does not
+name (these only after `SNAPSHOT_OBJECT_GRACE_S` whatever the grace period: a snapshot's object is
+written just before its pointer). Anything else (names the runtime does not write, an unreadable
+snapshot) is kept.
+
+Executions are looked up and their objects deleted `CONCURRENCY` at a time (the report keeps the
+listing's order). Each delete is final: a run cut short (a deadline, a lost connection) loses none of
+what it did, and the next run starts from what is left. Cost: linear in the objects and snapshots,
+three requests per object it deletes (`ResultStore.delete`), one or two per execution without a
+snapshot (docs/operations.md, "Retention").
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import re
-from collections import defaultdict
-from collections.abc import Iterator
+from collections import defaultdict, deque
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
-from nats.js.api import ObjectInfo
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import NoKeysError, NotFoundError
+from nats.js.errors import NotFoundError
+from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.deadlines import is_index_key
 from noetl_stream.kv.results import REF, ResultStore
 from noetl_stream.kv.snapshots import SnapshotStore, pointed_object
+from noetl_stream.natsconn import num_pending
 from noetl_stream.subjects import SubjectError, Topology, check_token
 
 __all__ = ["SNAPSHOT_OBJECT_GRACE_S", "PruneReport", "prune"]
@@ -57,6 +71,53 @@ class _Head(msgspec.Struct):
 
 
 _decode_head = msgspec.json.Decoder(_Head).decode
+
+_LIST_BATCH = 256
+"""Object metas fetched at once."""
+_SCAN_BATCH = 64
+"""Snapshots fetched at once (each up to 512 KiB)."""
+_FETCH_WAIT_S = 5.0
+
+CONCURRENCY = 8
+"""Executions whose objects are looked up and deleted at once (each execution's one after the other)."""
+
+
+class _Object(NamedTuple):
+    """What `prune` keeps of a listed object it may delete."""
+
+    name: str
+    nuid: str
+    size: int
+
+
+class _Snapshot(NamedTuple):
+    """What `_doomed` needs of an execution's snapshot (its KV value)."""
+
+    pointer: str | None
+    """The object a large snapshot's pointer names."""
+    finished: bool
+
+
+class ScanError(Exception):
+    """The object listing or the executions bucket could not be read to its end."""
+
+
+class _Meta(msgspec.Struct):
+    """An object's meta message, as far as `prune` reads it."""
+
+    name: str | None = None
+    nuid: str | None = None
+    size: int | None = None
+    mtime: str | None = None
+    deleted: bool | None = None
+
+
+_decode_meta = msgspec.json.Decoder(_Meta).decode
+
+
+def _summary(value: bytes) -> _Snapshot:
+    pointer = pointed_object(value)
+    return _Snapshot(pointer, pointer is None and _decode_head(value).status != "running")
 
 
 @dataclass
@@ -87,91 +148,188 @@ async def prune(
     written more than `older_than_s` ago are considered."""
     report = PruneReport(dry_run=dry_run)
     try:
-        store = await js.object_store(topology.results_store)
-        infos = await store.list(ignore_deletes=True)
-    except NotFoundError:  # no bucket, or an empty one
+        await js.object_store(topology.results_store)
+    except NotFoundError:  # no bucket
         return report
     now = now or datetime.datetime.now(datetime.UTC)
     cutoff = now - datetime.timedelta(seconds=older_than_s)
     snapshot_cutoff = now - datetime.timedelta(seconds=max(older_than_s, SNAPSHOT_OBJECT_GRACE_S))
-    owned: dict[str, list[ObjectInfo]] = defaultdict(list)
-    for info in infos:
-        report.scanned += 1
-        name = info.name or ""
-        owner = _owner(name)
-        written = _mtime(info.mtime)
-        limit = snapshot_cutoff if _SNAPSHOT_OBJECT.fullmatch(name) else cutoff
-        if owner is None or written is None or written > limit:
-            report.kept += 1
-            continue
-        owned[owner].append(info)
+    owned: dict[str, list[_Object]] = defaultdict(list)
+    stream = OBJ_STREAM_TEMPLATE.format(bucket=topology.results_store)
+    metas = OBJ_ALL_META_PRE_TEMPLATE.format(bucket=topology.results_store)
+    async with contextlib.aclosing(_last_messages(js, stream, metas, _LIST_BATCH)) as listing:
+        async for msg in listing:  # one object at a time: only the candidates are kept, and small
+            try:
+                info = _decode_meta(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                info = _Meta()  # unreadable: kept
+            if info.deleted:
+                continue
+            report.scanned += 1
+            name = info.name or ""
+            owner = _owner(name)
+            written = _mtime(info.mtime)
+            limit = snapshot_cutoff if _SNAPSHOT_OBJECT.fullmatch(name) else cutoff
+            if owner is None or written is None or written > limit:
+                report.kept += 1
+                continue
+            owned[owner].append(_Object(name, info.nuid or "", info.size or 0))
     if not owned:
         return report
     try:
-        referenced, values = await _scan(js, topology, set(owned))
+        referenced, snapshots = await _scan(js, topology, set(owned))
     except Exception as exc:  # without the references nothing can be known unread: delete nothing
         report.errors.append(f"reading the snapshots' references: {exc or type(exc).__name__}")
         report.kept += sum(len(objects) for objects in owned.values())
         return report
     results = ResultStore(js, topology)
-    for eid, objects in owned.items():
-        unreferenced = [o for o in objects if (o.name or "") not in referenced]
-        report.referenced += len(objects) - len(unreferenced)
-        report.kept += len(objects) - len(unreferenced)
-        try:
-            doomed = await _doomed(js, topology, eid, values.get(eid, b""), unreferenced)
-        except Exception as exc:  # one execution's lookup failing keeps its objects, not the others'
-            report.errors.append(f"{eid}: {exc or type(exc).__name__}")
-            report.kept += len(unreferenced)
-            continue
-        report.kept += len(unreferenced) - len(doomed)
-        if doomed:
-            report.executions += 1
-        for info in doomed:
-            name = info.name or ""
-            if not dry_run:
-                try:
-                    if not await results.delete(name, nuid=info.nuid):
-                        report.kept += 1  # written again since it was listed (or gone already)
-                        continue
-                except Exception as exc:
-                    report.errors.append(f"{name}: {exc or type(exc).__name__}")
-                    report.kept += 1
+    # `CONCURRENCY` executions at once, their reports added in the listing's order
+    running: deque[asyncio.Task[PruneReport]] = deque()
+    try:
+        for eid, objects in owned.items():
+            if len(running) >= CONCURRENCY:
+                _add(report, await running.popleft())
+            unreferenced = [o for o in objects if o.name not in referenced]
+            part = PruneReport(referenced=len(objects) - len(unreferenced))
+            part.kept = part.referenced
+            work = _prune_execution(
+                js, topology, results, eid, snapshots.get(eid), unreferenced, part, dry_run
+            )
+            running.append(asyncio.create_task(work))
+        while running:
+            _add(report, await running.popleft())
+    finally:
+        for task in running:
+            task.cancel()
+    return report
+
+
+def _add(report: PruneReport, part: PruneReport) -> None:
+    report.kept += part.kept
+    report.referenced += part.referenced
+    report.executions += part.executions
+    report.pruned.extend(part.pruned)
+    report.pruned_bytes += part.pruned_bytes
+    report.errors.extend(part.errors)
+
+
+async def _prune_execution(
+    js: JetStreamContext,
+    topology: Topology,
+    results: ResultStore,
+    eid: str,
+    snapshot: _Snapshot | Exception | None,
+    unreferenced: list[_Object],
+    report: PruneReport,
+    dry_run: bool,
+) -> PruneReport:
+    """Delete what nothing can read among `unreferenced` (objects of `eid` no snapshot refers to), in
+    `report` (a part of the run's)."""
+    try:
+        doomed = await _doomed(js, topology, eid, snapshot, unreferenced)
+    except Exception as exc:  # one execution's lookup failing keeps its objects, not the others'
+        report.errors.append(f"{eid}: {exc or type(exc).__name__}")
+        report.kept += len(unreferenced)
+        return report
+    report.kept += len(unreferenced) - len(doomed)
+    if doomed:
+        report.executions += 1
+    for info in doomed:
+        if not dry_run:
+            try:
+                if not await results.delete(info.name, nuid=info.nuid):
+                    report.kept += 1  # written again since it was listed (or gone already)
                     continue
-            report.pruned.append(name)
-            report.pruned_bytes += info.size or 0
+            except Exception as exc:
+                report.errors.append(f"{info.name}: {exc or type(exc).__name__}")
+                report.kept += 1
+                continue
+        report.pruned.append(info.name)
+        report.pruned_bytes += info.size
     return report
 
 
 async def _scan(
     js: JetStreamContext, topology: Topology, owners: set[str]
-) -> tuple[set[str], dict[str, bytes]]:
+) -> tuple[set[str], dict[str, _Snapshot | Exception]]:
     """One pass over the executions bucket: the result-store keys its snapshots refer to (a large
-    snapshot is read from its object), and the snapshot values of `owners`."""
+    snapshot is read from its object), and what `_doomed` needs of the snapshots of `owners` (or why it
+    could not be read)."""
     keys: set[str] = set()
-    values: dict[str, bytes] = {}
-    snapshots = await SnapshotStore.open(js, topology, ExecutionState)
-    try:
-        watcher = await snapshots.kv.watchall(ignore_deletes=True)
-    except NoKeysError:
-        return keys, values
-    try:
-        async for entry in watcher:
-            if entry is None:
-                break
-            value = entry.value or b""
-            if not value or is_index_key(entry.key):
+    snapshots: dict[str, _Snapshot | Exception] = {}
+    store = await SnapshotStore.open(js, topology, ExecutionState)
+    async with contextlib.aclosing(_current_values(js, topology.executions_bucket)) as values:
+        async for key, value in values:
+            if is_index_key(key):
                 continue
-            if entry.key in owners:
-                values[entry.key] = value
+            if key in owners:
+                try:
+                    snapshots[key] = _summary(value)
+                except Exception as exc:  # that execution's objects are kept (`_doomed`), not the others'
+                    snapshots[key] = exc
             if pointed_object(value) is not None:
-                state = await snapshots.get(entry.key, record=False)
+                state = await store.get(key, record=False)
                 keys.update(_ref_keys(msgspec.to_builtins(state), topology.results_store))
             elif REF.encode() in value:
                 keys.update(_ref_keys(msgspec.json.decode(value), topology.results_store))
+    return keys, snapshots
+
+
+async def _current_values(js: JetStreamContext, bucket: str) -> AsyncGenerator[tuple[str, bytes], None]:
+    """Every key of KV `bucket` that has a value, with it (`_last_messages`).
+
+    Not nats-py's ``KeyValue.watchall``: it may signal the end of the current values before the first
+    one arrives (when the server has pushed them all before answering its consumer-info request, seen
+    with a few hundred keys), and a scan that missed the snapshots would take every execution for gone
+    and delete the results a running parent holds."""
+    prefix = f"$KV.{bucket}."
+    async with contextlib.aclosing(_last_messages(js, f"KV_{bucket}", prefix + ">", _SCAN_BATCH)) as msgs:
+        async for msg in msgs:
+            operation = (msg.headers or {}).get("KV-Operation")
+            if msg.data and operation not in ("DEL", "PURGE"):
+                yield msg.subject[len(prefix) :], msg.data
+
+
+async def _last_messages(
+    js: JetStreamContext, stream: str, subjects: str, batch: int
+) -> AsyncGenerator[Msg, None]:
+    """The last message of each subject of `stream` matching `subjects`, up to the last one stored when
+    the read ends, `batch` at a time, through an ephemeral pull consumer (deleted at the end: nothing is
+    delivered that was not asked for, so its count of what is pending is exact). Raises `ScanError` if
+    messages stop coming before the end."""
+    config = api.ConsumerConfig(
+        ack_policy=api.AckPolicy.NONE,
+        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+        filter_subject=subjects,
+        inactive_threshold=60.0,
+        mem_storage=True,
+    )
+    sub = await js.pull_subscribe(subjects, stream=stream, config=config)
+    name = None
+    try:
+        info = await sub.consumer_info()
+        name = info.name
+        remaining = info.num_pending or 0
+        stalled = 0
+        while remaining > 0:
+            try:
+                msgs = await sub.fetch(min(batch, remaining), timeout=_FETCH_WAIT_S)
+            except (TimeoutError, nats.errors.TimeoutError):
+                # none came: messages counted as pending may have gone since (a TTL expired)
+                remaining = (await sub.consumer_info()).num_pending or 0
+                stalled += 1
+                if remaining and stalled > 1:
+                    raise ScanError(f"{remaining} messages of {stream} could not be read") from None
+                continue
+            stalled = 0
+            for msg in msgs:
+                remaining = num_pending(msg)
+                yield msg
     finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return keys, values
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+            if name:
+                await js.delete_consumer(stream, name)
 
 
 def _ref_keys(value: Any, bucket: str) -> Iterator[str]:
@@ -191,25 +349,28 @@ def _ref_keys(value: Any, bucket: str) -> Iterator[str]:
 
 
 async def _doomed(
-    js: JetStreamContext, topology: Topology, eid: str, snapshot: bytes, objects: list[ObjectInfo]
-) -> list[ObjectInfo]:
-    """Among `objects` of `eid` (none of them referenced by a snapshot; `snapshot`: its KV value, if
+    js: JetStreamContext,
+    topology: Topology,
+    eid: str,
+    snapshot: _Snapshot | Exception | None,
+    objects: list[_Object],
+) -> list[_Object]:
+    """Among `objects` of `eid` (none of them referenced by a snapshot; `snapshot`: its snapshot, if
     any), those nothing can read."""
     if not objects:
         return []
-    if not snapshot:
+    if isinstance(snapshot, Exception):
+        raise snapshot
+    if snapshot is None:
         if await _in_history(js, topology, eid):
             return []  # running without a snapshot yet, or a history that outlives its snapshot: keep
         return list(objects)
-    pointer = pointed_object(snapshot)
-    finished = pointer is None and _decode_head(snapshot).status != "running"
     doomed = []
     for info in objects:
-        name = info.name or ""
-        if _SNAPSHOT_OBJECT.fullmatch(name):
-            if pointer != name:
+        if _SNAPSHOT_OBJECT.fullmatch(info.name):
+            if snapshot.pointer != info.name:
                 doomed.append(info)
-        elif finished and name.endswith("/items"):
+        elif snapshot.finished and info.name.endswith("/items"):
             doomed.append(info)
     return doomed
 

@@ -14,11 +14,12 @@ from typing import Any, Literal, cast
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import NoKeysError, NotFoundError
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv import scan
 from noetl_stream.kv.deadlines import is_index_key
 from noetl_stream.kv.history import read_events
 from noetl_stream.operations import (
@@ -234,23 +235,15 @@ class Inspector:
         until = _parse_time(query.until, "until")
         rows: dict[str, tuple[str, ExecutionSummary]] = {}
         kv = await self._bucket()
-        with contextlib.suppress(NoKeysError):
-            watcher = await kv.watchall(ignore_deletes=True)
+        async for entry in scan.entries(kv):  # to the end (nats-py's watchall may end before the first)
+            if not entry.value or is_index_key(entry.key):
+                continue
+            when = _iso(entry.created)
             try:
-                async for entry in watcher:
-                    if entry is None:
-                        break
-                    if not entry.value or is_index_key(entry.key):
-                        continue
-                    created: Any = entry.created
-                    when = _iso(created) if isinstance(created, datetime.datetime) else None
-                    try:
-                        head = _head_decoder.decode(entry.value)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        continue
-                    rows[head.execution_id] = (when or "", summarize(head, "snapshot", when))
-            finally:
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                head = _head_decoder.decode(entry.value)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            rows[head.execution_id] = (when or "", summarize(head, "snapshot", when))
         now = now_iso()
         for state in list(self.live.values()):
             rows[state.execution_id] = (now, summarize(state, "live", now))

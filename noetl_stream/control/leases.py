@@ -37,10 +37,11 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from noetl_stream.errors import ConfigurationError
+from noetl_stream.kv import scan
 from noetl_stream.subjects import Topology, check_token
 
 log = structlog.get_logger(__name__)
@@ -276,10 +277,7 @@ class Leases:
     async def _read(self) -> tuple[dict[int, LeaseValue], set[str]]:
         """Current partition owners and live members (keys not yet expired)."""
         assert self._kv is not None
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return {}, set()
+        keys = await scan.keys(self._kv)  # to the end (nats-py's keys() may end before the first key)
         owners: dict[int, LeaseValue] = {}
         members: set[str] = set()
         for key in keys:

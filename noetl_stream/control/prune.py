@@ -36,14 +36,11 @@ import contextlib
 import datetime
 import re
 from collections import defaultdict, deque
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgspec
-import nats.errors
-from nats.aio.msg import Msg
-from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
@@ -52,8 +49,8 @@ from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.deadlines import is_index_key
 from noetl_stream.kv.results import REF, ResultStore
+from noetl_stream.kv.scan import entries, last_messages
 from noetl_stream.kv.snapshots import SnapshotStore, pointed_object
-from noetl_stream.natsconn import num_pending
 from noetl_stream.subjects import SubjectError, Topology, check_token
 
 __all__ = ["SNAPSHOT_OBJECT_GRACE_S", "PruneReport", "prune"]
@@ -76,7 +73,6 @@ _LIST_BATCH = 256
 """Object metas fetched at once."""
 _SCAN_BATCH = 64
 """Snapshots fetched at once (each up to 512 KiB)."""
-_FETCH_WAIT_S = 5.0
 
 CONCURRENCY = 8
 """Executions whose objects are looked up and deleted at once (each execution's one after the other)."""
@@ -96,10 +92,6 @@ class _Snapshot(NamedTuple):
     pointer: str | None
     """The object a large snapshot's pointer names."""
     finished: bool
-
-
-class ScanError(Exception):
-    """The object listing or the executions bucket could not be read to its end."""
 
 
 class _Meta(msgspec.Struct):
@@ -157,7 +149,7 @@ async def prune(
     owned: dict[str, list[_Object]] = defaultdict(list)
     stream = OBJ_STREAM_TEMPLATE.format(bucket=topology.results_store)
     metas = OBJ_ALL_META_PRE_TEMPLATE.format(bucket=topology.results_store)
-    async with contextlib.aclosing(_last_messages(js, stream, metas, _LIST_BATCH)) as listing:
+    async with contextlib.aclosing(last_messages(js, stream, metas, _LIST_BATCH)) as listing:
         async for msg in listing:  # one object at a time: only the candidates are kept, and small
             try:
                 info = _decode_meta(msg.data)
@@ -258,9 +250,10 @@ async def _scan(
     keys: set[str] = set()
     snapshots: dict[str, _Snapshot | Exception] = {}
     store = await SnapshotStore.open(js, topology, ExecutionState)
-    async with contextlib.aclosing(_current_values(js, topology.executions_bucket)) as values:
-        async for key, value in values:
-            if is_index_key(key):
+    bucket = await js.key_value(topology.executions_bucket)
+    async with contextlib.aclosing(entries(bucket, batch=_SCAN_BATCH)) as values:
+        async for key, value, _, _ in values:
+            if not value or is_index_key(key):
                 continue
             if key in owners:
                 try:
@@ -273,63 +266,6 @@ async def _scan(
             elif REF.encode() in value:
                 keys.update(_ref_keys(msgspec.json.decode(value), topology.results_store))
     return keys, snapshots
-
-
-async def _current_values(js: JetStreamContext, bucket: str) -> AsyncGenerator[tuple[str, bytes], None]:
-    """Every key of KV `bucket` that has a value, with it (`_last_messages`).
-
-    Not nats-py's ``KeyValue.watchall``: it may signal the end of the current values before the first
-    one arrives (when the server has pushed them all before answering its consumer-info request, seen
-    with a few hundred keys), and a scan that missed the snapshots would take every execution for gone
-    and delete the results a running parent holds."""
-    prefix = f"$KV.{bucket}."
-    async with contextlib.aclosing(_last_messages(js, f"KV_{bucket}", prefix + ">", _SCAN_BATCH)) as msgs:
-        async for msg in msgs:
-            operation = (msg.headers or {}).get("KV-Operation")
-            if msg.data and operation not in ("DEL", "PURGE"):
-                yield msg.subject[len(prefix) :], msg.data
-
-
-async def _last_messages(
-    js: JetStreamContext, stream: str, subjects: str, batch: int
-) -> AsyncGenerator[Msg, None]:
-    """The last message of each subject of `stream` matching `subjects`, up to the last one stored when
-    the read ends, `batch` at a time, through an ephemeral pull consumer (deleted at the end: nothing is
-    delivered that was not asked for, so its count of what is pending is exact). Raises `ScanError` if
-    messages stop coming before the end."""
-    config = api.ConsumerConfig(
-        ack_policy=api.AckPolicy.NONE,
-        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
-        filter_subject=subjects,
-        inactive_threshold=60.0,
-        mem_storage=True,
-    )
-    sub = await js.pull_subscribe(subjects, stream=stream, config=config)
-    name = None
-    try:
-        info = await sub.consumer_info()
-        name = info.name
-        remaining = info.num_pending or 0
-        stalled = 0
-        while remaining > 0:
-            try:
-                msgs = await sub.fetch(min(batch, remaining), timeout=_FETCH_WAIT_S)
-            except (TimeoutError, nats.errors.TimeoutError):
-                # none came: messages counted as pending may have gone since (a TTL expired)
-                remaining = (await sub.consumer_info()).num_pending or 0
-                stalled += 1
-                if remaining and stalled > 1:
-                    raise ScanError(f"{remaining} messages of {stream} could not be read") from None
-                continue
-            stalled = 0
-            for msg in msgs:
-                remaining = num_pending(msg)
-                yield msg
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-            if name:
-                await js.delete_consumer(stream, name)
 
 
 def _ref_keys(value: Any, bucket: str) -> Iterator[str]:

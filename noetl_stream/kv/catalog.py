@@ -22,12 +22,13 @@ from collections.abc import Iterable
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.errors import NoetlError, StateConflictError
+from noetl_stream.kv import scan
 from noetl_stream.operations import CatalogEntryInfo
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import content_hash
@@ -333,10 +334,7 @@ class Catalog:
     async def list(self, path: str | None = None) -> list[CatalogEntryInfo]:
         """Every entry (or every version of ``path``), by path then registration order."""
         kv = await self._bucket()
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return []
+        keys = await scan.keys(kv)  # to the end (nats-py's keys() may end before the first key)
         prefix = f"{encode_part(path)}." if path is not None else ""
         latest_suffix = f".{LATEST}"
         out: list[tuple[str, int, CatalogEntryInfo]] = []

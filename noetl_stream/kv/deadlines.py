@@ -13,6 +13,7 @@ import msgspec
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
+from noetl_stream.kv import scan
 from noetl_stream.kv.forget import forget_key
 from noetl_stream.subjects import Topology
 
@@ -51,22 +52,16 @@ class DeadlineIndex:
         await forget_key(self.kv, self.key(partition, execution_id))
 
     async def of_partition(self, partition: int) -> list[tuple[str, float]]:
-        """``(execution_id, deadline_at)`` of the partition's indexed executions (one filtered watch)."""
+        """``(execution_id, deadline_at)`` of the partition's indexed executions (one filtered read to
+        the end: `scan.entries`, not nats-py's watch, which may end before the first value)."""
         prefix = f"{PREFIX}.{partition}."
         out: list[tuple[str, float]] = []
-        watcher = await self.kv.watch(prefix + "*", ignore_deletes=True)
-        try:
-            while True:
-                entry = await watcher.updates(timeout=10.0)  # type: ignore[no-untyped-call]
-                if entry is None:
-                    break  # the end of the current values
-                if not entry.value or not entry.key.startswith(prefix):
-                    continue
-                try:
-                    deadline = _decoder.decode(entry.value)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-                out.append((entry.key[len(prefix) :], deadline.deadline_at))
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+        async for entry in scan.entries(self.kv, prefix + "*"):
+            if not entry.value or not entry.key.startswith(prefix):
+                continue
+            try:
+                deadline = _decoder.decode(entry.value)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            out.append((entry.key[len(prefix) :], deadline.deadline_at))
         return out

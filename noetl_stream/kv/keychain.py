@@ -31,10 +31,11 @@ from typing import Any
 import msgspec
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from noetl_stream.errors import ConfigurationError, NoetlError
+from noetl_stream.kv import scan
 from noetl_stream.subjects import Topology
 
 __all__ = [
@@ -227,10 +228,7 @@ class Keychain:
     async def list(self) -> list[tuple[str, str]]:
         """``(name, kind)`` of every entry, sorted by name. Needs no key."""
         kv = await self._store()
-        try:
-            names = await kv.keys()
-        except NoKeysError:
-            return []
+        names = await scan.keys(kv)  # to the end (nats-py's keys() may end before the first key)
         out = []
         for name in sorted(names):
             try:

@@ -24,12 +24,13 @@ command handed back ``max_deliver`` times during one election would fail its ste
 An event queued with ``expect_new`` is stored only if its subject holds no message yet (an insert-if-
 absent; with ``new_on``, only if no subject matching that filter holds one: e.g. an execution's one
 ``playbook.execution.requested`` or ``playbook.request.rejected``): it and every message after it
-in the flush are published with an ack, and a refusal raises `AlreadyStored`, which is not retried.
+in the flush are published with an ack, and a refusal raises `AlreadyStored`, which is not retried; so
+does an ``expect_new`` event acked as a duplicate (a cluster checks the ``Nats-Msg-Id`` first).
 
 A clustered stream refuses a message for a moment while another with its ``Nats-Msg-Id`` (or, for an
 ``expect_new`` event, on its subject) is being stored: publishes of one deterministic id racing each
 other, e.g. a request admitted twice at once. That is retried like the transient failures, and
-settles as stored, a duplicate or `AlreadyStored`.
+settles as stored or `AlreadyStored`.
 """
 
 from __future__ import annotations
@@ -74,10 +75,11 @@ class AlreadyStored(StateConflictError):
     one matching its ``new_on`` filter, for an event queued with one).
 
     Possibly by an earlier attempt of this same flush: an attempt that failed for a transient reason
-    (no ack in time, a reconnect) may have stored it all the same, and the retry is refused (a single
-    server refuses it even with the stored message's ``Nats-Msg-Id``; a cluster acks that as a
-    duplicate within the duplicate window, and the flush succeeds). Either way the subject holds a
-    message that was there first. The other messages of the flush were published too (the server
+    (no ack in time, a reconnect) may have stored it all the same, and the retry is refused. A single
+    server refuses it even with the stored message's ``Nats-Msg-Id``; a cluster acks a message whose
+    ``Nats-Msg-Id`` it stored within the duplicate window as a duplicate before it looks at the expected
+    sequence, and that duplicate raises this too (whoever published that id first). Either way a
+    message was there first: the caller reads what it is. The other messages of the flush were published too (the server
     refuses only that one), without a guarantee that they are stored: a caller queues with the event
     only what may be lost with it.
     """
@@ -234,7 +236,12 @@ class Outbox:
             futures = await self._pub.send(messages, ack_from, self.ack_timeout_s, new)
             for i, fut in enumerate(futures, ack_from):
                 try:
-                    await fut
+                    ack = await fut
+                    if ack.duplicate and i in new and refused is None:
+                        # Its Nats-Msg-Id was stored before (a cluster answers that before it looks at the
+                        # expected sequence): stored already, as far as this caller can tell.
+                        subject, _, msg_id = messages[i]
+                        refused = AlreadyStored(subject, msg_id, "duplicate message id")
                 except APIError as exc:
                     if exc.err_code == WRONG_LAST_SEQUENCE and refused is None:
                         subject, _, msg_id = messages[i]

@@ -427,10 +427,9 @@ class Intake:
             # one, or by an attempt of this flush whose ack was lost.
             return await self._recorded(execution_id)
         if error is not None:
-            # The request event says so (`rejected`): the reducer records the rejection without writing
-            # it; intake writes it, and `_recorded` completes it if intake stops in between.
-            entity = request.file or request.path or "<playbook>"
-            await self._write_rejection(execution_id, error, entity, request.trace_id)
+            # The request event says so (`rejected`): the controller writes the rejection when it folds
+            # that event, whatever happens to this process now.
+            log.warning("intake.rejected", execution_id=execution_id, error=error.get("message"))
         return execution_id, error
 
     async def _reject_new(
@@ -453,45 +452,39 @@ class Intake:
         log.warning("intake.rejected", execution_id=execution_id, error=error.get("message"))
         return execution_id, error
 
-    async def _write_rejection(
-        self,
-        execution_id: str,
-        error: dict[str, Any],
-        entity_id: str,
-        trace_id: str | None,
-        *,
-        only_missing: bool = False,
-    ) -> None:
-        """``playbook.request.rejected`` and ``playbook.processed`` (those not stored yet, with
-        `only_missing`: beyond the duplicate window the server would store them twice)."""
-        outbox = Outbox(self.js, self.topology)
-        for ev in rejection_events(execution_id, entity_id, error, trace_id):
-            if not only_missing or await self._last(execution_id, ev.name) is None:
-                outbox.event(ev)
-        await outbox.flush()
-        log.warning("intake.rejected", execution_id=execution_id, error=error.get("message"))
-
     async def _recorded(self, execution_id: str) -> tuple[str, dict[str, Any] | None]:
-        """The answer for a request whose execution was decided before it: ``None`` if its request was
-        accepted, else its rejection, completed first if its writer stopped before ``playbook.processed``
-        (its request's retry or redelivery is what comes here then)."""
-        decided = await self._last(execution_id, E.EXECUTION_REQUESTED)
-        if decided is not None:
-            error = decided.payload.get("rejected")
-            if not isinstance(error, dict):
-                return execution_id, None
-        else:
-            decided = await self._last(execution_id, E.REQUEST_REJECTED)
-            error = decided.payload.get("error") if decided is not None else None
-            if decided is None or not isinstance(error, dict):
-                # Its records went (they expired, or were purged) between the refusal and this read.
-                raise StateConflictError(f"execution {execution_id}: its records changed while read; retry")
-        if await self._last(execution_id, E.PLAYBOOK_PROCESSED) is None:
-            await self._write_rejection(
-                execution_id, error, decided.entity_id, decided.trace_id, only_missing=True
-            )
+        """The answer for a request whose execution was decided before it: ``None`` if it was accepted,
+        else its rejection. A rejection intake wrote without its ``playbook.processed`` (it stopped in
+        between) is completed: the retry or redelivery of its request is what comes here then. (A
+        request carrying ``rejected`` is completed by the controller, which folds it.)"""
+        requested = await self._last(execution_id, E.EXECUTION_REQUESTED)
+        if requested is not None:
+            error = requested.payload.get("rejected")
+            return execution_id, self._as_recorded(execution_id, error) if isinstance(error, dict) else None
+        rejected = await self._last(execution_id, E.REQUEST_REJECTED)
+        if rejected is not None and isinstance(error := rejected.payload.get("error"), dict):
+            if await self._last(execution_id, E.PLAYBOOK_PROCESSED) is None:
+                _, processed = rejection_events(execution_id, rejected.entity_id, error, rejected.trace_id)
+                outbox = Outbox(self.js, self.topology)
+                outbox.event(processed)
+                await outbox.flush()
+            return execution_id, self._as_recorded(execution_id, error)
+        # Its first records expired (after the events stream's max_age) while later ones are kept.
+        last = await self._last(execution_id, E.PLAYBOOK_PROCESSED)
+        if last is not None:
+            error = last.payload.get("error")
+            if last.payload.get("status") == "rejected" and isinstance(error, dict):
+                return execution_id, self._as_recorded(execution_id, error)
+            return execution_id, None
+        if await self._last(execution_id, E.REQUEST_EVALUATED) is not None:
+            return execution_id, None
+        # Nothing left (purged or expired between the refusal and these reads): its next attempt decides.
+        raise StateConflictError(f"execution {execution_id}: its records changed while read; retry")
+
+    @staticmethod
+    def _as_recorded(execution_id: str, error: dict[str, Any]) -> dict[str, Any]:
         message = f"execution {execution_id!r} is recorded as rejected: {error.get('message')}"
-        return execution_id, {**error, "message": _short(message)}
+        return {**error, "message": _short(message)}
 
     async def _last(self, execution_id: str, name: str) -> Event | None:
         """The execution's last stored event of one name, or None."""

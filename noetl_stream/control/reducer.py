@@ -217,9 +217,8 @@ class Reducer:
             attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
         )
         rejected = event.payload.get("rejected")
-        if isinstance(rejected, dict):  # intake already compiled it and wrote the rejection
-            state.status = "rejected"
-            state.error = rejected
+        if isinstance(rejected, dict):  # intake compiled it already: the rejection is written from here
+            self._reject(state, fx, rejected)
             return state
         text = request.playbook
         if text is None:

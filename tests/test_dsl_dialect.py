@@ -477,3 +477,31 @@ def test_a_diagnostic_in_a_set_value_points_at_the_key_the_author_wrote() -> Non
     assert sorted(found) == sorted(where.items()), [d.format() for d in result.errors]
     for (path, line), d in found.items():
         assert d.col == lines[line - 1].index('"{{') + 1, (path, d.format())
+
+
+def test_an_error_in_an_arc_a_looped_step_set_moves_is_reported_once_where_it_was_written() -> None:
+    """A looped step's arcs move to its ``<step>_set`` step (a copy stays for failures): an error in one is
+    reported once, at the arc the author wrote, with its path, not at ``set`` nor at the copy."""
+    text = playbook(
+        """
+        - step: start
+          loop: {in: "{{ [1, 2] }}", iterator: item}
+          tool: {kind: noop}
+          set:
+            ctx: {sum: "{{ start | length }}"}
+          next:
+            arcs:
+              - step: end
+                args: {x: "{{ nope( }}"}
+        - step: end
+          tool: {kind: noop}
+        """
+    )
+    lines = text.splitlines()
+    (error,) = compile_playbook(text, "t.yaml").errors
+    line = next(i for i, s in enumerate(lines, 1) if "nope(" in s)
+    assert (error.path, error.line, error.col) == (
+        "workflow[0].next.arcs[0].args.x",
+        line,
+        lines[line - 1].index('"{{') + 1,
+    )

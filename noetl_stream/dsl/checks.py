@@ -174,11 +174,16 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
             )
     base = V.SCOPE_NAMES | V.JINJA_GLOBALS | workload_keys | step_names | set(playbook.workbook)
     roots: list[tuple[Path, Any]] = [(("workflow",), raw_steps), (("workbook",), data.get("workbook"))]
+    reported: set[tuple[Path, str]] = set()  # a rewrite may copy a template (a looped step's moved arcs)
     for root, node in roots:
         for path, text in _strings(node, root):
             who = _who(path, data)
             problem = check_syntax(text)
             if problem is not None:
+                authored = c.smap.authored(path)
+                if (authored, problem.message) in reported:
+                    continue
+                reported.add((authored, problem.message))
                 line, col = _template_position(c, path, text, problem.lineno)
                 c.diagnostics.append(
                     Diagnostic(
@@ -187,7 +192,7 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                         c.smap.file,
                         line,
                         col,
-                        format_path(c.smap.authored(path)),
+                        format_path(authored),
                         "template-syntax",
                     )
                 )

@@ -253,7 +253,7 @@ class Dialect:
                 guard = None if tested is not None and tested <= SUCCESS_NAMES else SUCCEEDED
                 out = rewrite_value(_swap_boundary_names(copy.deepcopy(arc)), rw)
                 out["when"] = template(_and(guard, as_expression(out["when"]) if "when" in out else None))
-                moved.append(self.origins.mark(out, apath))
+                moved.append(self.origins.mark_tree(out, apath))
         values = rewrite_value(values, Rewrite(names={"args": f"args.{SOURCE_ARGS}"}))
         hand_on: dict[str, Any] = {}
         if reads_attr([moved, values], "args", SOURCE_ARGS):

@@ -47,6 +47,13 @@ class Origins:
             self._alive.append(node)
         return node
 
+    def mark_tree(self, node: T, path: Path) -> T:
+        """``mark`` a copy of what the author wrote at ``path`` and every container in it, each at its
+        own place under ``path``."""
+        for rel, container in _containers(node, ()):
+            self.mark(container, (*path, *rel))
+        return node
+
     def mark_key(self, node: dict[str, Any], key: str, path: Path) -> None:
         """The value under ``node[key]`` was written at ``path`` (e.g. a key that was renamed)."""
         self._keys[(id(node), key)] = path
@@ -89,8 +96,9 @@ class Origins:
         """A source map of the rewritten ``data`` whose positions are those of the authored text."""
         out = SourceMap(authored.file)
         out.lines = authored.lines
-        for new, old in self.resolve(data).items():
-            out.set_authored(new, old)
+        table = self.resolve(data)
+        out.set_authored(table)
+        for new, old in table.items():
             line, col = authored.value(old)
             out.set_value(new, line - 1, col - 1)
             kline, kcol = authored.key(old)

@@ -37,14 +37,16 @@ class SourceMap:
         self._keys: dict[Path, tuple[int, int]] = {}
         self._authored: dict[Path, Path] = {}  # a rewritten tree's paths -> what the author wrote there
 
-    def set_authored(self, path: Path, authored: Path) -> None:
-        """``path`` of the tree this map describes stands for ``authored`` in the text (a rewrite)."""
-        if path != authored:
-            self._authored[path] = authored
+    def set_authored(self, table: dict[Path, Path]) -> None:
+        """The paths of the tree this map describes -> what the author wrote there (after a rewrite; kept
+        only if some path differs)."""
+        if any(new != old for new, old in table.items()):
+            self._authored = table
 
     def authored(self, path: Path) -> Path:
-        """The path the author wrote for ``path``: a rewritten node's authored path (its nearest rewritten
-        ancestor's, with the rest of ``path`` after it); ``path`` itself where nothing was rewritten."""
+        """The path the author wrote for ``path``: its node's authored path (or its nearest ancestor's, with
+        the rest of ``path`` after it, for a path with no node); ``path`` itself where nothing was
+        rewritten."""
         if not self._authored:
             return path
         for n in range(len(path), -1, -1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -177,6 +178,23 @@ async def test_processes_that_left_the_process_group_are_killed_when_the_script_
         out = await script({"code": ESCAPE.format(d=tmp_path) + "echo done"})
         assert out.status == "ok", out.error
         assert out.result["stdout"] == "done\n"
+        await _all_gone(_pids(tmp_path))
+
+
+@linux_only
+async def test_without_pidfds_processes_that_left_the_process_group_are_still_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel without ``pidfd_open`` (before 5.3) or a sandbox that filters it out: the sweep kills by
+    pid, after checking the marker again."""
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    with _escaped(tmp_path):
+        out = await script({"code": ESCAPE.format(d=tmp_path) + "echo done"})
+        assert out.status == "ok", out.error
         await _all_gone(_pids(tmp_path))
 
 

@@ -139,15 +139,13 @@ def _is_marked(pid: int, entry: bytes, uid: int) -> bool:
 def _kill_marked_pid(pid: int, entry: bytes, uid: int) -> bool:
     """SIGKILL `pid` if it still holds `entry`; through a pidfd, so that a pid reused by another process
     between the scan and the kill is not signalled."""
-    if not hasattr(os, "pidfd_open"):  # pragma: no cover - a Linux kernel before 5.3
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            return True
-        return False
     try:
         fd = os.pidfd_open(pid)
-    except OSError:  # gone already
+    except ProcessLookupError:  # gone already
         return False
+    except (AttributeError, OSError) as exc:  # no pidfd here (an old kernel, a sandbox's seccomp filter)
+        log.debug("script.no_pidfd", error=str(exc) or type(exc).__name__)
+        return _kill_checked(pid, entry, uid)
     try:
         if not _is_marked(pid, entry, uid):  # no longer the process the scan found
             return False
@@ -157,6 +155,18 @@ def _kill_marked_pid(pid: int, entry: bytes, uid: int) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _kill_checked(pid: int, entry: bytes, uid: int) -> bool:
+    """SIGKILL `pid` by number if it still holds `entry` (without a pidfd, a pid reused between the check
+    and the kill could be hit: the window is the few microseconds between the two)."""
+    if not _is_marked(pid, entry, uid):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _kill_marked(marker: str) -> list[int]:

@@ -199,7 +199,7 @@ class Leases:
                 await self._renew()
             try:
                 owners, members = await self._read()
-            except (nats.errors.Error, TimeoutError, OSError) as exc:
+            except (nats.errors.Error, TimeoutError, OSError, scan.ScanError) as exc:
                 log.warning("controller.lease_read_failed", error=str(exc) or type(exc).__name__)
                 return
             first, self._first_tick = self._first_tick, False

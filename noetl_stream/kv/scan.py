@@ -33,6 +33,10 @@ __all__ = ["Entry", "ScanError", "entries", "keys", "last_messages"]
 FETCH_WAIT_S = 5.0
 """How long one fetch waits for messages the consumer counts as pending before it is asked again."""
 
+MAX_READ_FACTOR = 4
+MAX_READ_EXTRA = 10_000
+"""A read gives up after this many messages beyond `MAX_READ_FACTOR` times what was there at its start."""
+
 _DELETED = frozenset({"DEL", "PURGE"})
 
 
@@ -60,8 +64,11 @@ async def last_messages(
 ) -> AsyncGenerator[Msg, None]:
     """The last message of each subject of `stream` matching `subjects`, up to the last one stored when
     the read ends, `batch` at a time, through an ephemeral pull consumer (deleted at the end). Raises
-    `ScanError` if messages stop coming before the end. Close it (``contextlib.aclosing``) when leaving
-    early, so the consumer goes at once rather than after its inactivity threshold."""
+    `ScanError` if messages stop coming before the end, or if they come faster than they are read (more
+    than `MAX_READ_FACTOR` times what was there at the start, and `MAX_READ_EXTRA` more, are read without
+    reaching the end: a bounded read never hides a key, so it gives up instead). Close it
+    (``contextlib.aclosing``) when leaving early, so the consumer goes at once rather than after its
+    inactivity threshold."""
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
         deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
@@ -76,8 +83,11 @@ async def last_messages(
         info = await sub.consumer_info()
         name = info.name
         remaining = info.num_pending or 0
+        budget = remaining * MAX_READ_FACTOR + MAX_READ_EXTRA
         stalled = 0
         while remaining > 0:
+            if budget <= 0:
+                raise ScanError(f"{stream}: {remaining} messages still to read after {subjects} kept changing")
             try:
                 msgs = await sub.fetch(min(batch, remaining), timeout=FETCH_WAIT_S)
             except (TimeoutError, nats.errors.TimeoutError):
@@ -88,13 +98,15 @@ async def last_messages(
                     raise ScanError(f"{remaining} messages of {stream} could not be read") from None
                 continue
             stalled = 0
+            budget -= len(msgs)
             for msg in msgs:
                 remaining = num_pending(msg)
                 yield msg
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-            if name:
+        if name:  # else its inactivity threshold removes it
+            with contextlib.suppress(Exception):
                 await js.delete_consumer(stream, name)
 
 

@@ -87,7 +87,9 @@ async def last_messages(
         stalled = 0
         while remaining > 0:
             if budget <= 0:
-                raise ScanError(f"{stream}: {remaining} messages still to read after {subjects} kept changing")
+                raise ScanError(
+                    f"{stream}: {remaining} messages still to read after {subjects} kept changing"
+                )
             try:
                 msgs = await sub.fetch(min(batch, remaining), timeout=FETCH_WAIT_S)
             except (TimeoutError, nats.errors.TimeoutError):

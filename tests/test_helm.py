@@ -411,3 +411,242 @@ def test_hpa_alternative_inline_secrets_and_optional_service(chart: helm.Chart) 
     rule = m.get("Ingress", "noetl-noetl-stream")["spec"]["rules"][0]
     assert rule["http"]["paths"][0]["backend"]["service"]["name"] == "noetl-noetl-stream-controller"
     assert m.get("ServiceMonitor", "noetl-noetl-stream")["spec"]["endpoints"][0]["port"] == "http"
+
+
+# --- audit fixes: pod environment, overrides, API auth, scheduling -----------------------------------------
+
+
+def pod_specs(m: Manifests) -> dict[str, dict[str, Any]]:
+    """Every pod template: Deployments, the provisioning Job and the prune CronJob."""
+    pods = {f"Deployment/{n}": d["spec"]["template"]["spec"] for n, d in m.of("Deployment").items()}
+    pods |= {f"Job/{n}": j["spec"]["template"]["spec"] for n, j in m.of("Job").items()}
+    pods |= {
+        f"CronJob/{n}": c["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        for n, c in m.of("CronJob").items()
+    }
+    return pods
+
+
+def test_every_container_works_in_the_writable_tmp(chart: helm.Chart) -> None:
+    """The root filesystem is read-only and the image's WORKDIR is on it: DuckDB spills a query larger
+    than its memory limit to ./.tmp (its default temp_directory), which failed there."""
+    pods = pod_specs(render(chart))
+    assert {k.split("/")[0] for k in pods} == {"Deployment", "Job", "CronJob"}
+    for where, pod in pods.items():
+        (c,) = pod["containers"]
+        assert c["workingDir"] == "/tmp", where
+        mount = next(v for v in c["volumeMounts"] if v["mountPath"] == c["workingDir"])
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        assert "emptyDir" in volume and not mount.get("readOnly"), where
+
+
+def test_a_pool_replaces_resources_and_placement_instead_of_merging_them(chart: helm.Chart) -> None:
+    values = {
+        "workerDefaults": {
+            "nodeSelector": {"pool": "workers"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        },
+        "pools": [
+            {"name": "default"},
+            {
+                "name": "big",
+                # Merged with the defaults' 1Gi limit, this request would make an invalid pod.
+                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
+                "nodeSelector": {"node.kubernetes.io/instance-type": "r6i.2xlarge"},
+                "affinity": {},
+                "pdb": {"maxUnavailable": 2},
+                "autoscaling": {"keda": {"enabled": True}},
+            },
+        ],
+    }
+    m = render(chart, values)
+    big = m.get("Deployment", "noetl-noetl-stream-worker-big")
+    pod = big["spec"]["template"]["spec"]
+    assert container(big)["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "r6i.2xlarge"}
+    assert "affinity" not in pod
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]  # not overridden: inherited
+    default = m.get("Deployment", "noetl-noetl-stream-worker-default")["spec"]["template"]["spec"]
+    assert default["nodeSelector"] == {"pool": "workers"}
+    assert container(m.get("Deployment", "noetl-noetl-stream-worker-default"))["resources"]["limits"] == {
+        "memory": "1Gi"
+    }
+    # pdb and autoscaling still merge key by key.
+    assert m.get("PodDisruptionBudget", "noetl-noetl-stream-worker-big")["spec"]["maxUnavailable"] == 2
+    so = m.get("ScaledObject", "noetl-noetl-stream-worker-big")["spec"]
+    assert (so["minReplicaCount"], so["maxReplicaCount"]) == (1, 10)
+
+
+def test_the_rest_api_needs_its_token_secret(chart: helm.Chart) -> None:
+    """`controller --http` exits at start without a bearer token: refuse the install instead."""
+    with pytest.raises(helm.HelmRenderError, match=re.escape("needs controller.api.tokensSecret")):
+        chart.render({"controller": {"service": {"enabled": True}}}, name="noetl", namespace="noetl")
+    from_env = {
+        "controller": {"service": {"enabled": True}},
+        "extraEnv": [{"name": "NOETL_API_TOKENS", "valueFrom": {"secretKeyRef": {"name": "t", "key": "t"}}}],
+    }
+    assert arg(
+        container(render(chart, from_env).get("Deployment", "noetl-noetl-stream-controller")), "--http"
+    )
+
+
+def test_the_service_monitor_sends_a_bearer_token(chart: helm.Chart) -> None:
+    """/metrics answers 401 without a token: Prometheus must send one."""
+    m = render(chart, load_values("hpa-values.yaml"))
+    (endpoint,) = m.get("ServiceMonitor", "noetl-noetl-stream")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "noetl-api-tokens", "key": "tokens"},
+    }
+    own = load_values("hpa-values.yaml")
+    own["controller"]["serviceMonitor"] |= {"tokenSecret": "prometheus-token", "tokenKey": "token"}
+    (endpoint,) = render(chart, own).get("ServiceMonitor", "noetl-noetl-stream")["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"] == {"name": "prometheus-token", "key": "token"}
+    no_token = {
+        "controller": {"service": {"enabled": True}, "serviceMonitor": {"enabled": True}},
+        "extraEnv": [{"name": "NOETL_API_TOKENS", "value": "x"}],
+    }
+    with pytest.raises(helm.HelmRenderError, match=re.escape("/metrics requires a bearer token")):
+        chart.render(no_token, name="noetl", namespace="noetl")
+
+
+@pytest.mark.parametrize("schedule", ["@daily", "@hourly", "*/30 * * * *", "0 0 1 1 *"])
+def test_prune_schedule_accepts_cron_macros_and_five_fields(chart: helm.Chart, schedule: str) -> None:
+    values = {"prune": {"schedule": schedule}}
+    chart.validate_schema(chart.merge_values(values))
+    assert render(chart, values).get("CronJob", "noetl-noetl-stream-prune")["spec"]["schedule"] == schedule
+
+
+@pytest.mark.parametrize("schedule", ["daily", "23 3 * *", "@every-day"])
+def test_prune_schedule_rejects_what_is_not_a_cron_schedule(chart: helm.Chart, schedule: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match="/prune/schedule"):
+        chart.validate_schema(chart.merge_values({"prune": {"schedule": schedule}}))
+
+
+def test_controllers_are_spread_over_nodes_counting_only_this_release(chart: helm.Chart) -> None:
+    m = render(chart, {"controller": {"replicas": 2}})
+    controller = m.get("Deployment", "noetl-noetl-stream-controller")
+    (spread,) = controller["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # one node must still be able to run them all
+    assert spread["labelSelector"]["matchLabels"] == controller["spec"]["selector"]["matchLabels"]
+    assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "noetl"
+    # A pool's constraint gets its own pods' labels; a hand-written selector is kept.
+    mine = {"matchLabels": {"team": "a"}}
+    pools = {
+        "pools": [
+            {
+                "name": "etl",
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                    },
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": mine,
+                    },
+                ],
+            }
+        ]
+    }
+    worker = render(chart, pools).get("Deployment", "noetl-noetl-stream-worker-etl")
+    zone, host = worker["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert zone["labelSelector"]["matchLabels"] == worker["spec"]["selector"]["matchLabels"]
+    assert zone["labelSelector"]["matchLabels"]["noetl.io/pool"] == "etl"
+    assert host["labelSelector"] == mine
+
+
+def test_jobs_run_on_the_controllers_nodes_with_the_pull_secrets(chart: helm.Chart) -> None:
+    """On a cluster whose nodes are all tainted or labelled for noetl, the provisioning hook (which every
+    install and upgrade waits for) and the prune CronJob must be schedulable too."""
+    node_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}
+            ]
+        }
+    }
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "noetl", "effect": "NoSchedule"}
+    anti = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "controller"}},
+            }
+        ]
+    }
+    values = {
+        "imagePullSecrets": [{"name": "regcred"}],
+        "nats": {"auth": {"existingSecret": "my-nats"}},
+        "controller": {
+            "replicas": 2,
+            "nodeSelector": {"pool": "system"},
+            "tolerations": [toleration],
+            "affinity": {"nodeAffinity": node_affinity, "podAntiAffinity": anti},
+        },
+        "pools": [{"name": "default", "replicas": 3}, {"name": "etl", "replicas": 1}],
+    }
+    m = render(chart, values)
+    for kind in ("Job", "CronJob"):
+        ((where, pod),) = [(k, p) for k, p in pod_specs(m).items() if k.startswith(kind + "/")]
+        assert pod["nodeSelector"] == {"pool": "system"}, where
+        assert pod["tolerations"] == [toleration], where
+        assert pod["affinity"] == {"nodeAffinity": node_affinity}, where  # not the controllers' anti-affinity
+    for where, pod in pod_specs(m).items():
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}], where
+        for e in pod["containers"][0]["env"]:
+            if e["name"] == "NOETL_NATS_PASSWORD":
+                assert e["valueFrom"]["secretKeyRef"]["name"] == "my-nats", where
+    assert not m.of("Secret")  # credentials only from the existing Secret
+    defaults = pod_specs(render(chart))
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(defaults["Job/noetl-noetl-stream-provision"])
+
+
+def test_credentials_stay_off_command_lines_and_config_maps(chart: helm.Chart) -> None:
+    m = render(chart, load_values("hpa-values.yaml"))
+    passwords = ["0123456789abcdefcontroller", "0123456789abcdefworker", "0123456789abcdefadmin"]
+    for where, pod in pod_specs(m).items():
+        text = str(pod["containers"][0].get("args", [])) + str(pod["containers"][0].get("command", []))
+        assert not any(p in text for p in passwords) and "$(NOETL_NATS_PASSWORD)" not in text, where
+    assert not any(p in str(m.of("ConfigMap")) for p in passwords)
+    # NOTES tell the user to put the client's URL in the environment, not in `--nats` (visible in ps).
+    assert "--nats nats://" not in m.notes and "export NOETL_NATS_URL=nats://client:" in m.notes
+
+
+def test_pools_whose_deployment_names_collide_after_truncation_fail_with_a_message(chart: helm.Chart) -> None:
+    """Names are cut at 63 characters: two long pool names could otherwise render one Deployment twice."""
+    values = {
+        "fullnameOverride": "production-workflows-noetl-stream",
+        "pools": [{"name": "nightly-batch-exports-eu-a"}, {"name": "nightly-batch-exports-eu-b"}],
+    }
+    with pytest.raises(helm.HelmRenderError, match=re.escape("both get the Deployment name")):
+        chart.render(values, name="noetl", namespace="noetl")
+    values["fullnameOverride"] = "noetl"
+    assert len(render(chart, values).of("Deployment")) == 3
+
+
+def test_every_value_is_documented_in_the_deploy_guide() -> None:
+    """docs/deploy.md's table names every key of values.yaml (as `key` or `.key`)."""
+    values: dict[str, Any] = YAML(typ="safe").load((CHART / "values.yaml").read_text())
+    table = (CHART.parents[2] / "docs" / "deploy.md").read_text().split("## 7. Values", 1)[1]
+    opaque = {"resources", "podSecurityContext", "securityContext", "startup", "readiness", "liveness"}
+
+    def keys(d: dict[str, Any], path: str = "") -> Iterator[str]:
+        for k, v in d.items():
+            if isinstance(v, dict) and v and k not in opaque and not path.endswith("hosts"):
+                yield from keys(v, f"{path}{k}.")
+            else:
+                yield f"{path}{k}"
+
+    missing = [
+        key
+        for key in keys(values)
+        if not re.search(r"[`.…{,]" + re.escape(key.rsplit(".", 1)[-1]) + r"[`,/ }\[]", table)
+        and not re.search(r"`" + re.escape(key.rsplit(".", 1)[0]) + r"\.\*`", table)
+    ]
+    assert missing == [], missing

@@ -60,9 +60,20 @@ app.kubernetes.io/part-of: noetl-stream
 {{- range .Values.pools }}{{ .name }} {{ end }}
 {{- end }}
 
-{{/* A pool's settings: workerDefaults overridden by the pool's entry. Returns YAML. */}}
+{{/*
+A pool's settings: workerDefaults overridden by the pool's entry. Returns YAML. `pdb` and `autoscaling`
+merge key by key (a pool may set only autoscaling.keda.enabled); a pool's resources, nodeSelector,
+affinity, tolerations and topologySpreadConstraints replace the defaults' as a whole (merged, a pool's
+memory request could meet the defaults' lower limit, or its nodeSelector keep the defaults' labels).
+*/}}
 {{- define "noetl-stream.pool" -}}
-{{- $pool := mergeOverwrite (deepCopy .root.Values.workerDefaults) (deepCopy .pool) }}
+{{- $entry := .pool }}
+{{- $pool := mergeOverwrite (deepCopy .root.Values.workerDefaults) (deepCopy $entry) }}
+{{- range $key := list "resources" "nodeSelector" "affinity" "tolerations" "topologySpreadConstraints" }}
+{{- if hasKey $entry $key }}
+{{- $_ := set $pool $key (deepCopy (get $entry $key)) }}
+{{- end }}
+{{- end }}
 {{- toYaml $pool }}
 {{- end }}
 
@@ -177,6 +188,44 @@ livenessProbe:
 {{- end }}
 checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
 checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints with the component's own pod labels as the labelSelector of every entry that
+names none: (dict "constraints" list "labels" "<selector labels YAML>"). A hand-written selector such as
+{app.kubernetes.io/component: controller} would also count other releases' pods in the namespace.
+*/}}
+{{- define "noetl-stream.topologySpread" -}}
+{{- $out := list }}
+{{- range .constraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" ($.labels | fromYaml)) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/*
+Where the provisioning Job and the prune CronJob run: on the controllers' nodes (controller.nodeSelector,
+.tolerations and the nodeAffinity of .affinity; not its pod (anti-)affinity, which names controllers).
+*/}}
+{{- define "noetl-stream.jobScheduling" -}}
+{{- $c := .Values.controller }}
+{{- with $c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($c.affinity | default dict).nodeAffinity }}
+affinity:
+  nodeAffinity:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
 {{- end }}
 
 {{/* terminationGracePeriodSeconds from `--grace` and the extra drain time: (dict "grace" g "extra" e) */}}

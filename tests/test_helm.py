@@ -650,3 +650,28 @@ def test_every_value_is_documented_in_the_deploy_guide() -> None:
         and not re.search(r"`" + re.escape(key.rsplit(".", 1)[0]) + r"\.\*`", table)
     ]
     assert missing == [], missing
+
+
+def test_names_of_a_long_release_stay_within_kubernetes_limits(chart: helm.Chart) -> None:
+    """A full name of 63 characters (the most Helm's names allow): every object's name stays within 63
+    (a Service's limit), the prune CronJob's within 52 (its Jobs add 11), and the Ingress still points at
+    the controller's Service."""
+    values = {
+        "fullnameOverride": "x" * 63,
+        "controller": {
+            "replicas": 2,
+            "service": {"enabled": True},
+            "api": {"tokensSecret": "api-tokens"},
+            "ingress": {"enabled": True},
+        },
+    }
+    manifests = render(chart, values)
+    for obj in manifests.objects:
+        name = obj["metadata"]["name"]
+        assert len(name) <= (52 if obj["kind"] == "CronJob" else 63), (obj["kind"], name)
+    (service,) = manifests.of("Service")
+    (ingress,) = manifests.of("Ingress").values()
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"]
+    assert backend == service and service.endswith("-controller")
+    assert any(name.endswith("-controller") for name in manifests.of("Deployment"))
+    assert f"deployment/{service}" in manifests.notes

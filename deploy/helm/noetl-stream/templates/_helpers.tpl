@@ -22,6 +22,17 @@
 {{- end }}
 
 {{/* The Deployment (and autoscaler, PDB) name of a pool: (dict "root" $ "pool" "gpu") */}}
+{{/*
+A component's name: the full name cut so that "<name>-<suffix>" stays within `max` characters (63, the
+limit of a Service name; 52 for a CronJob, whose Jobs add 11).
+Usage: include "noetl-stream.componentName" (dict "root" $ "suffix" "controller")
+*/}}
+{{- define "noetl-stream.componentName" -}}
+{{- $max := .max | default 63 -}}
+{{- $base := include "noetl-stream.fullname" .root | trunc (int (sub $max (add1 (len .suffix)))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base .suffix -}}
+{{- end }}
+
 {{- define "noetl-stream.workerName" -}}
 {{- printf "%s-worker-%s" (include "noetl-stream.fullname" .root) .pool | trunc 63 | trimSuffix "-" }}
 {{- end }}

@@ -7,10 +7,11 @@ topology from ``--prefix`` and ``NOETL_*``. The commands live in ``cli_*.py`` ne
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import msgspec
@@ -88,35 +89,98 @@ def main() -> None:
     load_plugins()
 
 
-def _run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` to the end; Ctrl-C exits 130, a lost connection 1, a configuration error 2."""
+def _run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:
+    """Run `coro` to the end; Ctrl-C exits 130, a lost connection or a NATS failure 1, a configuration
+    error or an installation that is not provisioned 2 (one line on stderr, never a traceback)."""
+    import nats.errors
+
     from noetl_stream.loop import run_event_loop
 
     try:
         return run_event_loop(coro)
     except KeyboardInterrupt:
         sys.exit(130)
-    except ConnectionError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+    except BrokenPipeError:
+        raise  # stdout closed (`| head`): click exits quietly, no error line
     except ConfigurationError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_INVALID)
+        _fail(str(exc), EXIT_INVALID)
+    except (ConnectionError, nats.errors.Error) as exc:
+        _fail(*_nats_failure(exc, nats_url))
+
+
+_USERINFO = re.compile(r"(?<=://)[^/@\s,]*@")
+
+
+def redact_urls(text: str) -> str:
+    """`text` with the user, password or token of every ``scheme://user:pass@host`` URL replaced."""
+    return _USERINFO.sub("***@", text)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"error: {redact_urls(message)}", err=True)
+    sys.exit(code)
+
+
+_PROVISION = "run `noetl-stream provision` (or check --prefix / NOETL_PREFIX)"
+
+
+def _nats_failure(exc: BaseException, nats_url: str | None = None) -> tuple[str, int]:
+    """The one-line message and the exit code of a failure talking to NATS."""
+    import nats.errors
+    import nats.js.errors as jse
+
+    if isinstance(exc, jse.ServiceUnavailableError):
+        return "JetStream is not available on the NATS server (start nats-server with -js)", EXIT_FAILED
+    if isinstance(exc, jse.BucketNotFoundError):
+        return f"a KV bucket of the installation does not exist: {_PROVISION}", EXIT_INVALID
+    if isinstance(exc, jse.NotFoundError) and exc.err_code == 10059:
+        return f"a stream of the installation does not exist: {_PROVISION}", EXIT_INVALID
+    if isinstance(exc, jse.NoStreamResponseError):
+        return f"no JetStream stream stores this subject: {_PROVISION}", EXIT_INVALID
+    if isinstance(exc, nats.errors.TimeoutError):
+        return "NATS did not answer in time", EXIT_FAILED
+    if isinstance(exc, jse.APIError):
+        detail = exc.description or type(exc).__name__
+    else:
+        detail = str(exc).removeprefix("nats: ").strip() or type(exc).__name__
+    if isinstance(exc, ConnectionError) or nats_url is None:
+        return (detail if isinstance(exc, ConnectionError) else f"NATS: {detail}"), EXIT_FAILED
+    return f"NATS ({nats_url}): {detail}", EXIT_FAILED
 
 
 def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) -> T:
     """Connect to NATS as client `name`, return what `action(connection)` returns, and close; errors exit
-    as in `_run_async`."""
+    as in `_run_async`. While connecting, the client's errors are not logged, one per attempt: the last
+    one is in the error line if the connection cannot be made."""
+    import structlog
+
     from noetl_stream.natsconn import connect
 
+    connected = False
+    last_error: list[str] = []
+    log = structlog.get_logger("noetl_stream.natsconn").bind(nats_client=name)
+
+    async def on_error(e: Exception) -> None:
+        if connected:
+            log.warning("nats.error", error=str(e) or type(e).__name__, kind=type(e).__name__)
+        else:
+            last_error[:] = [str(e) or type(e).__name__]
+
     async def go() -> T:
-        nc = await connect(nats_url, name=name, connect_wait_s=10.0, max_reconnect_attempts=0)
+        nonlocal connected
+        try:
+            nc = await connect(
+                nats_url, name=name, connect_wait_s=10.0, max_reconnect_attempts=0, error_cb=on_error
+            )
+        except ConnectionError as exc:
+            raise ConnectionError(f"{exc} ({last_error[0]})" if last_error else str(exc)) from None
+        connected = True
         try:
             return await action(nc)
         finally:
             await nc.close()
 
-    return _run_async(go())
+    return _run_async(go(), nats_url)
 
 
 def _read_playbook(file: Path) -> str:

@@ -71,14 +71,34 @@ def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefi
     def show(ev: Event) -> None:
         click.echo(msgspec.json.encode(ev).decode() if as_json else timeline.line(ev))
 
-    async def go(nc: Any) -> None:
+    async def go(nc: Any) -> int:
         if follow_:
             await follow(nc, topology, execution_id, show)
-        else:
-            async for _, ev in read_events(nc.jetstream(), topology, execution_id):
-                show(ev)
+            return 1
+        shown = 0
+        async for _, ev in read_events(nc.jetstream(), topology, execution_id):
+            show(ev)
+            shown += 1
+        return shown
 
-    _with_nats(nats_url, "noetl-events", go)
+    if not _with_nats(nats_url, "noetl-events", go):
+        click.echo(f"error: no execution {execution_id}", err=True)
+        sys.exit(EXIT_INVALID)
+
+
+def _event_time(value: str) -> str:
+    """An ISO time as the events write theirs (UTC, milliseconds, ``Z``), so that they compare as text;
+    a time without a zone is UTC."""
+    from datetime import UTC, datetime
+
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a stream sequence nor an ISO time", param_hint="--until"
+        ) from None
+    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
 
 
 @main.command()
@@ -98,8 +118,8 @@ def replay(
     from noetl_stream.control.state import ExecutionState
 
     topology = _topology(prefix)
-    until_seq = int(until) if until is not None and until.isdigit() else None
-    until_time = until if until is not None and until_seq is None else None
+    until_seq = int(until) if until is not None and until.isascii() and until.isdigit() else None
+    until_time = _event_time(until) if until is not None and until_seq is None else None
 
     async def go(nc: Any) -> tuple[ExecutionState | None, list[str]]:
         js = nc.jetstream()

@@ -14,7 +14,9 @@ from noetl_stream.cli import (
     EXIT_INVALID,
     EXIT_OK,
     _echo_json,
+    _fail,
     _read_playbook,
+    _run_async,
     _topology,
     _with_nats,
     main,
@@ -32,7 +34,15 @@ def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, objec
 
     data: dict[str, object] = {}
     if payload:
-        text = Path(payload[1:]).read_text(encoding="utf-8") if payload.startswith("@") else payload
+        text = payload
+        if payload.startswith("@"):
+            try:
+                text = Path(payload[1:]).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise click.BadParameter(
+                    f"cannot read {payload[1:]}: {reason}", param_hint="--payload"
+                ) from None
         try:
             loaded = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -78,7 +88,9 @@ def _exit_with_outcome(summary: dict[str, Any], as_json: bool, progress: Progres
     default=None,
     help="NATS URL (default: start an embedded nats-server).",
 )
-@click.option("--workers", default=1, show_default=True, help="In-process workers.")
+@click.option(
+    "--workers", default=1, show_default=True, type=click.IntRange(min=1), help="In-process workers."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
 @click.option(
     "--legacy",
@@ -121,19 +133,12 @@ def run(
             on_event = progress.on_event if progress else None
             return await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
 
-    from noetl_stream.errors import ConfigurationError
-    from noetl_stream.loop import run_event_loop
-
     try:
-        summary = run_event_loop(go())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except ConfigurationError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_INVALID)
-    except (OSError, ConnectionError, RuntimeError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+        summary = _run_async(go(), nats_url)
+    except BrokenPipeError:
+        raise
+    except (OSError, RuntimeError) as exc:  # the embedded nats-server could not start, ...
+        _fail(str(exc), EXIT_FAILED)
     _exit_with_outcome(msgspec.to_builtins(summary), as_json, progress)
 
 
@@ -207,6 +212,7 @@ def retry(
 
     async def go(nc: Any) -> Any:
         request = await retry_request(nc, topology, execution_id, from_steps)
+        _check_from_steps(request, execution_id, from_steps)
         new_id = await do_submit(nc, topology, request)
         return await follow(nc, topology, new_id) if wait else new_id
 
@@ -221,3 +227,23 @@ def retry(
     summary = msgspec.to_builtins(out)
     _echo_json(summary)
     sys.exit(EXIT_OK if summary.get("status") == "success" else EXIT_FAILED)
+
+
+def _check_from_steps(request: Any, execution_id: str, from_steps: tuple[str, ...]) -> None:
+    """Refuse a ``--from-step`` the execution's playbook does not have, before submitting a retry the
+    controller could only fail."""
+    from noetl_stream.client import RetryError
+
+    if not from_steps or not isinstance(request.playbook, str):
+        return
+    compiled = compile_playbook(
+        request.playbook, request.file or "<playbook>", extensions=tuple(request.extensions)
+    )
+    if compiled.playbook is None:
+        return  # the controller compiles it (maybe with its own extensions) and says what is wrong
+    steps = compiled.playbook.steps
+    unknown = [step for step in from_steps if step not in steps]
+    if unknown:
+        raise RetryError(
+            f"execution {execution_id} has no step {', '.join(map(repr, unknown))} (steps: {', '.join(steps)})"
+        )

@@ -86,7 +86,8 @@ def controller(
             sys.exit(EXIT_INVALID)
     extensions: tuple[str, ...] = ("legacy",) if legacy else ()
     _run_async(
-        run_controller(nats_url, _topology(prefix), pools, grace, listen, tokens, extensions, controller_id)
+        run_controller(nats_url, _topology(prefix), pools, grace, listen, tokens, extensions, controller_id),
+        nats_url,
     )
 
 
@@ -144,7 +145,7 @@ def worker(
         argv = ["--pool", pool, "--concurrency", str(concurrency), "--grace", str(grace)]
         argv += ["--log-level", log_level, "--task-events", task_events]
         sys.exit(supervise_workers(processes, argv, nats_url, topology.prefix, grace, name))
-    _run_async(run_worker(nats_url, topology, pool, concurrency, grace, name, task_events))
+    _run_async(run_worker(nats_url, topology, pool, concurrency, grace, name, task_events), nats_url)
     _exit_now_if_tools_still_run()
 
 

@@ -217,6 +217,11 @@ async def test_an_invalid_playbook_is_a_422_with_diagnostics_and_a_complete_reje
         ("GET", "/api/executions/x/events?follow=maybe", 400, "bad_request"),
         ("GET", "/api/executions?limit=abc", 400, "bad_request"),
         ("GET", "/api/executions?limit=100000", 400, "bad_request"),
+        # what int() takes but an integer query parameter is not: spaces, '_', other scripts' digits
+        ("GET", "/api/executions?limit=%205", 400, "bad_request"),
+        ("GET", "/api/executions?limit=1_0", 400, "bad_request"),
+        ("GET", "/api/executions?offset=%D9%A3", 400, "bad_request"),
+        ("GET", "/api/executions/x/events?after=%2B1", 400, "bad_request"),
         ("GET", "/api/executions?since=yesterday", 400, "bad_request"),
         ("GET", "/api/catalog/playbook", 400, "bad_request"),
         ("GET", "/api/catalog/playbook?path=none/such", 404, "not_found"),
@@ -372,6 +377,19 @@ async def test_unknown_routes_and_methods_are_json(api: Api) -> None:
         assert resp.status == 404 and (await resp.json())["error"] == "not_found"
     async with api.session.get(api.url + "/nothing/here") as resp:  # no token: 401 before routing
         assert resp.status == 401
+
+
+async def test_a_missing_bucket_or_stream_is_a_503_that_says_to_provision(api: Api, runtime: Runtime) -> None:
+    """Someone deleted part of the installation under a running controller: the routes that need it
+    answer 503 'unavailable' with what to do, not a 500."""
+    js = runtime.nc.jetstream()
+    await js.delete_key_value(runtime.topology.executions_bucket)
+    for path in ("/api/executions", "/api/executions/some-run"):
+        reply = await api.json("GET", path, 503)
+        assert reply["error"] == "unavailable" and "noetl-stream provision" in reply["detail"], reply
+    await js.delete_stream(runtime.topology.events_stream)
+    reply = await api.json("GET", "/api/executions/some-run/events", 503)
+    assert reply["error"] == "unavailable" and "stream" in reply["detail"], reply
 
 
 def test_the_app_needs_a_token() -> None:

@@ -13,6 +13,7 @@ import hmac
 from typing import Any
 
 import nats.errors
+import nats.js.errors as jse
 import structlog
 from aiohttp import web
 
@@ -39,6 +40,8 @@ _REASONS = {
     415: "unsupported_media_type",
     422: "unprocessable",
 }
+_STREAM_NOT_FOUND = 10059  # JetStream's err_code
+_PROVISION = "run `noetl-stream provision` (a controller creates what it needs only at start)"
 _UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError)
 
 
@@ -65,13 +68,23 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(exc.status, _REASONS.get(exc.status, "http_error"), exc.reason)
     except _UNAVAILABLE as exc:
         return error_response(503, "unavailable", f"NATS did not answer: {type(exc).__name__}")
+    except jse.BucketNotFoundError:
+        return error_response(503, "unavailable", f"a KV bucket of the installation is missing: {_PROVISION}")
+    except jse.ServiceUnavailableError:
+        return error_response(503, "unavailable", "JetStream is not available on the NATS server")
+    except jse.NotFoundError as exc:
+        if exc.err_code != _STREAM_NOT_FOUND:
+            return _internal(request, exc)
+        return error_response(503, "unavailable", f"a stream of the installation is missing: {_PROVISION}")
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        log.exception("api.internal_error", path=request.path, method=request.method)
-        return error_response(
-            500, "internal", f"{type(exc).__name__}: the server could not handle this request"
-        )
+        return _internal(request, exc)
+
+
+def _internal(request: web.Request, exc: BaseException) -> web.Response:
+    log.error("api.internal_error", path=request.path, method=request.method, exc_info=exc)
+    return error_response(500, "internal", f"{type(exc).__name__}: the server could not handle this request")
 
 
 def _auth(tokens: tuple[str, ...]) -> Any:

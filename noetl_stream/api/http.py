@@ -89,7 +89,10 @@ def query_int(request: web.Request, name: str, default: int, low: int, high: int
     raw = request.query.get(name)
     if raw is None:
         return default
+    digits = raw[1:] if raw.startswith("-") else raw
     try:
+        if not (digits.isascii() and digits.isdigit()):  # int() would take " 5", "1_0", "٣"
+            raise ValueError(raw)
         value = int(raw)
     except ValueError:
         raise ApiError(

@@ -1,0 +1,169 @@
+"""Bad input and unreachable or unprepared NATS, as a user meets them on the command line: one
+``error: ...`` line on stderr, an exit code (1 failed, 2 invalid input or installation, 130 Ctrl-C),
+no traceback and no credential of the NATS URL."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli_run import HELLO, cli, noetl
+
+from noetl_stream.embedded import EmbeddedNats, find_nats_server
+from noetl_stream.local import Runtime
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
+    """The process's only stderr line, which starts with 'error: ', after exiting with `code`."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def usage_error(proc: subprocess.CompletedProcess[str]) -> str:
+    """A click usage error (exit 2): its 'Error: ...' line."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def plain_nats() -> Iterator[str]:
+    """A nats-server without JetStream (a misconfigured installation)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(find_nats_server()), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "nats-server did not start"
+                time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_refused_connection_is_one_line_without_the_urls_credentials() -> None:
+    # nothing listens on port 1: the client retries for 10 s, each attempt used to log a warning line
+    proc = noetl("status", "x", "--nats", "nats://admin:s3cret@127.0.0.1:1", timeout=60)
+    line = one_error_line(proc, 1)
+    assert "s3cret" not in proc.stderr and "admin" not in proc.stderr
+    assert "cannot connect to NATS at nats://***@127.0.0.1:1" in line and "refused" in line
+
+
+@pytest.mark.parametrize(
+    "command", [["status", "x"], ["submit", "playbooks/hello.yaml"], ["run", "playbooks/hello.yaml"]]
+)
+def test_an_invalid_nats_url_is_an_error_line_not_a_traceback(command: list[str]) -> None:
+    proc = noetl(*command, "--nats", "nats://127.0.0.1:99999")
+    assert "invalid connect url" in one_error_line(proc, 1)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status", "x"],
+        ["events", "x"],
+        ["executions"],
+        ["ctx", "x"],
+        ["catalog", "list"],
+        ["provision"],
+        ["run", "playbooks/hello.yaml"],
+    ],
+)
+def test_a_server_without_jetstream_is_named(plain_nats: str, command: list[str]) -> None:
+    proc = noetl(*command, "--nats", plain_nats)
+    assert "JetStream is not available" in one_error_line(proc, 1)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status", "x"],
+        ["events", "x"],
+        ["executions"],
+        ["catalog", "list"],
+        ["retry", "x"],
+        ["submit", "playbooks/hello.yaml"],
+    ],
+)
+def test_an_installation_not_provisioned_says_to_provision(
+    nats_server: EmbeddedNats, command: list[str]
+) -> None:
+    prefix = "u" + uuid.uuid4().hex[:10]  # nothing provisioned under it
+    proc = noetl(*command, "--nats", nats_server.url, "--prefix", prefix)
+    assert "noetl-stream provision" in one_error_line(proc, 2)
+
+
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_an_unreadable_payload_file_is_a_usage_error(tmp_path: Path, command: str) -> None:
+    for target in (tmp_path / "missing.json", tmp_path):
+        proc = noetl(
+            command, "playbooks/hello.yaml", "--payload", f"@{target}", "--nats", "nats://127.0.0.1:1"
+        )
+        line = usage_error(proc)
+        assert "--payload" in line and f"cannot read {target}" in line
+
+
+def test_run_refuses_zero_workers() -> None:
+    # with no worker the execution could never finish: `run` used to wait forever
+    proc = noetl("run", "playbooks/hello.yaml", "--workers", "0", timeout=30)
+    assert "--workers" in usage_error(proc)
+
+
+def test_replay_until_neither_a_sequence_nor_a_time_is_a_usage_error() -> None:
+    # it used to be compared as text with the events' times, so any word replayed everything
+    proc = noetl("replay", "x", "--until", "yesterday", "--nats", "nats://127.0.0.1:1")
+    assert "--until" in usage_error(proc)
+
+
+async def test_events_of_an_unknown_execution_is_an_error_like_status(
+    nats_server: EmbeddedNats, runtime: Runtime
+) -> None:
+    env = {"NOETL_PREFIX": runtime.topology.prefix}
+    nats_url = nats_server.url
+    proc = noetl("events", "no-such-run", "--nats", nats_url, env=env)
+    assert one_error_line(proc, 2) == "error: no execution no-such-run"
+    summary = await runtime.run_playbook(HELLO, "hello.yaml", {}, timeout=30)
+    ok = noetl("events", summary.execution_id, "--nats", nats_url, env=env)
+    assert ok.returncode == 0 and "playbook.processed" in ok.stdout, ok.stderr
+    # stdout closed at once (`| head -1` that went away): no 'Broken pipe' error line, no traceback
+    closed = subprocess.Popen(
+        [cli(), "events", summary.execution_id, "--nats", nats_url, "--prefix", runtime.topology.prefix],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert closed.stdout is not None and closed.stderr is not None
+    closed.stdout.close()
+    err = closed.stderr.read()
+    assert closed.wait(timeout=60) == 1
+    assert err == "", err
+
+
+async def test_retry_from_a_step_the_playbook_does_not_have_is_refused(
+    nats_server: EmbeddedNats, runtime: Runtime
+) -> None:
+    # it used to submit a retry the controller could only fail, print its id and exit 0
+    summary = await runtime.run_playbook(HELLO, "hello.yaml", {}, timeout=30)
+    env = {"NOETL_PREFIX": runtime.topology.prefix}
+    proc = noetl("retry", summary.execution_id, "--from-step", "nowhere", "--nats", nats_server.url, env=env)
+    line = one_error_line(proc, 2)
+    assert f"execution {summary.execution_id} has no step 'nowhere' (steps: start, end)" in line

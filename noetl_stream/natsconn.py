@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import os
 import random
+import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
@@ -257,6 +258,14 @@ def _pick_server(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]
     return s, _backoff(s.reconnects)
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def _without_userinfo(url: str) -> str:
+    """`url` with its user, password or token replaced (an error message must not carry them)."""
+    return _USERINFO.sub("***@", url)
+
+
 async def connect(
     url: str | Sequence[str],
     *,
@@ -274,9 +283,22 @@ async def connect(
     """
     nc = NATS()
     bound = log.bind(nats_client=name)
+    # Until the first connection: each distinct error logged once (a server not up yet fails the same
+    # way every second), the last one named in the error raised if no connection is made in time.
+    connecting = True
+    seen: set[str] = set()
+    last_error = ""
 
     async def on_error(e: Exception) -> None:
-        bound.warning("nats.error", error=str(e) or type(e).__name__, kind=type(e).__name__)
+        nonlocal last_error
+        error = str(e) or type(e).__name__
+        if connecting:
+            last_error = error
+            if error in seen:
+                bound.debug("nats.error", error=error, kind=type(e).__name__)
+                return
+            seen.add(error)
+        bound.warning("nats.error", error=error, kind=type(e).__name__)
 
     async def on_disconnected() -> None:
         if nc.is_closed:  # our own close()
@@ -319,9 +341,10 @@ async def connect(
             await nc.connect(servers, **opts)
     except TimeoutError:
         await nc.close()
-        raise ConnectionError(
-            f"cannot connect to NATS at {', '.join(servers)} within {connect_wait_s}s"
-        ) from None
+        shown = ", ".join(_without_userinfo(s) for s in servers)
+        reason = f" (last error: {last_error})" if last_error else ""
+        raise ConnectionError(f"cannot connect to NATS at {shown} within {connect_wait_s}s{reason}") from None
+    connecting = False
     try:
         require_client_internals(nc)
     except UnsupportedClientError:

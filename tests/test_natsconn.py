@@ -172,3 +172,28 @@ async def test_a_client_without_the_internals_of_the_hot_path_is_refused_by_name
         require_client_internals(bad)
     with pytest.raises(UnsupportedClientError):
         publisher(bad)
+
+
+async def test_a_server_that_never_answers_is_one_error_naming_the_last_reason_without_credentials() -> None:
+    """Nothing listens on the port: the client fails the same way every attempt. That is logged once (not
+    once a second), and the error raised when the wait ends names the last reason and the server, without
+    the URL's password."""
+    import socket
+
+    import structlog
+
+    from noetl_stream.natsconn import connect
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free: nothing will listen on it
+    with structlog.testing.capture_logs() as logs, pytest.raises(ConnectionError) as raised:
+        await connect(f"nats://admin:s3cret@127.0.0.1:{port}", name="t", connect_wait_s=3.5)
+    message = str(raised.value)
+    assert "s3cret" not in message and f"nats://***@127.0.0.1:{port}" in message
+    assert "last error:" in message
+    warnings = [e for e in logs if e["event"] == "nats.error" and e["log_level"] == "warning"]
+    debug = [e for e in logs if e["event"] == "nats.error" and e["log_level"] == "debug"]
+    assert len(warnings) == len({e["error"] for e in warnings}) >= 1, logs
+    assert debug, "later attempts that failed the same way are logged at debug"
+    assert not any("s3cret" in str(e) for e in logs)

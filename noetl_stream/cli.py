@@ -148,6 +148,10 @@ def _nats_failure(exc: BaseException, nats_url: str | None = None) -> tuple[str,
     return f"NATS ({nats_url}): {detail}", EXIT_FAILED
 
 
+CLI_CONNECT_WAIT_S = 5.0
+"""How long a command waits for its first connection to NATS before it says it cannot connect."""
+
+
 def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) -> T:
     """Connect to NATS as client `name`, return what `action(connection)` returns, and close; errors exit
     as in `_run_async`. While connecting, the client's errors are not logged, one per attempt: the last
@@ -169,8 +173,14 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
     async def go() -> T:
         nonlocal connected
         try:
+            # nats-py reads max_reconnect_attempts=0 as "no limit": the wait alone bounds the first
+            # connection (a refused one is tried about once a second until then).
             nc = await connect(
-                nats_url, name=name, connect_wait_s=10.0, max_reconnect_attempts=0, error_cb=on_error
+                nats_url,
+                name=name,
+                connect_wait_s=CLI_CONNECT_WAIT_S,
+                max_reconnect_attempts=0,
+                error_cb=on_error,
             )
         except ConnectionError as exc:
             raise ConnectionError(f"{exc} ({last_error[0]})" if last_error else str(exc)) from None

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import Clustered
+from helpers import Clustered, own_stream
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -63,25 +63,17 @@ async def _delete_streams(js: JetStreamContext, topo: Topology) -> None:
             await js.delete_stream(name)
 
 
-@contextlib.asynccontextmanager
-async def _small_stream(js: JetStreamContext) -> AsyncIterator[str]:
-    name = "PUB" + uuid.uuid4().hex[:8].upper()
-    await js.add_stream(name=name, subjects=[f"{name}.>"], max_msg_size=1024, duplicate_window=120)
-    yield name
-    await js.delete_stream(name)
-
-
 @pytest.fixture
 async def stream(js: JetStreamContext) -> AsyncIterator[str]:
     """A stream of this test's own (``<name>.>``), 1 KiB max message size; its name is the subject root."""
-    async with _small_stream(js) as name:
+    async with own_stream(js, "PUB", max_msg_size=1024) as name:
         yield name
 
 
 @pytest.fixture
 async def other_stream(js: JetStreamContext) -> AsyncIterator[str]:
     """A second stream like `stream`'s."""
-    async with _small_stream(js) as name:
+    async with own_stream(js, "PUB", max_msg_size=1024) as name:
         yield name
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import textwrap
-from collections.abc import Iterable
+import uuid
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.client import RunSummary, request_for
@@ -21,6 +24,19 @@ from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, event_id, now_iso
 
 RUN_TIMEOUT_S = 30.0
+
+
+@contextlib.asynccontextmanager
+async def own_stream(js: JetStreamContext, prefix: str = "S", **config: Any) -> AsyncIterator[str]:
+    """A stream of the test's own (``<name>.>``) with `config`, deleted afterwards; its name is the
+    subject root."""
+    name = prefix + uuid.uuid4().hex[:8].upper()
+    await js.add_stream(name=name, subjects=[f"{name}.>"], duplicate_window=120, **config)
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
 
 
 @dataclass

@@ -20,10 +20,11 @@ from typing import Any
 
 import nats.errors
 import pytest
+from helpers import own_stream
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StreamSource
-from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError
 
 from noetl_stream import jspublish
 from noetl_stream.embedded import EmbeddedNats
@@ -36,29 +37,17 @@ from noetl_stream.jspublish import (
 from noetl_stream.natsconn import connect
 
 
-@contextlib.asynccontextmanager
-async def _stream(js: JetStreamContext, **config: Any) -> AsyncIterator[str]:
-    """A stream of the test's own (``<name>.>``) with `config`; its name is the subject root."""
-    name = "CONF" + uuid.uuid4().hex[:8].upper()
-    await js.add_stream(name=name, subjects=[f"{name}.>"], duplicate_window=120, **config)
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(name)
-
-
 @pytest.fixture
 async def plain(js: JetStreamContext) -> AsyncIterator[str]:
     """A stream without per-message limits, as the runtime's (``max_msg_size: -1``, ``discard: old``)."""
-    async with _stream(js) as name:
+    async with own_stream(js, "CONF") as name:
         yield name
 
 
 @pytest.fixture
 async def other_plain(js: JetStreamContext) -> AsyncIterator[str]:
     """A second stream like `plain`'s."""
-    async with _stream(js) as name:
+    async with own_stream(js, "CONF") as name:
         yield name
 
 
@@ -266,7 +255,10 @@ async def test_callers_of_a_full_discard_new_stream_are_each_told_whether_theirs
     in one turn, the first one's message stored and the second one's refused. Grouped, the second's
     refusal would fail both; each is told the truth instead (its own ack), and a third caller of the
     same turn, bound for a stream without per-message limits, shares nothing with them."""
-    async with _stream(js, max_msgs=1, discard=DiscardPolicy.NEW) as full, _stream(js) as other:
+    async with (
+        own_stream(js, "CONF", max_msgs=1, discard=DiscardPolicy.NEW) as full,
+        own_stream(js, "CONF") as other,
+    ):
         pub = publisher(nc)
         await _warm(pub, other)
         before = pub._next
@@ -347,7 +339,7 @@ async def test_the_publisher_looks_at_the_configuration_of_each_stream_once(
     """Limits with ``discard: old`` drop old messages, never a new one: those streams share one ack per
     turn. A max message size or ``discard: new`` may refuse one message and store the next. The first
     confirm looks (one stream info request); the next ones use what it learned."""
-    async with _stream(js, **config) as name:
+    async with own_stream(js, "CONF", **config) as name:
         pub = publisher(nc)
         await _confirm_and_wait(pub, [(f"{name}.a", b"1", "look-1")], name)
         refuses, again = pub._streams[name]
@@ -443,7 +435,7 @@ async def test_a_stream_deleted_after_it_was_looked_at_fails_its_callers_with_no
 ) -> None:
     """The answer of before (no per-message limits) holds: the callers of one turn share one ack, which
     says no stream took the last message: every caller fails with no responders, at once."""
-    async with _stream(js) as gone:
+    async with own_stream(js, "CONF") as gone:
         pub = publisher(nc)
         await _warm(pub, gone)
         await js.delete_stream(gone)

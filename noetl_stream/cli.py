@@ -7,7 +7,6 @@ topology from ``--prefix`` and ``NOETL_*``. The commands live in ``cli_*.py`` ne
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -108,15 +107,9 @@ def _run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:
         _fail(*_nats_failure(exc, nats_url))
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s,]*@")
-
-
-def redact_urls(text: str) -> str:
-    """`text` with the user, password or token of every ``scheme://user:pass@host`` URL replaced."""
-    return _USERINFO.sub("***@", text)
-
-
 def _fail(message: str, code: int) -> NoReturn:
+    from noetl_stream.natsconn import redact_urls
+
     click.echo(f"error: {redact_urls(message)}", err=True)
     sys.exit(code)
 

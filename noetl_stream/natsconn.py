@@ -258,12 +258,13 @@ def _pick_server(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]
     return s, _backoff(s.reconnects)
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_USERINFO = re.compile(r"(?<=://)[^/@\s,]*@")
 
 
-def _without_userinfo(url: str) -> str:
-    """`url` with its user, password or token replaced (an error message must not carry them)."""
-    return _USERINFO.sub("***@", url)
+def redact_urls(text: str) -> str:
+    """`text` with the user, password or token of every ``scheme://user:pass@host`` URL replaced (an error
+    message must not carry them)."""
+    return _USERINFO.sub("***@", text)
 
 
 async def connect(
@@ -341,7 +342,7 @@ async def connect(
             await nc.connect(servers, **opts)
     except TimeoutError:
         await nc.close()
-        shown = ", ".join(_without_userinfo(s) for s in servers)
+        shown = redact_urls(", ".join(servers))
         reason = f" (last error: {last_error})" if last_error else ""
         raise ConnectionError(f"cannot connect to NATS at {shown} within {connect_wait_s}s{reason}") from None
     connecting = False

@@ -333,14 +333,10 @@ class Intake:
     async def _extensions_of(self, execution_id: str) -> list[str]:
         """The DSL extensions recorded with an execution's request (none when it is unknown)."""
         try:
-            subject = self.topology.stored_event_filter(execution_id, E.EXECUTION_REQUESTED)
-            raw = await self.js.get_last_msg(self.topology.events_stream, subject)
-        except (NotFoundError, SubjectError):
+            requested = await self._last(execution_id, E.EXECUTION_REQUESTED)
+        except (SubjectError, msgspec.DecodeError):
             return []
-        try:
-            request = decode_event(raw.data or b"").payload.get("request")
-        except msgspec.DecodeError:
-            return []
+        request = requested.payload.get("request") if requested is not None else None
         exts = request.get("extensions") if isinstance(request, dict) else None
         return [e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else []
 

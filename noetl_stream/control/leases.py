@@ -130,25 +130,59 @@ class Leases:
 
     async def start(self) -> None:
         """Claim the controller id (refusing a duplicate of a live one), then take partitions."""
+        self._kv = await self.js.key_value(self.topology.leases_bucket)
+        await self._claim_id()
+        await self.tick()
+        self._guard = asyncio.create_task(self._renew_loop(), name="controller-lease-renewal")
+        self._task = asyncio.create_task(self._run(), name="controller-leases")
+
+    async def _claim_id(self) -> None:
+        """Claim the controller id: exactly one of two processes with one id started together runs.
+
+        Read the id's member key, ask whether a live process answers for the id, subscribe to answer
+        for it, then write the member key compare-and-set against what was read. Of two processes
+        started together, either both write against the same revision (one write is refused) or one
+        reads the other's write, which that one made after subscribing: its question is answered.
+        A refused write is retried from the start, so an expiring key is not taken for a rival."""
+        assert self._kv is not None
+        key = self._member_key(self.controller_id)
         alive = self.topology.controller_alive_subject(self.controller_id)
+        for _ in range(3):
+            try:
+                last: int | None = (await self._kv.get(key)).revision
+            except (KeyNotFoundError, NotFoundError):
+                last = None
+            await self._refuse_if_alive(alive)
+            self._alive = await self.nc.subscribe(alive, cb=self._answer_alive)
+            await self.nc.flush()
+            try:
+                if last is None:
+                    await self._kv.create(key, self._value())
+                else:
+                    await self._kv.update(key, self._value(), last=last)
+                return
+            except KeyWrongLastSequenceError:
+                with contextlib.suppress(Exception):
+                    await self._alive.unsubscribe()
+                self._alive = None
+        raise DuplicateControllerError(
+            f"controllers with id {self.controller_id!r} keep starting at the same moment: give each "
+            "controller its own id (--controller-id or NOETL_CONTROLLER_ID; the default is the host name)"
+        )
+
+    async def _refuse_if_alive(self, alive: str) -> None:
         try:
             await self.nc.request(alive, b"", timeout=1.0)
         except nats.errors.NoRespondersError:
-            pass  # nobody is subscribed for this id: a previous run of it is dead, its leases are ours
+            return  # nobody is subscribed for this id: a previous run of it is dead, its leases are ours
         except (nats.errors.TimeoutError, TimeoutError):
             raise DuplicateControllerError(  # subscribed but silent: alive and busy, or stalled
                 f"a controller with id {self.controller_id!r} is connected but did not answer within 1 s"
             ) from None
-        else:
-            raise DuplicateControllerError(
-                f"another controller with id {self.controller_id!r} is running: give each controller its "
-                "own id (--controller-id or NOETL_CONTROLLER_ID; the default is the host name)"
-            )
-        self._alive = await self.nc.subscribe(alive, cb=self._answer_alive)
-        self._kv = await self.js.key_value(self.topology.leases_bucket)
-        await self.tick()
-        self._guard = asyncio.create_task(self._renew_loop(), name="controller-lease-renewal")
-        self._task = asyncio.create_task(self._run(), name="controller-leases")
+        raise DuplicateControllerError(
+            f"another controller with id {self.controller_id!r} is running: give each controller its "
+            "own id (--controller-id or NOETL_CONTROLLER_ID; the default is the host name)"
+        )
 
     async def stop(self) -> None:
         """Release every partition (stop pulling, then delete the key), and leave the membership."""

@@ -67,20 +67,66 @@ class ClusterRoutes(msgspec.Struct, frozen=True):
     routes: tuple[str, ...]
 
 
-class _Resources:
-    """What must not outlive an `EmbeddedNats`: its process, and its directory if it made one."""
+_GUARD = Path(__file__).with_name("_server_guard.py")
 
-    __slots__ = ("dir", "owns_dir", "proc")
+
+class _Resources:
+    """What must not outlive an `EmbeddedNats`: its process, and its directory if it made one.
+
+    Each server process has a guard process (`_server_guard`) that ends it if this process dies
+    without doing so (SIGKILL, the OOM killer): it waits for end-of-file on a pipe whose write end
+    only this process holds."""
+
+    __slots__ = ("dir", "guard", "guard_pipe", "owns_dir", "proc")
 
     def __init__(self, directory: Path, owns_dir: bool) -> None:
         self.dir, self.owns_dir = directory, owns_dir
         self.proc: subprocess.Popen[bytes] | None = None
+        self.guard: subprocess.Popen[bytes] | None = None
+        self.guard_pipe: int | None = None
+
+    def launch(self, args: list[str], log: Any) -> None:
+        if self.proc is not None or self.guard is not None:
+            self.kill()  # a server that ended on its own: wait for it, end its guard
+        # Own session: a Ctrl-C in the terminal reaches us, and we stop the server in order.
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        read_end, self.guard_pipe = os.pipe()  # neither end is inherited by our other children
+        try:
+            self.guard = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_GUARD), str(self.proc.pid)]
+                + ([str(self.dir)] if self.owns_dir else []),
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
+        except OSError:
+            self.kill()
+            raise
+        finally:
+            os.close(read_end)
+
+    def exited(self) -> None:
+        """The server process has ended (and been waited for): end its guard too."""
+        self.proc = None
+        if self.guard_pipe is not None:
+            os.close(self.guard_pipe)  # end-of-file: the guard finds the server gone and exits
+            self.guard_pipe = None
+        if self.guard is not None:
+            try:
+                self.guard.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self.guard.kill()
+                self.guard.wait()
+            self.guard = None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.proc = None
+        self.exited()
 
     def release(self) -> None:
         self.kill()
@@ -219,10 +265,7 @@ class EmbeddedNats(_StartsOnEnter):
             args += ["-m", str(self._monitor or -1)]
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            # Own session: a Ctrl-C in the terminal reaches us, and we stop the server in order.
-            self._res.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+            self._res.launch(args, log)
         return offset
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -285,7 +328,7 @@ class EmbeddedNats(_StartsOnEnter):
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 code = proc.returncode
-                self._res.proc = None
+                self._res.exited()
                 raise EmbeddedNatsError(f"nats-server exited with code {code}:\n{self.log_tail()}")
             text = self._read_log(offset)
             if _READY in text:

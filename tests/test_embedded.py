@@ -6,6 +6,11 @@ import asyncio
 import gc
 import json
 import os
+import select
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -118,3 +123,123 @@ def test_startup_failure_reports_the_log(tmp_path: Path) -> None:
     finally:
         server.close()
     assert not server.running
+
+
+# --- the guard: a server does not outlive an owner killed with SIGKILL ------------------------------
+
+_OWNER = """
+import sys, time
+from noetl_stream.embedded import EmbeddedNats
+server = EmbeddedNats(sys.argv[1] if len(sys.argv) > 1 else None)
+server.start()
+print(server.pid, server._res.guard.pid, server.dir, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pidfd: int, timeout: float) -> bool:
+    readable, _, _ = select.select([pidfd], [], [], timeout)
+    return bool(readable)
+
+
+@pytest.mark.parametrize("given_dir", [False, True], ids=["temp-dir", "given-dir"])
+def test_a_server_whose_owner_is_killed_is_stopped_in_order(tmp_path: Path, given_dir: bool) -> None:
+    """An owner killed with SIGKILL cannot stop its server; its guard sees the pipe close and stops
+    it with SIGTERM (JetStream shuts down in order), then removes the directory only if it was a
+    temporary one the owner would have removed."""
+    args = [str(tmp_path / "nats")] if given_dir else []
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        server_pid, guard_pid, directory = owner.stdout.readline().split()
+        server_fd, guard_fd = os.pidfd_open(int(server_pid)), os.pidfd_open(int(guard_pid))
+        assert not _gone(server_fd, 0.3), "the server must run while its owner does"
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        assert _gone(server_fd, 15), "the server outlived its owner"
+        assert _gone(guard_fd, 5), "the guard outlived the server"
+    finally:
+        os.close(server_fd)
+        os.close(guard_fd)
+    if given_dir:
+        log = (Path(directory) / "nats-server.log").read_text()
+        assert "Initiating JetStream Shutdown" in log and "Server Exiting" in log
+        assert (Path(directory) / "store").is_dir()
+    else:
+        assert not Path(directory).exists()
+
+
+def test_stop_kill_and_close_leave_no_guard_behind() -> None:
+    server = EmbeddedNats()
+    server.start()
+    guards = []
+    for end in (server.kill, server.stop):
+        guard = server._res.guard
+        assert guard is not None and guard.poll() is None
+        guards.append(guard)
+        end()
+        assert server._res.guard is None and guard.returncode == 0
+        server.start()
+    guards.append(server._res.guard)
+    server.close()
+    assert all(g is not None and g.returncode == 0 for g in guards)
+    assert len({g.pid for g in guards if g is not None}) == 3
+
+
+def test_a_server_that_ended_on_its_own_gets_a_new_guard_on_start() -> None:
+    with EmbeddedNats() as server:
+        assert server.pid is not None and server._res.guard is not None
+        old = server._res.guard
+        os.kill(server.pid, signal.SIGKILL)  # our own child, by PID
+        deadline = time.monotonic() + 10
+        while server.running:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        server.start()
+        assert old.returncode == 0 and server._res.guard is not old and server._res.guard.poll() is None
+
+
+def test_without_pidfds_the_guard_checks_the_start_time_before_signalling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An old kernel or a seccomp filter refuses pidfd_open: the guard identifies the server by pid
+    and start time, and a later process with that pid (another start time) is never signalled."""
+    from noetl_stream import _server_guard
+
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        target = _server_guard._Target(child.pid)
+        assert target.fd is None and target.started is not None and target.alive()
+        impostor = _server_guard._Target(child.pid)
+        impostor.started = str(int(target.started) + 1)  # the pid reused by a later process
+        assert not impostor.alive()
+        impostor.signal(signal.SIGTERM)
+        assert child.poll() is None and not target.wait(0.1)
+        target.signal(signal.SIGTERM)
+        assert child.wait(5) == -signal.SIGTERM
+        assert not target.alive() and target.wait(0)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+def test_the_guard_exits_at_once_for_a_server_already_gone() -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    from noetl_stream import _server_guard
+
+    guard = subprocess.run(
+        [sys.executable, "-I", "-S", _server_guard.__file__, str(child.pid)],
+        stdin=subprocess.PIPE,
+        timeout=10,
+    )
+    assert guard.returncode == 0

@@ -1,0 +1,111 @@
+"""Stops an embedded nats-server whose owner is gone, even one killed with SIGKILL.
+
+`EmbeddedNats` starts the server in its own session (a Ctrl-C in the terminal reaches only the
+owner, which stops the server in order), so nothing ties the server's life to the owner's: an owner
+killed with SIGKILL, or by the OOM killer, used to leave the server running. Each server gets one of
+these guards, started right after it as ``python -I -S _server_guard.py <server pid> [<dir>]``,
+with its standard input the read end of a pipe whose only write end the owner holds. The guard
+blocks on that pipe. When it reads end-of-file (the owner closed the pipe, or died and the kernel
+closed it) and the server still runs, it ends it: SIGTERM (JetStream writes its store), SIGKILL
+after a grace period; then it removes ``<dir>``, given when the owner made a temporary directory.
+The server is signalled through a pidfd opened at the start, so a pid reused after the server
+exited is never signalled; without pidfds (an old kernel, a seccomp filter) the guard checks the
+process's start time in /proc before each signal.
+
+Standard library only, and run with ``-I -S``: nothing of the owner's environment is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import sys
+import time
+
+GRACE_S = 10.0
+"""How long the server gets to stop after SIGTERM before SIGKILL."""
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time since boot): tells a process from a later one with
+    its pid. None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+class _Target:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+        self.started: str | None = None
+        try:
+            self.fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.started = _start_time(pid)
+
+    def alive(self) -> bool:
+        if self.fd is not None:
+            readable, _, _ = select.select([self.fd], [], [], 0)
+            return not readable  # a pidfd becomes readable when its process ends
+        return self.started is not None and _start_time(self.pid) == self.started
+
+    def signal(self, sig: int) -> None:
+        try:
+            if self.fd is not None:
+                signal.pidfd_send_signal(self.fd, sig)
+            elif self.alive():
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """True once the process has ended, False if it still runs after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.fd is not None:
+                select.select([self.fd], [], [], left)
+            else:
+                time.sleep(min(0.05, left))
+        return True
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (2, 3) or not argv[1].isdigit():
+        print("usage: _server_guard.py <server pid> [<directory to remove once it ended>]", file=sys.stderr)
+        return 2
+    target = _Target(int(argv[1]))
+    if not target.alive():
+        return 0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:  # until end-of-file: nothing is ever written, but read whatever comes
+        try:
+            if not os.read(0, 4096):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    if not target.alive():
+        return 0
+    target.signal(signal.SIGTERM)
+    if not target.wait(GRACE_S):
+        target.signal(signal.SIGKILL)
+        if not target.wait(GRACE_S):
+            return 1
+    if len(argv) == 3:
+        shutil.rmtree(argv[2], ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

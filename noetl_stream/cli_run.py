@@ -224,9 +224,7 @@ def retry(
     if isinstance(out, str):
         _echo_execution_id(out, as_json)
         return
-    summary = msgspec.to_builtins(out)
-    _echo_json(summary)
-    sys.exit(EXIT_OK if summary.get("status") == "success" else EXIT_FAILED)
+    _exit_with_outcome(msgspec.to_builtins(out), True, None)  # JSON, with or without --json
 
 
 def _check_from_steps(request: Any, execution_id: str, from_steps: tuple[str, ...]) -> None:

@@ -1,5 +1,5 @@
 """``python -m noetl_stream``: the ``noetl-stream`` command (worker processes started by a supervisor use it)."""
 
-from noetl_stream.cli import main
+from noetl_stream.cli import entry
 
-main(prog_name="noetl-stream")
+entry()

@@ -88,6 +88,39 @@ def main() -> None:
     load_plugins()
 
 
+def entry() -> None:
+    """The ``noetl-stream`` console script: `main`, then an exit that does not wait for a thread a
+    task left running. A ``kind: python`` task blocked in C (``time.sleep``, a socket read) cannot be
+    interrupted, and the interpreter joins every thread at exit: a Ctrl-C'd ``run``, a ``run`` whose
+    task timed out, or a worker past its shutdown grace stayed alive until the task's code returned.
+    Everything of ours is closed by then (connections drained, the embedded server stopped); the
+    threads are abandoned with the process."""
+    try:
+        main(prog_name="noetl-stream")
+    except SystemExit as exc:
+        if _threads_left_running():
+            import os
+
+            code = exc.code
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+        raise
+
+
+def _threads_left_running(wait_s: float = 0.2) -> bool:
+    import threading
+    import time
+
+    deadline = time.monotonic() + wait_s
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate())
+
+
 def _run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:
     """Run `coro` to the end; Ctrl-C exits 130, a lost connection or a NATS failure 1, a configuration
     error or an installation that is not provisioned 2 (one line on stderr, never a traceback)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -89,6 +90,7 @@ async def local_runtime(
         )
         await controller.start()
         runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
+        grace_s = 5.0
         try:
             for i in range(workers):
                 keychain = Keychain(nc.jetstream(), topology, keychain_key)
@@ -104,10 +106,13 @@ async def local_runtime(
                 await w.start()
                 runtime.workers.append(w)
             yield runtime
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            grace_s = 0.5  # interrupted (Ctrl-C): the running tasks are abandoned, not waited for
+            raise
         finally:
             for w in runtime.workers:
-                await w.shutdown(grace_s=5)
-            await controller.shutdown(grace_s=5)
+                await w.shutdown(grace_s=grace_s)
+            await controller.shutdown(grace_s=grace_s)
     finally:
         await nc.drain() if nc.is_connected else await nc.close()
         if server is not None:

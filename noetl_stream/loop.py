@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import time
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from noetl_stream.errors import ConfigurationError
@@ -49,6 +51,31 @@ def _threshold_from_env(value: str | None) -> tuple[int, int, int]:
     return parts[0], parts[1], parts[2]
 
 
+EXECUTOR_SHUTDOWN_WAIT_S = 0.5
+"""How long the end of an event loop waits for its default executor's threads (idle ones end in
+microseconds; a thread still busy then runs code that cannot be stopped)."""
+
+
+class _Executor(ThreadPoolExecutor):
+    """asyncio's default executor (same size), except at the end of the loop: asyncio joins its
+    threads without a limit, so a ``kind: python`` task blocked in C (``time.sleep``, a socket read;
+    its thread cannot be interrupted) kept a Ctrl-C'd ``noetl-stream run``, or a worker past its
+    grace, alive until the task's code returned. This one waits `EXECUTOR_SHUTDOWN_WAIT_S` and
+    leaves the rest to the command line's exit (`noetl_stream.cli.entry`)."""
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=cancel_futures)
+        if wait:
+            deadline = time.monotonic() + EXECUTOR_SHUTDOWN_WAIT_S
+            for thread in list(self._threads):
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+
+async def _with_executor(coro: Coroutine[Any, Any, T]) -> T:
+    asyncio.get_running_loop().set_default_executor(_Executor(thread_name_prefix="asyncio"))
+    return await coro
+
+
 def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
     before = gc.get_threshold()
     try:
@@ -63,8 +90,8 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
             except ImportError:
                 pass
             else:
-                return uvloop.run(coro)
-        return asyncio.run(coro)
+                return uvloop.run(_with_executor(coro))
+        return asyncio.run(_with_executor(coro))
     finally:
         # Give the frozen objects back to the collector: the interpreter's last collection at exit
         # skips frozen ones, and extension modules then report their objects as leaked. The caller's

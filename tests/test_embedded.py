@@ -184,10 +184,12 @@ def test_stop_kill_and_close_leave_no_guard_behind() -> None:
         end()
         assert server._res.guard is None and guard.returncode == 0
         server.start()
-    guards.append(server._res.guard)
+    last = server._res.guard
+    assert last is not None
+    guards.append(last)
     server.close()
-    assert all(g is not None and g.returncode == 0 for g in guards)
-    assert len({g.pid for g in guards if g is not None}) == 3
+    assert all(g.returncode == 0 for g in guards)
+    assert len({g.pid for g in guards}) == 3
 
 
 def test_a_server_that_ended_on_its_own_gets_a_new_guard_on_start() -> None:

@@ -131,6 +131,10 @@ class Leases:
     async def start(self) -> None:
         """Claim the controller id (refusing a duplicate of a live one), then take partitions."""
         self._kv = await self.js.key_value(self.topology.leases_bucket)
+        # Single-key reads from the stream's leader: a revision read before a compare-and-set must
+        # be current (a follower a moment behind would only fail the write, but an id claim retried
+        # against a lagging follower could give up). The lease round reads through `direct_entries`.
+        self._kv._direct = False
         await self._claim_id()
         await self.tick()
         self._guard = asyncio.create_task(self._renew_loop(), name="controller-lease-renewal")
@@ -311,20 +315,18 @@ class Leases:
     async def _read(self) -> tuple[dict[int, LeaseValue], set[str]]:
         """Current partition owners and live members (keys not yet expired)."""
         assert self._kv is not None
-        keys = await scan.keys(self._kv)  # to the end (nats-py's keys() may end before the first key)
         owners: dict[int, LeaseValue] = {}
         members: set[str] = set()
-        for key in keys:
-            kind, _, name = key.partition(".")
+        # One batched direct get: every key and value, no consumer (a lease round runs every ttl / 4).
+        entries = await scan.direct_entries(self._kv, timeout=max(1.0, self.ttl * 0.2))
+        if entries is None:  # a bucket without direct gets (provisioned before): a consumer, to the end
+            entries = [e async for e in scan.entries(self._kv)]
+        for entry in entries:
+            kind, _, name = entry.key.partition(".")
             if kind == "member":
                 members.add(name)
-            elif kind == "partition" and name.isdigit() and int(name) < self.partitions:
-                try:
-                    entry = await self._kv.get(key)
-                except (KeyNotFoundError, NotFoundError):
-                    continue
-                if entry.value:
-                    owners[int(name)] = msgspec.json.decode(entry.value, type=LeaseValue)
+            elif kind == "partition" and name.isdigit() and int(name) < self.partitions and entry.value:
+                owners[int(name)] = msgspec.json.decode(entry.value, type=LeaseValue)
         return owners, members
 
     async def _acquire(self, p: int, mine: bool) -> bool:

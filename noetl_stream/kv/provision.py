@@ -63,7 +63,7 @@ DEFAULT_POOL_MAX_ACK_PENDING = 1000
 CONTROLLER_MAX_ACK_PENDING = 20_000
 # Buckets read far more often than written, where a direct get (any replica answers) pays off.
 # The keychain is read rarely and prefers leader reads.
-_DIRECT_BUCKETS = ("executions", "ctx", "loops", "catalog")
+_DIRECT_BUCKETS = ("executions", "ctx", "loops", "catalog", "leases")
 # How long a create/update keeps retrying while a cluster is still forming.
 _TRANSIENT_RETRY_S = 30.0
 # JSClusterNotAvailErr: "JetStream system temporarily unavailable".

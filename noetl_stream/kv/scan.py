@@ -11,12 +11,18 @@ would have missed its executions' deadlines, a lease round would have seen no me
 `last_messages` reads through an ephemeral pull consumer instead: nothing is delivered that was not
 asked for, so the pending count each message carries is exact, and the read ends when it reaches 0
 (or raises `ScanError` when messages stop coming before). `entries` and `keys` read a bucket that way.
+
+`direct_entries` reads a small bucket read often (the leases, every few seconds per controller) in one
+batched direct get instead (``multi_last``, nats-server 2.11+): one request and its replies, no
+consumer to create and delete (on a cluster each is a proposal to the meta group).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
+import json
 from collections.abc import AsyncGenerator
 from typing import NamedTuple
 
@@ -28,7 +34,7 @@ from nats.js.kv import KeyValue
 
 from noetl_stream.natsconn import num_pending
 
-__all__ = ["Entry", "ScanError", "entries", "keys", "last_messages"]
+__all__ = ["Entry", "ScanError", "direct_entries", "entries", "keys", "last_messages"]
 
 FETCH_WAIT_S = 5.0
 """How long one fetch waits for messages the consumer counts as pending before it is asked again."""
@@ -138,3 +144,63 @@ async def entries(
 async def keys(kv: KeyValue, match: str = ">") -> list[str]:
     """The keys of `kv` matching `match` that have a value, to the end (empty for an empty bucket)."""
     return [e.key async for e in entries(kv, match, batch=256, headers_only=True)]
+
+
+async def direct_entries(kv: KeyValue, match: str = ">", *, timeout: float = 2.0) -> list[Entry] | None:
+    """Every key of `kv` matching `match` that has a value, with its value, in one batched direct get
+    (``multi_last``): the server answers with the last message of every matching subject, as of one
+    sequence, then an end-of-batch. No consumer is created.
+
+    None when the server cannot answer that way: the bucket does not allow direct gets (a bucket
+    provisioned before it did), more keys match than one batch holds (the server's limit is 1,024),
+    or a server without batched direct gets. Read with `entries` then. Raises
+    `nats.errors.TimeoutError` when the answer does not end within `timeout` seconds. On a cluster
+    any replica may answer (a follower may be a moment behind its leader): for readers that
+    compare-and-set what they then write, such as the leases."""
+    js = kv._js
+    nc = js._nc
+    prefix: str = kv._pre
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    sub = await nc.subscribe(nc.new_inbox())
+    found: list[Entry] = []
+    try:
+        body = json.dumps({"multi_last": [prefix + match]}).encode()
+        await nc.publish(f"{js._prefix}.DIRECT.GET.{kv._stream}", body, reply=sub.subject)
+        while True:
+            msg = await sub.next_msg(timeout=max(0.001, deadline - loop.time()))
+            headers = msg.headers or {}
+            status = headers.get("Status")
+            if status == "204":  # end of batch: complete only when nothing is left pending
+                return found if headers.get("Nats-Num-Pending", "0") == "0" else None
+            if status == "404":  # nothing matches
+                return []
+            if status:  # 503 no direct gets, 413 too many results, 400 a server without multi_last
+                return None
+            if headers.get("KV-Operation") in _DELETED or "Nats-Marker-Reason" in headers:
+                continue
+            subject = headers.get("Nats-Subject", "")
+            found.append(
+                Entry(
+                    subject[len(prefix) :],
+                    msg.data,
+                    int(headers.get("Nats-Sequence", "0")),
+                    _timestamp(headers.get("Nats-Time-Stamp", "")),
+                )
+            )
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+def _timestamp(value: str) -> datetime.datetime:
+    """A direct get's ``Nats-Time-Stamp`` (RFC 3339, nanoseconds) as an aware datetime."""
+    head, dot, rest = value.partition(".")
+    if dot:  # keep microseconds: fromisoformat reads at most 6 fractional digits
+        digits = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(digits) :]
+        value = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.datetime.fromtimestamp(0, datetime.UTC)

@@ -92,3 +92,68 @@ async def test_a_partitions_deadlines_are_all_found_every_time(
     for _ in range(10):
         found = await index.of_partition(2)
         assert sorted(found) == sorted((f"exec-{i}", 1_000_000.0 + i) for i in range(2, 400, 4))
+
+
+# --- one batched direct get (`direct_entries`): the leases' round, without a consumer ---------------
+
+
+@pytest.fixture
+async def direct_kv(js: JetStreamContext) -> AsyncIterator[KeyValue]:
+    bucket = f"direct_{uuid.uuid4().hex[:8]}"
+    yield await js.create_key_value(KeyValueConfig(bucket=bucket, history=1, direct=True))
+    await js.delete_key_value(bucket)
+
+
+async def test_a_direct_read_gives_what_a_consumer_read_gives_without_a_consumer(
+    js: JetStreamContext, direct_kv: KeyValue
+) -> None:
+    kv = direct_kv
+    for i in range(300):
+        await kv.put(f"k.{i}", b"first")
+        if i % 3 == 0:
+            await kv.put(f"k.{i}", f"v{i}".encode())
+    for i in range(200, 250):
+        await kv.delete(f"k.{i}")
+    for i in range(250, 300):
+        await kv.purge(f"k.{i}")
+    await kv.put("other.x", b"o")
+    for _ in range(10):
+        direct = await scan.direct_entries(kv)
+        assert direct is not None
+        by_consumer = [e async for e in scan.entries(kv)]
+        assert sorted((e.key, e.value, e.revision) for e in direct) == sorted(
+            (e.key, e.value, e.revision) for e in by_consumer
+        )
+        assert len(direct) == 201
+        assert all(e.created.year >= 2024 and e.created.tzinfo is not None for e in direct)
+    filtered = await scan.direct_entries(kv, "k.*")
+    assert filtered is not None and len(filtered) == 200
+    assert {e.revision for e in filtered} == {(await kv.get(e.key)).revision for e in filtered}
+    assert await consumers(js, kv) == 0
+
+
+async def test_a_direct_read_of_an_empty_bucket_or_filter_is_empty(direct_kv: KeyValue) -> None:
+    assert await scan.direct_entries(direct_kv) == []
+    await direct_kv.put("a.1", b"x")
+    await direct_kv.delete("a.1")
+    assert await scan.direct_entries(direct_kv) == []
+    assert await scan.direct_entries(direct_kv, "b.>") == []
+
+
+async def test_a_direct_read_the_server_cannot_answer_whole_is_none(
+    js: JetStreamContext, kv: KeyValue, direct_kv: KeyValue
+) -> None:
+    """A bucket without direct gets (`kv`), or more keys than one batch holds (1,024): None, so the
+    caller reads through a consumer instead; never a partial answer."""
+    await kv.put("a", b"x")
+    assert await scan.direct_entries(kv) is None
+    for i in range(1025):
+        await direct_kv.put(f"k.{i}", b"x")
+    for i in range(3):
+        await direct_kv.put(f"few.{i}", b"x")
+    assert await scan.direct_entries(direct_kv) is None
+    assert sorted(e.key for e in await scan.direct_entries(direct_kv, "few.>") or []) == [
+        "few.0",
+        "few.1",
+        "few.2",
+    ]

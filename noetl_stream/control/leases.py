@@ -165,10 +165,12 @@ class Leases:
                 else:
                     await self._kv.update(key, self._value(), last=last)
                 return
-            except KeyWrongLastSequenceError:
+            except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await self._alive.unsubscribe()
                 self._alive = None
+                if not isinstance(exc, KeyWrongLastSequenceError):
+                    raise  # no claim (the server did not answer, ...): not left answering for the id
         raise DuplicateControllerError(
             f"controllers with id {self.controller_id!r} keep starting at the same moment: give each "
             "controller its own id (--controller-id or NOETL_CONTROLLER_ID; the default is the host name)"

@@ -37,7 +37,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from noetl_stream.errors import ConfigurationError
@@ -112,6 +112,8 @@ class Leases:
         self._guard: asyncio.Task[None] | None = None
         self.incarnation = uuid.uuid4().hex
         self._first_tick = True
+        self._member_rev: int | None = None
+        """The revision of this process's last write of its member key (None: not claimed)."""
         self.halted = False
         """Another live process uses this controller id (it keeps the partitions): take none."""
 
@@ -144,26 +146,30 @@ class Leases:
         """Claim the controller id: exactly one of two processes with one id started together runs.
 
         Read the id's member key, ask whether a live process answers for the id, subscribe to answer
-        for it, then write the member key compare-and-set against what was read. Of two processes
-        started together, either both write against the same revision (one write is refused) or one
-        reads the other's write, which that one made after subscribing: its question is answered.
-        A refused write is retried from the start, so an expiring key is not taken for a rival."""
+        for it, then write the member key compare-and-set against the revision read (0 for none).
+        Of two processes started together, either both write against the same revision (one write
+        is refused) or one reads the other's write, which that one made after subscribing: its
+        question is answered. A refused write is retried from the start, so an expiring key is not
+        taken for a rival. (On a cluster this holds when the subscription reaches the asker's server
+        before the write is read there, as it does over working routes; partition fencing and the
+        halt on a lease rewritten under this id by another process remain the backstop.)"""
         assert self._kv is not None
         key = self._member_key(self.controller_id)
         alive = self.topology.controller_alive_subject(self.controller_id)
         for _ in range(3):
             try:
-                last: int | None = (await self._kv.get(key)).revision
+                last = (await self._kv.get(key)).revision
+            except KeyDeletedError as exc:  # a delete marker: written against its revision
+                last = exc.entry.revision if exc.entry is not None else 0
             except (KeyNotFoundError, NotFoundError):
-                last = None
+                last = 0  # no message for the key at all (never written, or expired)
             await self._refuse_if_alive(alive)
             self._alive = await self.nc.subscribe(alive, cb=self._answer_alive)
             await self.nc.flush()
             try:
-                if last is None:
-                    await self._kv.create(key, self._value())
-                else:
-                    await self._kv.update(key, self._value(), last=last)
+                # Exactly against what was read (not `create`, which would write over a delete
+                # marker made since: the delete of a rival's key would let this one through).
+                self._member_rev = await self._kv.update(key, self._value(), last=last)
                 return
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -202,9 +208,10 @@ class Leases:
                 await _cancel(task)
         self._task = self._guard = None
         async with self._lock:
-            if self._kv is not None:
+            if self._kv is not None and self._member_rev is not None:  # only a key this one wrote
                 with contextlib.suppress(Exception):
-                    await self._kv.delete(self._member_key(self.controller_id))
+                    await self._kv.delete(self._member_key(self.controller_id), last=self._member_rev)
+                self._member_rev = None
         if self._alive is not None:
             with contextlib.suppress(Exception):
                 await self._alive.unsubscribe()
@@ -265,7 +272,7 @@ class Leases:
         assert self._kv is not None
         now = time.monotonic()
         with contextlib.suppress(Exception):
-            await self._kv.put(self._member_key(self.controller_id), self._value())
+            self._member_rev = await self._kv.put(self._member_key(self.controller_id), self._value())
         # All at once, each with a short timeout: a slow server must not push the later ones past
         # their expiry.
         await asyncio.gather(*(self._renew_one(p, lease, now) for p, lease in list(self.owned.items())))

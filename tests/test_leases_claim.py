@@ -1,0 +1,112 @@
+"""A controller id is claimed once: the member key a refused duplicate leaves alone, and three
+processes with one id started together (found in review: each let two controllers run)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from noetl_stream.control.leases import DuplicateControllerError, Leases
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.provision import provision
+from noetl_stream.natsconn import connect
+from noetl_stream.subjects import Topology
+
+
+async def _noop(*_: Any) -> None:
+    pass
+
+
+async def _topo(js: JetStreamContext, topology: Topology) -> Topology:
+    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=4.0)
+    await provision(js, t)
+    return t
+
+
+async def test_a_refused_duplicate_leaves_the_live_controllers_member_key(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """`Controller.start` stops its leases when their start fails: the refused one deleted the member
+    key of the live one (other controllers then stopped counting it, and recomputed their shares)."""
+    t = await _topo(js, topology)
+    kv = await js.key_value(t.leases_bucket)
+    a = Leases(nc, t, 2, "same", _noop, _noop)
+    await a.start()
+    try:
+        before = await kv.get("member.same")
+        b = Leases(nc, t, 2, "same", _noop, _noop)
+        with pytest.raises(DuplicateControllerError):
+            await b.start()
+        await b.stop()
+        after = await kv.get("member.same")
+        assert after.revision == before.revision and after.value == before.value
+        assert sorted(a.owned) == [0, 1]
+    finally:
+        await a.stop()
+    with pytest.raises(NotFoundError):  # the live one's own stop removes it
+        await kv.get("member.same")
+
+
+class _Gated(Leases):
+    """The first question of A and B together (both hear "no responders"); B's claim written late."""
+
+    barrier: asyncio.Barrier
+    gate: asyncio.Event | None = None
+    asked = False
+
+    async def _refuse_if_alive(self, alive: str) -> None:
+        await super()._refuse_if_alive(alive)
+        if not self.asked:
+            self.asked = True
+            await self.barrier.wait()
+            if self.gate is not None:
+                assert self._kv is not None
+                real, gate = self._kv.update, self.gate
+
+                async def late(*args: Any, **kwargs: Any) -> int:
+                    await gate.wait()
+                    return await real(*args, **kwargs)
+
+                self._kv.update = late  # type: ignore[method-assign]
+
+
+async def test_three_processes_with_one_id_started_together_run_one(
+    nats_server: EmbeddedNats, js: JetStreamContext, topology: Topology
+) -> None:
+    """A and B ask before either subscribes; A claims; C, started next, is refused and stops (which
+    deleted the key); B's claim, written last against the revision it read first, must fail: it used
+    to be written over the delete marker (nats-py's `create`), and B ran beside A."""
+    t = await _topo(js, topology)
+    conns = [await connect(nats_server.url, name=f"same-{i}", connect_wait_s=10) for i in range(3)]
+    barrier, gate = asyncio.Barrier(2), asyncio.Event()
+    a = _Gated(conns[0], t, 2, "same", _noop, _noop)
+    b = _Gated(conns[1], t, 2, "same", _noop, _noop)
+    a.barrier = b.barrier = barrier
+    b.gate = gate
+    started_b = asyncio.create_task(b.start())
+    try:
+        await a.start()
+        c = Leases(conns[2], t, 2, "same", _noop, _noop)
+        with pytest.raises(DuplicateControllerError):
+            await c.start()
+        await c.stop()
+        gate.set()
+        with pytest.raises(DuplicateControllerError):
+            await started_b
+        await asyncio.sleep(0.5)
+        assert sorted(a.owned) == [0, 1] and not a.halted and not b.owned
+    finally:
+        gate.set()
+        if not started_b.done():
+            started_b.cancel()
+        await asyncio.gather(started_b, return_exceptions=True)
+        await b.stop()
+        await a.stop()
+        for conn in conns:
+            await conn.close()

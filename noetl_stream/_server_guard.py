@@ -3,14 +3,15 @@
 `EmbeddedNats` starts the server in its own session (a Ctrl-C in the terminal reaches only the
 owner, which stops the server in order), so nothing ties the server's life to the owner's: an owner
 killed with SIGKILL, or by the OOM killer, used to leave the server running. Each server gets one of
-these guards, started right after it as ``python -I -S _server_guard.py <server pid> [<dir>]``,
-with its standard input the read end of a pipe whose only write end the owner holds. The guard
-blocks on that pipe. When it reads end-of-file (the owner closed the pipe, or died and the kernel
-closed it) and the server still runs, it ends it: SIGTERM (JetStream writes its store), SIGKILL
-after a grace period; then it removes ``<dir>``, given when the owner made a temporary directory.
-The server is signalled through a pidfd opened at the start, so a pid reused after the server
-exited is never signalled; without pidfds (an old kernel, a seccomp filter) the guard checks the
-process's start time in /proc before each signal.
+these guards, started right after it as ``python -I -S _server_guard.py <server pid> [--pidfd
+<fd>] [--remove <dir>]``, with its standard input the read end of a pipe whose only write end the
+owner holds. The guard blocks on that pipe. When it reads end-of-file (the owner closed the pipe,
+or died and the kernel closed it) and the server still runs, it ends it: SIGTERM (JetStream writes
+its store), SIGKILL after a grace period; then it removes ``<dir>``, given when the owner made a
+temporary directory. The server is signalled through a pidfd the owner opened right after starting
+it and passed down (``--pidfd``), so a pid reused after the server exited is never signalled;
+without pidfds (an old kernel, a seccomp filter) the guard checks the process's start time in /proc
+before each signal.
 
 Standard library only, and run with ``-I -S``: nothing of the owner's environment is imported.
 """
@@ -41,14 +42,17 @@ def _start_time(pid: int) -> str | None:
 
 
 class _Target:
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, fd: int | None = None) -> None:
+        """`fd`: a pidfd the owner opened right after starting the server (while it could not yet
+        have been reaped, so its pid could not have been reused), passed down; else one opened here."""
         self.pid = pid
-        self.fd: int | None = None
+        self.fd = fd
         self.started: str | None = None
-        try:
-            self.fd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.started = _start_time(pid)
+        if fd is None:
+            try:
+                self.fd = os.pidfd_open(pid)
+            except (AttributeError, OSError):
+                self.started = _start_time(pid)
 
     def alive(self) -> bool:
         if self.fd is not None:
@@ -79,11 +83,35 @@ class _Target:
         return True
 
 
+USAGE = "usage: _server_guard.py <server pid> [--pidfd <fd>] [--remove <directory>]"
+
+
+def _options(argv: list[str]) -> tuple[int, int | None, str | None] | None:
+    """``(pid, pidfd, directory to remove)`` from the command line; None if it is not understood."""
+    if len(argv) < 2 or not argv[1].isdigit():
+        return None
+    pid, fd, remove = int(argv[1]), None, None
+    rest = argv[2:]
+    while rest:
+        if len(rest) < 2:
+            return None
+        flag, value, rest = rest[0], rest[1], rest[2:]
+        if flag == "--pidfd" and value.isdigit():
+            fd = int(value)
+        elif flag == "--remove" and value:
+            remove = value
+        else:
+            return None
+    return pid, fd, remove
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3) or not argv[1].isdigit():
-        print("usage: _server_guard.py <server pid> [<directory to remove once it ended>]", file=sys.stderr)
+    options = _options(argv)
+    if options is None:
+        print(USAGE, file=sys.stderr)
         return 2
-    target = _Target(int(argv[1]))
+    pid, fd, remove = options
+    target = _Target(pid, fd)
     if not target.alive():
         return 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -102,8 +130,8 @@ def main(argv: list[str]) -> int:
         target.signal(signal.SIGKILL)
         if not target.wait(GRACE_S):
             return 1
-    if len(argv) == 3:
-        shutil.rmtree(argv[2], ignore_errors=True)
+    if remove is not None:
+        shutil.rmtree(remove, ignore_errors=True)
     return 0
 
 

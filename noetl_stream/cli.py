@@ -99,11 +99,15 @@ def entry() -> None:
         main(prog_name="noetl-stream")
     except SystemExit as exc:
         if _threads_left_running():
+            import atexit
             import os
 
             code = exc.code
-            if isinstance(code, str):
+            if code is not None and not isinstance(code, int):
                 print(code, file=sys.stderr)
+            # What an exit runs besides joining threads: finalizers (an embedded server's directory),
+            # the tracer's last batch of spans, logging's flush.
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code if isinstance(code, int) else 0 if code is None else 1)

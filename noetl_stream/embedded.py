@@ -11,6 +11,7 @@ signalled, by PID.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -68,6 +69,22 @@ class ClusterRoutes(msgspec.Struct, frozen=True):
 
 
 _GUARD = Path(__file__).with_name("_server_guard.py")
+_LAUNCHED: weakref.WeakSet[_Resources] = weakref.WeakSet()
+"""Every `_Resources` that started a server. A forked child (``multiprocessing``'s default on Linux,
+a python task's ``os.fork``) inherits their guard pipes' write ends without exec, and would keep the
+servers alive after this process died; and its finalizers would stop this process's servers and
+remove their directories. `_forget_in_child` makes the child's copies own nothing."""
+
+
+def _guard_possible() -> bool:
+    """The guard needs Linux (/proc, pidfds) and a Python to run it as a script: not a frozen app
+    (PyInstaller), an embedded interpreter without `sys.executable`, or a package inside a zip."""
+    return (
+        sys.platform.startswith("linux")
+        and bool(sys.executable)
+        and not getattr(sys, "frozen", False)
+        and _GUARD.is_file()
+    )
 
 
 class _Resources:
@@ -77,7 +94,7 @@ class _Resources:
     without doing so (SIGKILL, the OOM killer): it waits for end-of-file on a pipe whose write end
     only this process holds."""
 
-    __slots__ = ("dir", "guard", "guard_pipe", "owns_dir", "proc")
+    __slots__ = ("__weakref__", "dir", "guard", "guard_pipe", "owns_dir", "proc")
 
     def __init__(self, directory: Path, owns_dir: bool) -> None:
         self.dir, self.owns_dir = directory, owns_dir
@@ -92,21 +109,46 @@ class _Resources:
         self.proc = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
-        read_end, self.guard_pipe = os.pipe()  # neither end is inherited by our other children
+        _LAUNCHED.add(self)
+        if _guard_possible():
+            self._start_guard(self.proc.pid, log)
+
+    def _start_guard(self, pid: int, log: Any) -> None:
+        try:
+            pidfd: int | None = os.pidfd_open(pid)  # not yet waited for: the pid is still the server's
+        except OSError:
+            pidfd = None
+        read_end, write_end = os.pipe()  # neither end is inherited by our other children (exec)
+        argv = [sys.executable, "-I", "-S", str(_GUARD), str(pid)]
+        argv += ["--pidfd", str(pidfd)] if pidfd is not None else []
+        argv += ["--remove", str(self.dir)] if self.owns_dir else []
         try:
             self.guard = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_GUARD), str(self.proc.pid)]
-                + ([str(self.dir)] if self.owns_dir else []),
+                argv,
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 start_new_session=True,
+                pass_fds=(pidfd,) if pidfd is not None else (),
             )
-        except OSError:
-            self.kill()
-            raise
+        except OSError as exc:  # the server runs unguarded, as it did before guards
+            os.close(write_end)
+            log.write(f"noetl_stream.embedded: the server's guard could not start: {exc}\n".encode())
+        else:
+            self.guard_pipe = write_end
         finally:
             os.close(read_end)
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def forget_in_child(self) -> None:
+        """In a forked child: this copy owns nothing (the parent's server, guard and directory)."""
+        if self.guard_pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.guard_pipe)
+        self.guard_pipe = None
+        self.proc = self.guard = None
+        self.owns_dir = False
 
     def exited(self) -> None:
         """The server process has ended (and been waited for): end its guard too."""
@@ -132,6 +174,16 @@ class _Resources:
         self.kill()
         if self.owns_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _forget_in_child() -> None:
+    for res in list(_LAUNCHED):
+        res.forget_in_child()
+    _LAUNCHED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class _StartsOnEnter:

@@ -116,4 +116,4 @@ async def local_runtime(
     finally:
         await nc.drain() if nc.is_connected else await nc.close()
         if server is not None:
-            server.stop()
+            server.close()  # it made its own temp directory: removed with it

@@ -1,7 +1,8 @@
 """A ``noetl-stream run`` whose python task is blocked in C (``time.sleep``: its thread cannot be
 interrupted) ends when it is told to, not when the task's code returns: on Ctrl-C (exit 130) and when
 the task times out (exit 1). Before, the interpreter joined the task's thread at exit: a Ctrl-C'd run
-took as long as the sleep. Its embedded nats-server and the server's guard end with it."""
+took as long as the sleep. Its embedded nats-server and the server's guard end with it, and the
+server's temporary directory is removed (an exit that skipped the finalizers left it)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def _start(tmp_path: Path, timeout_s: int) -> subprocess.Popen[str]:
     path = tmp_path / "sleeper.yaml"
     path.write_text(SLEEPER.replace("TIMEOUT", str(timeout_s)))
     env = {k: v for k, v in os.environ.items() if k != "NOETL_NATS_URL"}
+    (tmp_path / "tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "tmp")  # where the embedded server makes its directory
     return subprocess.Popen(
         [cli(), "run", str(path)],
         stdout=subprocess.PIPE,
@@ -90,6 +93,7 @@ def test_ctrl_c_ends_a_run_whose_python_task_is_blocked(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130
         assert _ended(children, 30), "the embedded nats-server or its guard outlived the run"
+        assert list((tmp_path / "tmp").iterdir()) == [], "the embedded server's directory was left"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -102,6 +106,7 @@ def test_a_run_whose_python_task_timed_out_exits_without_waiting_for_its_thread(
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 1, out + err
         assert "timeout" in (out + err).lower()
+        assert list((tmp_path / "tmp").iterdir()) == [], "the embedded server's directory was left"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -245,3 +246,60 @@ def test_the_guard_exits_at_once_for_a_server_already_gone() -> None:
         timeout=10,
     )
     assert guard.returncode == 0
+
+
+_FORKING_OWNER = """
+import os, sys, time
+from noetl_stream.embedded import EmbeddedNats
+server = EmbeddedNats()
+server.start()
+quick = os.fork()
+if quick == 0:
+    sys.exit(0)  # a forked child that exits through Python: its finalizers must not stop our server
+os.waitpid(quick, 0)
+sleeper = os.fork()
+if sleeper == 0:
+    time.sleep(60)  # a forked child that outlives its parent, with a copy of every descriptor
+    os._exit(0)
+print(server.pid, sleeper, server.running, server.dir.exists(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_forked_children_neither_stop_the_server_nor_keep_it_alive() -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _FORKING_OWNER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    sleeper_pid = None
+    try:
+        assert owner.stdout is not None
+        server_pid, sleeper, running, dir_exists = owner.stdout.readline().split()
+        sleeper_pid = int(sleeper)
+        assert running == "True" and dir_exists == "True", "a child's exit stopped the parent's server"
+        server_fd = os.pidfd_open(int(server_pid))
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        assert _gone(server_fd, 15), "a forked child's copy of the guard pipe kept the server alive"
+    finally:
+        os.close(server_fd)
+        if sleeper_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sleeper_pid, signal.SIGKILL)  # the owner's child, which this test started
+
+
+def test_without_a_python_to_run_the_guard_the_server_still_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An embedded interpreter has no `sys.executable`: the server runs unguarded, as before."""
+    binary = find_nats_server()  # found next to the interpreter
+    monkeypatch.setattr(sys, "executable", "")
+    with EmbeddedNats(binary=binary) as server:
+        assert server.running and server._res.guard is None
+
+
+def test_the_guard_holds_a_pidfd_opened_before_the_server_could_be_reaped() -> None:
+    with EmbeddedNats() as server:
+        guard = server._res.guard
+        assert guard is not None
+        argv = Path(f"/proc/{guard.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"--pidfd" in argv and b"--remove" in argv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
@@ -51,6 +52,10 @@ def status(execution_id: str, nats_url: str, prefix: str) -> None:
     _echo_json(summary)
 
 
+FOLLOW_NOTE_AFTER_S = 1.0
+"""``events --follow`` of an execution without events says it is waiting after this long."""
+
+
 @main.command()
 @click.argument("execution_id")
 @click.option("--follow", "follow_", is_flag=True, help="Keep printing until the execution finishes.")
@@ -73,7 +78,26 @@ def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefi
 
     async def go(nc: Any) -> int:
         if follow_:
-            await follow(nc, topology, execution_id, show)
+            shown = 0
+
+            def counted(ev: Event) -> None:
+                nonlocal shown
+                shown += 1
+                show(ev)
+
+            async def note() -> None:  # it may be about to start: say so, and keep waiting
+                await asyncio.sleep(FOLLOW_NOTE_AFTER_S)
+                if not shown:
+                    click.echo(
+                        f"no events of execution {execution_id} yet: waiting for it to start (Ctrl-C to stop)",
+                        err=True,
+                    )
+
+            waiting = asyncio.create_task(note())
+            try:
+                await follow(nc, topology, execution_id, counted)
+            finally:
+                waiting.cancel()
             return 1
         shown = 0
         async for _, ev in read_events(nc.jetstream(), topology, execution_id):

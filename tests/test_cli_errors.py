@@ -4,6 +4,7 @@ no traceback and no credential of the NATS URL."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import time
@@ -156,6 +157,47 @@ async def test_events_of_an_unknown_execution_is_an_error_like_status(
     err = closed.stderr.read()
     assert closed.wait(timeout=60) == 1
     assert err == "", err
+
+
+async def test_following_an_execution_not_started_yet_says_it_waits_then_shows_it(
+    nats_server: EmbeddedNats, runtime: Runtime
+) -> None:
+    """``events <id> --follow`` of an id without events waited in silence (it may be about to start).
+    It now says so on stderr after a second, keeps waiting, and prints the execution once it runs."""
+    from noetl_stream.client import follow, request_for, submit
+
+    execution_id = f"later-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [
+            cli(),
+            "events",
+            execution_id,
+            "--follow",
+            "--nats",
+            nats_server.url,
+            "--prefix",
+            runtime.topology.prefix,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        note = await asyncio.to_thread(proc.stderr.readline)
+        assert note.strip() == (
+            f"no events of execution {execution_id} yet: waiting for it to start (Ctrl-C to stop)"
+        )
+        request = request_for(HELLO, "hello.yaml", {}, execution_id)
+        assert await submit(runtime.nc, runtime.topology, request) == execution_id
+        await follow(runtime.nc, runtime.topology, execution_id, timeout=30)
+        out, err = await asyncio.to_thread(proc.communicate, timeout=60)
+        assert proc.returncode == 0, err
+        assert "playbook.processed" in out and err == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 async def test_retry_from_a_step_the_playbook_does_not_have_is_refused(

@@ -159,10 +159,11 @@ class Leases:
         for _ in range(3):
             try:
                 last = (await self._kv.get(key)).revision
-            except KeyDeletedError as exc:  # a delete marker: written against its revision
-                last = exc.entry.revision if exc.entry is not None else 0
-            except (KeyNotFoundError, NotFoundError):
-                last = 0  # no message for the key at all (never written, or expired)
+            except (KeyNotFoundError, KeyDeletedError, NotFoundError) as exc:
+                # A delete marker (nats-py's `get` raises KeyNotFoundError carrying it): written
+                # against its revision; no message for the key at all (never written, expired): 0.
+                marker = getattr(exc, "entry", None)
+                last = marker.revision if marker is not None else 0
             await self._refuse_if_alive(alive)
             self._alive = await self.nc.subscribe(alive, cb=self._answer_alive)
             await self.nc.flush()

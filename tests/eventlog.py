@@ -122,6 +122,20 @@ async def history(js: JetStreamContext, topology: Topology, execution_id: str) -
     return [ev async for _, ev in read_events(js, topology, execution_id)]
 
 
+async def histories(
+    js: JetStreamContext, topology: Topology, ids: Iterable[str], *, concurrency: int = 8
+) -> dict[str, list[tuple[int, Event]]]:
+    """Each execution's ``(stream sequence, event)`` in stream order, read `concurrency` at a time."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(eid: str) -> list[tuple[int, Event]]:
+        async with slots:
+            return [item async for item in read_events(js, topology, eid)]
+
+    wanted = list(ids)
+    return dict(zip(wanted, await asyncio.gather(*(one(eid) for eid in wanted)), strict=True))
+
+
 async def processed(js: JetStreamContext, topology: Topology) -> dict[str, Event]:
     """Each execution's ``playbook.processed`` (asserting there is exactly one)."""
     out: dict[str, Event] = {}
@@ -132,15 +146,20 @@ async def processed(js: JetStreamContext, topology: Topology) -> dict[str, Event
 
 
 async def replay_differences(
-    js: JetStreamContext, topology: Topology, ids: list[str]
+    js: JetStreamContext, topology: Topology, ids: list[str], *, concurrency: int = 8
 ) -> dict[str, list[str]]:
-    """Executions whose replay differs from the live snapshot (the check behind ``replay --verify``)."""
-    out = {}
-    for eid in ids:
-        diffs, _ = await replay.verify(js, topology, eid)
-        if diffs:
-            out[eid] = diffs
-    return out
+    """Executions whose replay differs from the live snapshot (the check behind ``replay --verify``).
+
+    Executions are verified `concurrency` at a time (each one's check waits mostly on server round trips)."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(eid: str) -> list[str]:
+        async with slots:
+            diffs, _ = await replay.verify(js, topology, eid)
+            return diffs
+
+    found = await asyncio.gather(*(one(eid) for eid in ids))
+    return {eid: diffs for eid, diffs in zip(ids, found, strict=True) if diffs}
 
 
 async def post_mortem(

@@ -198,8 +198,8 @@ async def run_cli(env: dict[str, str], *args: str, timeout: float = 60.0) -> tup
 
 
 async def replay_verify(env: dict[str, str], ids: list[str]) -> None:
-    """``noetl-stream replay ID --verify`` exits 0 for each of `ids`."""
-    for eid in ids:
-        code, out, err = await run_cli(env, "replay", eid, "--verify", timeout=30)
+    """``noetl-stream replay ID --verify`` exits 0 for each of `ids` (the processes run at once)."""
+    results = await asyncio.gather(*(run_cli(env, "replay", eid, "--verify", timeout=30) for eid in ids))
+    for eid, (code, out, err) in zip(ids, results, strict=True):
         assert code == 0, f"replay --verify {eid}: exit {code}\n{out}{err}"
         assert "replay matches the live projection" in out

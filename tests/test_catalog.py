@@ -217,15 +217,20 @@ async def test_cli_register_list_show_delete(
     assert json.loads(out.stdout)["created"] is False
     file.write_text(text(2))
     await asyncio.to_thread(run, "register", str(file))
-    out = await asyncio.to_thread(run, "list")
-    assert [line.split("\t")[0] for line in out.stdout.splitlines()] == ["  demo/calc@1", "* demo/calc@2"]
-    out = await asyncio.to_thread(run, "show", "demo/calc@1")
-    assert out.stdout == text(1)
-    out = await asyncio.to_thread(run, "show", "demo/calc", "--json")
-    assert json.loads(out.stdout)["entry"]["version"] == "2"
+    # Commands that change nothing run at the same time.
+    listed, first, latest = await asyncio.gather(
+        asyncio.to_thread(run, "list"),
+        asyncio.to_thread(run, "show", "demo/calc@1"),
+        asyncio.to_thread(run, "show", "demo/calc", "--json"),
+    )
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["  demo/calc@1", "* demo/calc@2"]
+    assert first.stdout == text(1)
+    assert json.loads(latest.stdout)["entry"]["version"] == "2"
     out = await asyncio.to_thread(run, "delete", "demo/calc@2")
     assert out.returncode == 0 and out.stdout.strip() == "deleted demo/calc@2"
-    out = await asyncio.to_thread(run, "show", "demo/calc@2")
+    out, refused = await asyncio.gather(
+        asyncio.to_thread(run, "show", "demo/calc@2"),
+        asyncio.to_thread(run, "register", str(bad)),  # invalid: registers nothing
+    )
     assert out.returncode == 1 and "has no version '2'" in out.stderr
-    out = await asyncio.to_thread(run, "register", str(bad))
-    assert out.returncode == 2 and "bad.yaml:" in out.stderr
+    assert refused.returncode == 2 and "bad.yaml:" in refused.stderr

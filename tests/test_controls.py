@@ -111,7 +111,7 @@ async def test_an_execution_past_its_deadline_fails(runtime: Runtime, tmp_path: 
             kind: python
             code: |
               import time
-              time.sleep(3)
+              time.sleep(2)
         """
     ).replace("workflow:", "executor: {spec: {deadline_s: 0.5}}\nworkflow:")
     execution_id = await submit(runtime.nc, runtime.topology, request_for(text, "deadline.yaml"))

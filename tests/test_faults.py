@@ -62,6 +62,9 @@ from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
 
 ACK_WAIT_S = 2.0
+LEASE_TTL_S = 3.0
+"""For the tests that kill the controller: the events a killed controller had pulled and not acked come
+back after its consumers' ack wait, which is the lease TTL (10 s by default)."""
 
 # --- fixtures and small helpers -------------------------------------------------------------------
 
@@ -77,6 +80,29 @@ async def procs(
     nats_server: EmbeddedNats, js: JetStreamContext, topo: Topology, tmp_path: Path
 ) -> AsyncIterator[Processes]:
     """Controller/worker processes of this test (provisioned first, so no two processes race to create)."""
+    async with _processes(nats_server, js, topo, tmp_path) as p:
+        yield p
+
+
+@pytest.fixture
+def short_lease_topo(topo: Topology) -> Topology:
+    """`topo` with a lease TTL of LEASE_TTL_S."""
+    return msgspec.structs.replace(topo, lease_ttl_s=LEASE_TTL_S)
+
+
+@pytest.fixture
+async def short_lease_procs(
+    nats_server: EmbeddedNats, js: JetStreamContext, short_lease_topo: Topology, tmp_path: Path
+) -> AsyncIterator[Processes]:
+    """`procs` on `short_lease_topo`."""
+    async with _processes(nats_server, js, short_lease_topo, tmp_path) as p:
+        yield p
+
+
+@contextlib.asynccontextmanager
+async def _processes(
+    nats_server: EmbeddedNats, js: JetStreamContext, topo: Topology, tmp_path: Path
+) -> AsyncIterator[Processes]:
     await provision(js, topo, ("default",))
     with Processes(nats_server.url, topo, tmp_path / "logs") as p:
         yield p
@@ -158,7 +184,9 @@ async def test_task_longer_than_ack_wait_with_in_progress_is_not_redelivered(
     procs.controller()
     procs.worker("w1", concurrency=2)
     procs.worker("w2", concurrency=2)  # a redelivery would be picked up here, or by w1 again
-    hold = 3.5 * ACK_WAIT_S
+    # Past two AckWaits: without its keep-alive, the command would be redelivered (and a second run
+    # start) 2 s into the task, 3 s before its end.
+    hold = 2.5 * ACK_WAIT_S
 
     (eid,) = await submit_many(nc, topo, [(HOLD, {"path": str(runs), "hold": hold})])
     await wait_processed(js, topo, [eid], timeout=hold + 30)
@@ -177,8 +205,9 @@ async def test_task_longer_than_ack_wait_with_in_progress_is_not_redelivered(
 
 
 async def test_controller_killed_at_random_points_nothing_scheduled_twice_and_replay_agrees(
-    procs: Processes, topo: Topology, js: JetStreamContext, nc: NATS
+    short_lease_procs: Processes, short_lease_topo: Topology, js: JetStreamContext, nc: NATS
 ) -> None:
+    procs, topo = short_lease_procs, short_lease_topo
     seed = int(os.environ.get("NOETL_FAULT_SEED", time.time_ns() % 1_000_000))
     rnd = random.Random(seed)
     print(f"NOETL_FAULT_SEED={seed}")
@@ -421,8 +450,11 @@ async def test_worker_killed_mid_local_loop_completed_iterations_are_not_run_aga
 async def test_poison_command_reaches_max_deliver_and_the_execution_fails(
     nats_server: EmbeddedNats, topology: Topology, js: JetStreamContext, nc: NATS, tmp_path: Path
 ) -> None:
+    # Each delivery crashes its worker at once and the next comes an AckWait later: a shorter one than
+    # ACK_WAIT_S (still 3x the 0.5 s keep-alive of a command held by a worker or the controller).
+    ack_wait = 1.5
     topo = msgspec.structs.replace(
-        topology, command_ack_wait_s=ACK_WAIT_S, command_max_deliver=POISON_MAX_DELIVER
+        topology, command_ack_wait_s=ack_wait, command_max_deliver=POISON_MAX_DELIVER
     )
     await provision(js, topo, ("default",))
     runs = tmp_path / "runs.txt"
@@ -432,7 +464,7 @@ async def test_poison_command_reaches_max_deliver_and_the_execution_fails(
         (eid,) = await submit_many(nc, topo, [(POISON, {"path": str(runs)})])
         async with _restarting(worker):  # a supervisor brings the crashed worker back, as k8s would
             await until(lambda: len(lines(runs)) >= POISON_MAX_DELIVER, 40, "max_deliver crashes", procs)
-            await wait_processed(js, topo, [eid], timeout=4 * ACK_WAIT_S + 10)
+            await wait_processed(js, topo, [eid], timeout=4 * ack_wait + 10)
 
         events = await history(js, topo, eid)
         (failed,) = [e for e in events if e.name == E.STEP_FAILED]

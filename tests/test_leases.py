@@ -61,6 +61,11 @@ class Pulling:
         self.by: dict[str, set[int]] = {}
         self.overlaps: list[tuple[int, str, str]] = []
         self.acquisitions = 0
+        self.slow_releases = True  # off for a test's clean-up, once what it checks is decided
+
+    def quick_releases(self) -> None:
+        """From now on releases are not slowed down (the clean-up's own releases need not wait)."""
+        self.slow_releases = False
 
     def callbacks(self, name: str, release_delay: float = 0.0):  # type: ignore[no-untyped-def]
         self.by[name] = set()
@@ -73,7 +78,7 @@ class Pulling:
             self.by[name].add(p)
 
         async def on_release(p: int, graceful: bool) -> None:
-            if release_delay and graceful:
+            if release_delay and graceful and self.slow_releases:
                 await asyncio.sleep(release_delay)  # e.g. puller.stop(timeout=ttl) waiting for a fold
             self.by[name].discard(p)
 
@@ -104,6 +109,7 @@ async def test_slow_rebalance_release_lets_another_controller_take_a_partition_s
             await asyncio.sleep(0.05)
         assert pulling.overlaps == [], f"two controllers pulled one partition at once: {pulling.overlaps}"
     finally:
+        pulling.quick_releases()
         await b.stop()
         await a.stop()
 
@@ -556,5 +562,6 @@ async def test_a_slow_rebalance_release_does_not_cost_the_controller_its_other_p
         await asyncio.sleep(TTL_S)
         assert (lost, sorted(a.owned)) == ([], [0]), f"A gave up {lost} (lease lost), holds {sorted(a.owned)}"
     finally:
+        pulling.quick_releases()
         await b.stop()
         await a.stop()

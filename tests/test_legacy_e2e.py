@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -24,15 +24,6 @@ from noetl_stream.subjects import Topology
 
 USERS = [(7, "ada@example.com"), (8, "bob@example.com")]
 ROWS = {"a": [1, 2, 3, 4, 5], "b": ["x", "y", "z"]}
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PgServer]:
-    server = PgServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -191,7 +191,7 @@ LOOP_THEN_WAIT = playbook(
         kind: python
         code: |
           import time
-          time.sleep(4)
+          time.sleep(2)
           result = "waited"
     """,
     workload={"n": 4000},  # packed: 23 KB
@@ -219,7 +219,7 @@ async def test_a_loop_s_items_go_when_the_loop_finishes_not_when_the_execution_d
         await loop_done.wait()
     eid = ids[0]
     key = f"{eid}/start-1/items"
-    await _assert_gone(js, topology, key, timeout=3.0)
+    await _assert_gone(js, topology, key, timeout=1.5)  # gone within 0.1 s; the wait step takes 2 s
     assert not run.done(), "the execution ended before the items were checked: the check proves nothing"
     assert runtime.controller.states[eid].items_keys == []
     summary = await run

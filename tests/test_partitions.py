@@ -21,6 +21,7 @@ import msgspec
 import pytest
 from eventlog import (
     count_by_execution,
+    histories,
     processed,
     read_named,
     replay_differences,
@@ -39,7 +40,6 @@ from noetl_stream.control.controller import Controller
 from noetl_stream.control.leases import DuplicateControllerError
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.subjects import Topology
@@ -196,10 +196,11 @@ async def test_killing_one_of_three_controllers_under_load_loses_nothing_and_no_
         owners_of: dict[int, set[str]] = collections.defaultdict(set)
         by_victim_after_kill = 0
         moved: set[str] = set()
+        stored = await histories(js, topo, expected)
         for eid in expected:
             fences: list[int] = []
             writers: list[str] = []
-            async for _, ev in read_events(js, topo, eid):
+            for _, ev in stored[eid]:
                 if ev.source != "server" or ev.fence is None:
                     continue
                 owners_of[ev.fence].add(str(ev.controller))

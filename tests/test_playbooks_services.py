@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
@@ -62,15 +62,6 @@ api = _load_api()
 
 
 # --- services ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PgServer]:
-    server = PgServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @contextlib.asynccontextmanager
@@ -376,6 +367,10 @@ async def test_the_readme_flow_keychain_set_and_run_against_the_same_nats(
         args = ("run", f"playbooks/services/{name}", *nats, "--json", "--set", f"api_url={api_process}")
         return noetl(*args, env=env)
 
+    # with an embedded server (no --nats) the keychain is empty: that run shares nothing with the others,
+    # it runs alongside them (in a thread from now on)
+    loop = asyncio.get_running_loop()
+    embedded_run = loop.run_in_executor(None, run_cli, "etl.yaml", [], {"NOETL_KEYCHAIN_KEY": key})
     with EmbeddedNats() as server:  # its own server: `run --nats` uses the default prefix
         nats = ["--nats", server.url]
         env = {"NOETL_KEYCHAIN_KEY": key}
@@ -392,8 +387,7 @@ async def test_the_readme_flow_keychain_set_and_run_against_the_same_nats(
         # the worker cannot decrypt the credential without the key, or with another one
         no_key = await asyncio.to_thread(run_cli, "etl.yaml", nats, {})
         wrong_key = await asyncio.to_thread(run_cli, "etl.yaml", nats, {"NOETL_KEYCHAIN_KEY": generate_key()})
-    # with an embedded server (no --nats) the keychain is empty
-    embedded = await asyncio.to_thread(run_cli, "etl.yaml", [], env)
+    embedded = await embedded_run
 
     for proc in steps:
         assert proc.returncode == 0, proc.stdout + proc.stderr

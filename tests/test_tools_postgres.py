@@ -6,7 +6,7 @@ import asyncio
 import socket
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +25,6 @@ from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, KeychainKey, generate_key
 from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
-
-
-@pytest.fixture(scope="session")
-def pg() -> Iterator[PgServer]:
-    """One PostgreSQL for the session, on a free port in a temp dir; stopped (only it) afterwards."""
-    server = PgServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

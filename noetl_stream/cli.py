@@ -122,7 +122,9 @@ def _threads_left_running(wait_s: float = 0.2) -> bool:
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join(max(0.0, deadline - time.monotonic()))
-    return any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate())
+    return any(
+        t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate()
+    )
 
 
 def _run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:

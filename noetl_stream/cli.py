@@ -181,7 +181,24 @@ def _nats_failure(exc: BaseException, nats_url: str | None = None) -> tuple[str,
 
 
 CLI_CONNECT_WAIT_S = 5.0
-"""How long a command waits for its first connection to NATS before it says it cannot connect."""
+"""How long a command waits for its first connection to NATS before it says it cannot connect
+(``NOETL_CONNECT_WAIT_S`` overrides it)."""
+
+
+def _connect_wait_s() -> float:
+    import math
+    import os
+
+    raw = os.environ.get("NOETL_CONNECT_WAIT_S")
+    if not raw:
+        return CLI_CONNECT_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        _fail(f"NOETL_CONNECT_WAIT_S={raw!r} is not a number of seconds above 0", EXIT_INVALID)
+    return value
 
 
 def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) -> T:
@@ -195,6 +212,7 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
     connected = False
     last_error: list[str] = []
     log = structlog.get_logger("noetl_stream.natsconn").bind(nats_client=name)
+    wait_s = _connect_wait_s()
 
     async def on_error(e: Exception) -> None:
         if connected:
@@ -210,7 +228,7 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
             nc = await connect(
                 nats_url,
                 name=name,
-                connect_wait_s=CLI_CONNECT_WAIT_S,
+                connect_wait_s=wait_s,
                 max_reconnect_attempts=0,
                 error_cb=on_error,
             )

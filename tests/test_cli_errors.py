@@ -62,11 +62,22 @@ def plain_nats() -> Iterator[str]:
 
 
 def test_a_refused_connection_is_one_line_without_the_urls_credentials() -> None:
-    # nothing listens on port 1: the client retries for 10 s, each attempt used to log a warning line
-    proc = noetl("status", "x", "--nats", "nats://admin:s3cret@127.0.0.1:1", timeout=60)
+    # nothing listens on port 1: the client retries until the wait ends (NOETL_CONNECT_WAIT_S, default
+    # 5 s; a few attempts here), each attempt used to log a warning line
+    proc = noetl(
+        "status", "x", "--nats", "nats://admin:s3cret@127.0.0.1:1", env={"NOETL_CONNECT_WAIT_S": "2.5"}
+    )
     line = one_error_line(proc, 1)
     assert "s3cret" not in proc.stderr and "admin" not in proc.stderr
-    assert "cannot connect to NATS at nats://***@127.0.0.1:1" in line and "refused" in line
+    assert "cannot connect to NATS at nats://***@127.0.0.1:1 within 2.5s" in line and "refused" in line
+
+
+@pytest.mark.parametrize("wait", ["0", "soon"])
+def test_a_connect_wait_that_is_not_a_positive_number_is_refused(wait: str) -> None:
+    proc = noetl("status", "x", "--nats", "nats://127.0.0.1:1", env={"NOETL_CONNECT_WAIT_S": wait})
+    assert (
+        one_error_line(proc, 2) == f"error: NOETL_CONNECT_WAIT_S={wait!r} is not a number of seconds above 0"
+    )
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -50,6 +51,8 @@ class Tracker:
     def __init__(self, execution_id: str) -> None:
         self.summary = RunSummary(execution_id=execution_id)
         self.finished = False
+        """``playbook.processed`` was read, or the request's rejection (see `apply`)."""
+        self.processed = False
         self._started = time.monotonic()
         self._runs: dict[str, set[str]] = {}
 
@@ -71,6 +74,14 @@ class Tracker:
             s.status = str(ev.payload.get("status") or ("success" if ev.status == "success" else "failed"))
             s.result = ev.payload.get("result")
             s.error = ev.payload.get("error")
+            s.duration_s = round(time.monotonic() - self._started, 6)
+            self.finished = self.processed = True
+        elif ev.name == E.REQUEST_REJECTED and not self.processed:
+            # Final too: a rejected request never runs. Its `playbook.processed` comes right after it,
+            # unless whoever wrote the rejection stopped in between (it is written when the request is
+            # submitted again): a reader does not wait for it for ever.
+            error = ev.payload.get("error")
+            s.status, s.error = "rejected", error if isinstance(error, dict) else None
             s.duration_s = round(time.monotonic() - self._started, 6)
             self.finished = True
 
@@ -150,6 +161,10 @@ async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str
     return request.execution_id
 
 
+REJECTED_GRACE_S = 1.0
+"""How long `follow` waits for the ``playbook.processed`` of a rejection it has read."""
+
+
 async def follow(
     nc: NATS,
     topology: Topology,
@@ -157,9 +172,10 @@ async def follow(
     on_event: Callable[[Event], None] | None = None,
     timeout: float | None = None,
 ) -> RunSummary:
-    """Read the execution's events from the start until ``playbook.processed``."""
+    """Read the execution's events from the start until ``playbook.processed`` (or, for a rejected
+    request, its rejection and then its ``playbook.processed`` if it comes within `REJECTED_GRACE_S`)."""
     tracker = Tracker(execution_id)
-    done = asyncio.Event()
+    done, processed = asyncio.Event(), asyncio.Event()
 
     async def cb(msg: Any) -> None:
         try:
@@ -171,6 +187,8 @@ async def follow(
             on_event(ev)
         if tracker.finished:
             done.set()
+        if tracker.processed:
+            processed.set()
 
     js = nc.jetstream()
     sub = await js.subscribe(
@@ -183,6 +201,10 @@ async def follow(
     try:
         async with asyncio.timeout(timeout):
             await done.wait()
+        if not tracker.processed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REJECTED_GRACE_S):
+                    await processed.wait()
     finally:
         await sub.unsubscribe()
     return tracker.summary

@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from noetl_stream import events as E
-from noetl_stream.client import request_for
+from noetl_stream.client import follow, request_for
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.reducer import rejection_events
 from noetl_stream.kv.history import read_events
@@ -229,6 +229,26 @@ async def test_a_rejection_whose_writer_stopped_halfway_is_completed_by_the_next
     # Written once: a third delivery finds it complete.
     await intake.admit(unknown, no_default)
     assert len(await history(js, topology, "half")) == 2
+
+
+async def test_a_half_written_rejection_is_final_to_its_readers(
+    intake: Intake, nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """Until a redelivery completes it, a rejection without its ``playbook.processed`` (its writer
+    stopped in between; a request-reply caller may never send it again) is final to `follow` and to
+    ``status``: they used to wait for ``playbook.processed`` for ever. A complete rejection is read to
+    its ``playbook.processed``."""
+    error = {"kind": "unknown_playbook", "message": "no playbook 'tests/nowhere' in the catalog"}
+    rejected, _ = rejection_events("halfread", "tests/nowhere", error, None)
+    await js.publish(topology.event_subject("halfread", E.REQUEST_REJECTED), encode(rejected))
+    summary = await follow(nc, topology, "halfread", timeout=10)
+    assert (summary.status, summary.error, summary.events) == ("rejected", error, 1)
+
+    unknown = encode(ExecutionRequest(path="tests/nowhere", execution_id="halfread"))
+    await intake.admit(unknown, no_default)  # the next delivery completes it
+    seen: list[str] = []
+    summary = await follow(nc, topology, "halfread", lambda ev: seen.append(ev.name), timeout=10)
+    assert summary.status == "rejected" and seen == [E.REQUEST_REJECTED, E.PLAYBOOK_PROCESSED]
 
 
 async def test_an_id_whose_first_records_expired_is_answered_by_those_left(

@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for
+from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.reducer import rejection_events
 from noetl_stream.kv.history import read_events
@@ -235,14 +236,19 @@ async def test_a_half_written_rejection_is_final_to_its_readers(
     intake: Intake, nc: NATS, js: JetStreamContext, topology: Topology
 ) -> None:
     """Until a redelivery completes it, a rejection without its ``playbook.processed`` (its writer
-    stopped in between; a request-reply caller may never send it again) is final to `follow` and to
-    ``status``: they used to wait for ``playbook.processed`` for ever. A complete rejection is read to
+    stopped in between; a request-reply caller may never send it again) is final to `follow`, to
+    ``status`` and to the API's status: they waited for ``playbook.processed`` for ever, or found no
+    such execution. A complete rejection is read to
     its ``playbook.processed``."""
     error = {"kind": "unknown_playbook", "message": "no playbook 'tests/nowhere' in the catalog"}
     rejected, _ = rejection_events("halfread", "tests/nowhere", error, None)
     await js.publish(topology.event_subject("halfread", E.REQUEST_REJECTED), encode(rejected))
     summary = await follow(nc, topology, "halfread", timeout=10)
     assert (summary.status, summary.error, summary.events) == ("rejected", error, 1)
+    inspector = Inspector(js, topology)  # the API's status: it said "no such execution"
+    assert await inspector.exists("halfread")
+    status = await inspector.status("halfread")
+    assert status is not None and (status.status, status.error) == ("rejected", error)
 
     unknown = encode(ExecutionRequest(path="tests/nowhere", execution_id="halfread"))
     await intake.admit(unknown, no_default)  # the next delivery completes it

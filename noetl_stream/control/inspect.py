@@ -159,7 +159,7 @@ class Inspector:
     async def exists(self, execution_id: str) -> bool:
         if self.check_id(execution_id) in self.live:
             return True
-        for name in (E.EXECUTION_REQUESTED, E.PLAYBOOK_PROCESSED):
+        for name in (E.EXECUTION_REQUESTED, E.PLAYBOOK_PROCESSED, E.REQUEST_REJECTED):
             if await self._last(execution_id, name) is not None:
                 return True
         return False
@@ -180,6 +180,15 @@ class Inspector:
                 source="stream",
                 error=payload.get("error"),
                 updated_at=processed.get("timestamp"),
+            )
+        rejected = await self._last(execution_id, E.REQUEST_REJECTED)
+        if rejected is not None:  # final: its playbook.processed is missing only until a retry writes it
+            return ExecutionSummary(
+                execution_id=execution_id,
+                status="rejected",
+                source="stream",
+                error=(rejected.get("payload") or {}).get("error"),
+                updated_at=rejected.get("timestamp"),
             )
         requested = await self._last(execution_id, E.EXECUTION_REQUESTED)
         if requested is not None:

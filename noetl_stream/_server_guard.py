@@ -54,10 +54,16 @@ class _Target:
             except (AttributeError, OSError):
                 self.started = _start_time(pid)
 
+    def _ended(self, timeout_s: float) -> bool:
+        """The pidfd is readable: its process has ended (poll, not select: any fd number)."""
+        assert self.fd is not None
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        return bool(poller.poll(max(0, int(timeout_s * 1000))))
+
     def alive(self) -> bool:
         if self.fd is not None:
-            readable, _, _ = select.select([self.fd], [], [], 0)
-            return not readable  # a pidfd becomes readable when its process ends
+            return not self._ended(0)
         return self.started is not None and _start_time(self.pid) == self.started
 
     def signal(self, sig: int) -> None:
@@ -77,7 +83,7 @@ class _Target:
             if left <= 0:
                 return False
             if self.fd is not None:
-                select.select([self.fd], [], [], left)
+                self._ended(left)
             else:
                 time.sleep(min(0.05, left))
         return True

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -69,11 +70,15 @@ class ClusterRoutes(msgspec.Struct, frozen=True):
 
 
 _GUARD = Path(__file__).with_name("_server_guard.py")
-_LAUNCHED: weakref.WeakSet[_Resources] = weakref.WeakSet()
-"""Every `_Resources` that started a server. A forked child (``multiprocessing``'s default on Linux,
-a python task's ``os.fork``) inherits their guard pipes' write ends without exec, and would keep the
-servers alive after this process died; and its finalizers would stop this process's servers and
-remove their directories. `_forget_in_child` makes the child's copies own nothing."""
+_OWNED: weakref.WeakSet[_Resources | _ClusterDir] = weakref.WeakSet()
+"""What this process's embedded servers and clusters own. A forked child (``multiprocessing``'s
+default on Linux, a python task's ``os.fork``) inherits the guard pipes' write ends without exec,
+and would keep the servers alive after this process died; and its finalizers (run when it exits
+through Python) would stop this process's servers and remove their directories. `_after_fork_child`
+makes the child's copies own nothing."""
+_FORK_LOCK = threading.RLock()
+"""Held while a guard pipe is created and recorded, or closed and cleared, and across every fork
+(`os.register_at_fork`): a child never holds a write end that `_after_fork_child` does not know of."""
 
 
 def _guard_possible() -> bool:
@@ -109,37 +114,42 @@ class _Resources:
         self.proc = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
-        _LAUNCHED.add(self)
         if _guard_possible():
-            self._start_guard(self.proc.pid, log)
+            with _FORK_LOCK:
+                self._start_guard(self.proc.pid, log)
 
     def _start_guard(self, pid: int, log: Any) -> None:
         try:
             pidfd: int | None = os.pidfd_open(pid)  # not yet waited for: the pid is still the server's
         except OSError:
             pidfd = None
-        read_end, write_end = os.pipe()  # neither end is inherited by our other children (exec)
         argv = [sys.executable, "-I", "-S", str(_GUARD), str(pid)]
         argv += ["--pidfd", str(pidfd)] if pidfd is not None else []
         argv += ["--remove", str(self.dir)] if self.owns_dir else []
+        read_end: int | None = None
         try:
-            self.guard = subprocess.Popen(
-                argv,
-                stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                start_new_session=True,
-                pass_fds=(pidfd,) if pidfd is not None else (),
-            )
+            # Neither end is inherited by our other children (exec); recorded at once, so that a child
+            # forked meanwhile closes its copy.
+            read_end, self.guard_pipe = os.pipe()
+            try:
+                self.guard = subprocess.Popen(
+                    argv,
+                    stdin=read_end,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                    pass_fds=(pidfd,) if pidfd is not None else (),
+                )
+            except BaseException:
+                os.close(self.guard_pipe)
+                self.guard_pipe = None
+                raise
         except OSError as exc:  # the server runs unguarded, as it did before guards
-            os.close(write_end)
             log.write(f"noetl_stream.embedded: the server's guard could not start: {exc}\n".encode())
-        else:
-            self.guard_pipe = write_end
         finally:
-            os.close(read_end)
-            if pidfd is not None:
-                os.close(pidfd)
+            for fd in (read_end, pidfd):
+                if fd is not None:
+                    os.close(fd)
 
     def forget_in_child(self) -> None:
         """In a forked child: this copy owns nothing (the parent's server, guard and directory)."""
@@ -153,9 +163,10 @@ class _Resources:
     def exited(self) -> None:
         """The server process has ended (and been waited for): end its guard too."""
         self.proc = None
-        if self.guard_pipe is not None:
-            os.close(self.guard_pipe)  # end-of-file: the guard finds the server gone and exits
-            self.guard_pipe = None
+        with _FORK_LOCK:
+            if self.guard_pipe is not None:
+                os.close(self.guard_pipe)  # end-of-file: the guard finds the server gone and exits
+                self.guard_pipe = None
         if self.guard is not None:
             try:
                 self.guard.wait(5.0)
@@ -176,14 +187,42 @@ class _Resources:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _forget_in_child() -> None:
-    for res in list(_LAUNCHED):
-        res.forget_in_child()
-    _LAUNCHED.clear()
+class _ClusterDir:
+    """An `EmbeddedCluster`'s base directory, removed with it if it made it."""
+
+    __slots__ = ("__weakref__", "dir", "owns_dir")
+
+    def __init__(self, directory: Path, owns_dir: bool) -> None:
+        self.dir, self.owns_dir = directory, owns_dir
+
+    def forget_in_child(self) -> None:
+        self.owns_dir = False
+
+    def release(self) -> None:
+        if self.owns_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _before_fork() -> None:
+    _FORK_LOCK.acquire()
+
+
+def _after_fork_parent() -> None:
+    _FORK_LOCK.release()
+
+
+def _after_fork_child() -> None:
+    global _FORK_LOCK
+    _FORK_LOCK = threading.RLock()  # the child's only thread: the one that forked
+    for owned in list(_OWNED):
+        owned.forget_in_child()
+    _OWNED.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child
+    )
 
 
 class _StartsOnEnter:
@@ -241,6 +280,7 @@ class EmbeddedNats(_StartsOnEnter):
         self.dir = Path(tempfile.mkdtemp(prefix="noetl-nats-") if store_dir is None else store_dir)
         self._res = _Resources(self.dir, owns_dir=store_dir is None)
         # Kill the server and remove the temp dir even if the owner forgets close() (GC or exit).
+        _OWNED.add(self._res)
         self._finalizer = weakref.finalize(self, self._res.release)
         self._port = port or 0
         self._monitor = monitor_port
@@ -451,9 +491,9 @@ class EmbeddedCluster(_StartsOnEnter):
             )
             for i, port in enumerate(route_ports, 1)
         ]
-        self._finalizer = weakref.finalize(
-            self, _release_cluster, [n._res for n in self.nodes], self.dir, base_dir is None
-        )
+        base = _ClusterDir(self.dir, base_dir is None)
+        _OWNED.add(base)
+        self._finalizer = weakref.finalize(self, _release_cluster, [n._res for n in self.nodes], base)
 
     @property
     def urls(self) -> list[str]:
@@ -560,8 +600,7 @@ def _free_ports(n: int) -> list[int]:
             sock.close()
 
 
-def _release_cluster(nodes: list[_Resources], directory: Path, owns_dir: bool) -> None:
+def _release_cluster(nodes: list[_Resources], base: _ClusterDir) -> None:
     for res in nodes:
         res.release()
-    if owns_dir:
-        shutil.rmtree(directory, ignore_errors=True)
+    base.release()

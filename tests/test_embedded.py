@@ -253,10 +253,13 @@ import os, sys, time
 from noetl_stream.embedded import EmbeddedNats
 server = EmbeddedNats()
 server.start()
+later = EmbeddedNats()  # made before the fork, not started
 quick = os.fork()
 if quick == 0:
     sys.exit(0)  # a forked child that exits through Python: its finalizers must not stop our server
 os.waitpid(quick, 0)
+assert later.dir.is_dir(), "a child's exit removed the directory of a server not started yet"
+later.close()
 sleeper = os.fork()
 if sleeper == 0:
     time.sleep(60)  # a forked child that outlives its parent, with a copy of every descriptor

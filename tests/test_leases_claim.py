@@ -4,6 +4,7 @@ processes with one id started together (found in review: each let two controller
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import msgspec
@@ -110,3 +111,42 @@ async def test_three_processes_with_one_id_started_together_run_one(
         await a.stop()
         for conn in conns:
             await conn.close()
+
+
+async def test_a_halted_duplicate_leaves_the_id_and_its_share_to_the_others(
+    nats_server: EmbeddedNats, js: JetStreamContext, topology: Topology
+) -> None:
+    """B runs with A's id without asking (as when A was unreachable: a split cluster), takes A's leases
+    and A halts. When B then dies, A used to stay a member (its share of the partitions unowned for
+    good) and to answer for the id (its restart refused). Halted, it leaves both."""
+    t = msgspec.structs.replace(topology, partitions=4, lease_ttl_s=2.0)
+    await provision(js, t)
+    conns = [await connect(nats_server.url, name=f"halt-{i}", connect_wait_s=10) for i in range(4)]
+    a = Leases(conns[0], t, 4, "x", _noop, _noop)
+    b = Leases(conns[1], t, 4, "x", _noop, _noop)
+    y = Leases(conns[2], t, 4, "y", _noop, _noop)
+    restarted = Leases(conns[3], t, 4, "x", _noop, _noop)
+    try:
+        await a.start()
+
+        async def unreachable(alive: str) -> None:
+            pass
+
+        b._refuse_if_alive = unreachable  # type: ignore[method-assign]
+        await b.start()
+        await asyncio.sleep(2.0)
+        assert a.halted and not a.owned and sorted(b.owned) == [0, 1, 2, 3]
+        await conns[1].close()  # B dies
+        await y.start()
+        await asyncio.sleep(5.0)  # B's keys expire (2 s); y's rounds take them
+        assert sorted(y.owned) == [0, 1, 2, 3] and not a.owned
+        await restarted.start()  # A no longer answers for the id
+    finally:
+        for x in (restarted, y, a):
+            await x.stop()
+        for task in (b._task, b._guard):
+            if task is not None:
+                task.cancel()
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.close()

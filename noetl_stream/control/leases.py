@@ -272,8 +272,9 @@ class Leases:
     async def _renew(self) -> None:
         assert self._kv is not None
         now = time.monotonic()
-        with contextlib.suppress(Exception):
-            self._member_rev = await self._kv.put(self._member_key(self.controller_id), self._value())
+        if not self.halted:  # a halted duplicate leaves the id to the other process
+            with contextlib.suppress(Exception):
+                self._member_rev = await self._kv.put(self._member_key(self.controller_id), self._value())
         # All at once, each with a short timeout: a slow server must not push the later ones past
         # their expiry.
         await asyncio.gather(*(self._renew_one(p, lease, now) for p, lease in list(self.owned.items())))
@@ -320,7 +321,24 @@ class Leases:
             value = msgspec.json.decode((await self._kv.get(self._key(p))).value or b"", type=LeaseValue)
             if value.owner == self.controller_id and value.incarnation != self.incarnation:
                 log.error("controller.duplicate_id", controller=self.controller_id, partition=p)
-                self.halted = True
+                if not self.halted:
+                    self.halted = True
+                    await self._abdicate()
+
+    async def _abdicate(self) -> None:
+        """Halted: leave the id to the other process. Stop answering for it and stop counting as a
+        member (no more renewals; the member key goes now if this one wrote it last, else at its
+        expiry). A halted controller that stayed a member would hold a share of the partitions it
+        never takes; one still answering would refuse the id's restart once the other is gone."""
+        assert self._kv is not None
+        if self._alive is not None:
+            with contextlib.suppress(Exception):
+                await self._alive.unsubscribe()
+            self._alive = None
+        if self._member_rev is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(self._member_key(self.controller_id), last=self._member_rev)
+            self._member_rev = None
 
     async def _read(self) -> tuple[dict[int, LeaseValue], set[str]]:
         """Current partition owners and live members (keys not yet expired)."""

@@ -106,12 +106,21 @@ def entry() -> None:
             if code is not None and not isinstance(code, int):
                 print(code, file=sys.stderr)
             # What an exit runs besides joining threads: finalizers (an embedded server's directory),
-            # the tracer's last batch of spans, logging's flush.
-            atexit._run_exitfuncs()
+            # the tracer's last batch of spans, logging's flush; in a thread, for a bounded time (an
+            # exit function may wait too: multiprocessing's joins its children).
+            import threading
+
+            runner = threading.Thread(target=atexit._run_exitfuncs, name="noetl-exit", daemon=True)
+            runner.start()
+            runner.join(EXIT_FUNCTIONS_WAIT_S)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code if isinstance(code, int) else 0 if code is None else 1)
         raise
+
+
+EXIT_FUNCTIONS_WAIT_S = 5.0
+"""How long `entry` lets the exit functions run when it leaves abandoned threads behind."""
 
 
 def _threads_left_running(wait_s: float = 0.2) -> bool:

@@ -13,6 +13,7 @@ from noetl_stream.cli import (
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_OK,
+    _connect_wait_s,
     _echo_json,
     _fail,
     _read_playbook,
@@ -125,11 +126,12 @@ def run(
     data = _load_payload(payload, sets)
     topology = _topology(prefix)
     progress = None if as_json else Progress()
+    wait_s = _connect_wait_s()
 
     async def go() -> object:
         from noetl_stream.local import local_runtime
 
-        async with local_runtime(nats_url, topology=topology, workers=workers) as rt:
+        async with local_runtime(nats_url, topology=topology, workers=workers, connect_wait_s=wait_s) as rt:
             on_event = progress.on_event if progress else None
             return await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
 

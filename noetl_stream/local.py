@@ -63,6 +63,7 @@ async def local_runtime(
     keychain_key: KeychainKey | None = None,
     extensions: tuple[str, ...] = (),
     task_events: str = "all",
+    connect_wait_s: float = 10.0,
 ) -> AsyncIterator[Runtime]:
     """Start (and afterwards stop) a NATS server if no URL is given, a controller and workers.
 
@@ -76,44 +77,47 @@ async def local_runtime(
     configure_unless_configured()
     topology = topology or Topology()
     server: EmbeddedNats | None = None
-    if nats_url is None:
-        server = EmbeddedNats()
-        server.start()
-        nats_url = server.url
-    nc = await connect(nats_url, name="noetl-local", connect_wait_s=10.0)
     try:
-        await provision(nc.jetstream(), topology, pools, keep_replicas=True)
-        # Its own controller id: several local runs may share a server (and a host) at once.
-        controller_id = f"{default_controller_id()}-local-{os.getpid()}-{next(_RUNS)}"
-        controller = Controller(
-            nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
-        )
-        await controller.start()
-        runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
-        grace_s = 5.0
+        if nats_url is None:
+            server = EmbeddedNats()
+            await asyncio.to_thread(server.start)
+            nats_url = server.url
+        nc = await connect(nats_url, name="noetl-local", connect_wait_s=connect_wait_s)
         try:
-            for i in range(workers):
-                keychain = Keychain(nc.jetstream(), topology, keychain_key)
-                w = Worker(
-                    nc,
-                    topology,
-                    pool=pools[0],
-                    concurrency=concurrency,
-                    name=f"local-{i}",
-                    task_events=task_events,
-                    services=WorkerServices(credentials=keychain.resolver()),
-                )
-                await w.start()
-                runtime.workers.append(w)
-            yield runtime
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            grace_s = 0.5  # interrupted (Ctrl-C): the running tasks are abandoned, not waited for
-            raise
+            await provision(nc.jetstream(), topology, pools, keep_replicas=True)
+            # Its own controller id: several local runs may share a server (and a host) at once.
+            controller_id = f"{default_controller_id()}-local-{os.getpid()}-{next(_RUNS)}"
+            controller = Controller(
+                nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
+            )
+            await controller.start()
+            runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
+            grace_s = 5.0
+            try:
+                for i in range(workers):
+                    keychain = Keychain(nc.jetstream(), topology, keychain_key)
+                    w = Worker(
+                        nc,
+                        topology,
+                        pool=pools[0],
+                        concurrency=concurrency,
+                        name=f"local-{i}",
+                        task_events=task_events,
+                        services=WorkerServices(credentials=keychain.resolver()),
+                    )
+                    await w.start()
+                    runtime.workers.append(w)
+                yield runtime
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                grace_s = 0.5  # interrupted (Ctrl-C): the running tasks are abandoned, not waited for
+                raise
+            finally:
+                for w in runtime.workers:
+                    await w.shutdown(grace_s=grace_s)
+                await controller.shutdown(grace_s=grace_s)
         finally:
-            for w in runtime.workers:
-                await w.shutdown(grace_s=grace_s)
-            await controller.shutdown(grace_s=grace_s)
+            with contextlib.suppress(Exception):
+                await nc.drain() if nc.is_connected else await nc.close()
     finally:
-        await nc.drain() if nc.is_connected else await nc.close()
         if server is not None:
-            server.close()  # it made its own temp directory: removed with it
+            await asyncio.to_thread(server.close)  # it made its own temp directory: removed with it

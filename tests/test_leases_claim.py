@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.control.leases import DuplicateControllerError, Leases
+from noetl_stream.control.leases import DuplicateControllerError, Leases, LeaseValue
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
@@ -150,3 +150,32 @@ async def test_a_halted_duplicate_leaves_the_id_and_its_share_to_the_others(
         for conn in conns:
             with contextlib.suppress(Exception):
                 await conn.close()
+
+
+async def test_a_member_key_rewritten_by_another_process_halts_this_one_and_a_lost_answer_does_not(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """Membership was renewed with an unconditional put: a process back from being cut off for longer
+    than the TTL overwrote the member key of the id's restart, and both ran. Renewals are now
+    compare-and-set: a key rewritten with this process's own value (an answer that was lost) is taken
+    as its own; one written by another process with the id halts this one."""
+    t = await _topo(js, topology)
+    kv = await js.key_value(t.leases_bucket)
+    a = Leases(nc, t, 2, "same", _noop, _noop)
+    await a.start()
+    try:
+        await kv.put("member.same", a._value())  # as if A's own write landed and its answer was lost
+        await asyncio.sleep(a.interval * 2.5)
+        assert not a.halted and sorted(a.owned) == [0, 1]
+        assert a._member_rev == (await kv.get("member.same")).revision
+        other = msgspec.json.decode(a._value(), type=LeaseValue)
+        other = msgspec.structs.replace(other, incarnation="another-process")
+        await kv.put("member.same", msgspec.json.encode(other))
+        deadline = asyncio.get_running_loop().time() + 4 * a.interval
+        while not a.halted:
+            assert asyncio.get_running_loop().time() < deadline, "the rewritten member key went unnoticed"
+            await asyncio.sleep(0.05)
+        assert msgspec.json.decode((await kv.get("member.same")).value, type=LeaseValue) == other
+        assert not a.owned  # given back, for the other process (or anyone) to take
+    finally:
+        await a.stop()

@@ -274,10 +274,39 @@ class Leases:
         now = time.monotonic()
         if not self.halted:  # a halted duplicate leaves the id to the other process
             with contextlib.suppress(Exception):
-                self._member_rev = await self._kv.put(self._member_key(self.controller_id), self._value())
+                await self._renew_member()
         # All at once, each with a short timeout: a slow server must not push the later ones past
         # their expiry.
         await asyncio.gather(*(self._renew_one(p, lease, now) for p, lease in list(self.owned.items())))
+
+    async def _renew_member(self) -> None:
+        """Rewrite the member key compare-and-set against this process's last write of it. Refused:
+        read it. This process's own value (a write whose answer was lost) is adopted; another process
+        with this id (one started while this one was cut off for longer than the TTL) keeps the id, and
+        this one halts; an expired or deleted key is written again."""
+        assert self._kv is not None
+        key = self._member_key(self.controller_id)
+        try:
+            self._member_rev = await self._kv.update(key, self._value(), last=self._member_rev or 0)
+            return
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            entry = await self._kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError, NotFoundError) as exc:
+            marker = getattr(exc, "entry", None)  # expired (no message) or deleted (a marker)
+            self._member_rev = await self._kv.update(
+                key, self._value(), last=marker.revision if marker is not None else 0
+            )
+            return
+        value = msgspec.json.decode(entry.value or b"", type=LeaseValue)
+        if value.incarnation == self.incarnation:
+            self._member_rev = entry.revision
+            return
+        log.error("controller.duplicate_id", controller=self.controller_id, member=True)
+        self.halted = True
+        self._member_rev = None  # the key is the other process's now
+        await self._abdicate()
 
     async def _renew_one(self, p: int, lease: Lease, now: float) -> None:
         assert self._kv is not None
@@ -326,8 +355,8 @@ class Leases:
                     await self._abdicate()
 
     async def _abdicate(self) -> None:
-        """Halted: leave the id to the other process. Stop answering for it and stop counting as a
-        member (no more renewals; the member key goes now if this one wrote it last, else at its
+        """Halted: leave the id to the other process. Stop answering for it, give back the partitions
+        still held, and stop counting as a member (no more renewals; the member key goes now if this one wrote it last, else at its
         expiry). A halted controller that stayed a member would hold a share of the partitions it
         never takes; one still answering would refuse the id's restart once the other is gone."""
         assert self._kv is not None
@@ -335,6 +364,8 @@ class Leases:
             with contextlib.suppress(Exception):
                 await self._alive.unsubscribe()
             self._alive = None
+        # Partitions still held go back (stop pulling, delete the key): free for the others to take.
+        await asyncio.gather(*(self._release(p, graceful=True) for p in sorted(self.owned)))
         if self._member_rev is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self._member_key(self.controller_id), last=self._member_rev)

@@ -161,7 +161,12 @@ async def test_a_member_key_rewritten_by_another_process_halts_this_one_and_a_lo
     as its own; one written by another process with the id halts this one."""
     t = await _topo(js, topology)
     kv = await js.key_value(t.leases_bucket)
-    a = Leases(nc, t, 2, "same", _noop, _noop)
+    releases: list[tuple[int, bool]] = []
+
+    async def on_release(p: int, graceful: bool) -> None:
+        releases.append((p, graceful))
+
+    a = Leases(nc, t, 2, "same", _noop, on_release)
     await a.start()
     try:
         await kv.put("member.same", a._value())  # as if A's own write landed and its answer was lost
@@ -177,5 +182,10 @@ async def test_a_member_key_rewritten_by_another_process_halts_this_one_and_a_lo
             await asyncio.sleep(0.05)
         assert msgspec.json.decode((await kv.get("member.same")).value, type=LeaseValue) == other
         assert not a.owned  # given back, for the other process (or anyone) to take
+        # at once, folds aborted (the other process may hold them already), and their keys deleted
+        assert sorted(releases) == [(0, False), (1, False)]
+        for p in (0, 1):
+            with pytest.raises(NotFoundError):
+                await kv.get(f"partition.{p}")
     finally:
         await a.stop()

@@ -266,20 +266,34 @@ class Leases:
             free = [p for p in free if p not in self.owned]
             random.shuffle(free)
             for p in free:
-                if len(self.owned) >= share or not await self._acquire(p, p in owners):
+                if self.halted or len(self.owned) >= share or not await self._acquire(p, p in owners):
                     break
 
     async def _renew(self) -> None:
         assert self._kv is not None
         now = time.monotonic()
-        if not self.halted:  # a halted duplicate leaves the id to the other process
-            with contextlib.suppress(Exception):
-                await self._renew_member()
+        if self.halted:  # a halted duplicate leaves the id, and every partition, to the others
+            return
         # All at once, each with a short timeout: a slow server must not push the later ones past
-        # their expiry.
-        await asyncio.gather(*(self._renew_one(p, lease, now) for p, lease in list(self.owned.items())))
+        # their expiry (nor a slow member renewal the partitions').
+        taken, *_ = await asyncio.gather(
+            self._member_taken(), *(self._renew_one(p, lease, now) for p, lease in list(self.owned.items()))
+        )
+        if taken and not self.halted:
+            log.error("controller.duplicate_id", controller=self.controller_id, member=True)
+            self.halted = True
+            self._member_rev = None  # the key is the other process's now
+            await self._abdicate()
 
-    async def _renew_member(self) -> None:
+    async def _member_taken(self) -> bool:
+        """Renew the member key; True if another process with this id holds it now."""
+        try:
+            return await asyncio.wait_for(self._renew_member(), self.ttl * 0.2)
+        except Exception as exc:  # the next round tries again
+            log.warning("controller.member_renew_failed", error=str(exc) or type(exc).__name__)
+            return False
+
+    async def _renew_member(self) -> bool:
         """Rewrite the member key compare-and-set against this process's last write of it. Refused:
         read it. This process's own value (a write whose answer was lost) is adopted; another process
         with this id (one started while this one was cut off for longer than the TTL) keeps the id, and
@@ -288,7 +302,7 @@ class Leases:
         key = self._member_key(self.controller_id)
         try:
             self._member_rev = await self._kv.update(key, self._value(), last=self._member_rev or 0)
-            return
+            return False
         except KeyWrongLastSequenceError:
             pass
         try:
@@ -298,15 +312,12 @@ class Leases:
             self._member_rev = await self._kv.update(
                 key, self._value(), last=marker.revision if marker is not None else 0
             )
-            return
+            return False
         value = msgspec.json.decode(entry.value or b"", type=LeaseValue)
         if value.incarnation == self.incarnation:
             self._member_rev = entry.revision
-            return
-        log.error("controller.duplicate_id", controller=self.controller_id, member=True)
-        self.halted = True
-        self._member_rev = None  # the key is the other process's now
-        await self._abdicate()
+            return False
+        return True
 
     async def _renew_one(self, p: int, lease: Lease, now: float) -> None:
         assert self._kv is not None
@@ -364,12 +375,23 @@ class Leases:
             with contextlib.suppress(Exception):
                 await self._alive.unsubscribe()
             self._alive = None
-        # Partitions still held go back (stop pulling, delete the key): free for the others to take.
-        await asyncio.gather(*(self._release(p, graceful=True) for p in sorted(self.owned)))
+        # Partitions still held: stop pulling now (the other process may hold them already: no
+        # graceful finish), and delete the keys still ours, free for the others to take at once.
+        await asyncio.gather(*(self._give_up(p) for p in sorted(self.owned)))
         if self._member_rev is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self._member_key(self.controller_id), last=self._member_rev)
             self._member_rev = None
+
+    async def _give_up(self, p: int) -> None:
+        """Stop pulling `p` now (its folds aborted), then delete its key if it is still ours."""
+        lease = self.owned.get(p)
+        if lease is None:
+            return
+        await self._release(p, graceful=False)
+        if self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(self._key(p), last=lease.revision)
 
     async def _read(self) -> tuple[dict[int, LeaseValue], set[str]]:
         """Current partition owners and live members (keys not yet expired)."""
@@ -412,6 +434,8 @@ class Leases:
         except Exception:
             log.exception("controller.partition_start_failed", partition=p)
             await self._release(p, graceful=True)
+        if self.halted:  # halted meanwhile (the renewal task): not this process's to keep
+            await self._give_up(p)
         return True
 
     async def _release(self, p: int, *, graceful: bool) -> None:

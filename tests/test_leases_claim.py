@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -189,3 +190,37 @@ async def test_a_member_key_rewritten_by_another_process_halts_this_one_and_a_lo
                 await kv.get(f"partition.{p}")
     finally:
         await a.stop()
+
+
+async def test_a_dead_processs_lingering_subscription_does_not_refuse_its_restart(
+    nats_server: EmbeddedNats, nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """A host that crashed leaves its connection half-open: the server keeps the dead process's
+    `.alive` subscription until its ping timeout (minutes), and the question times out. That was
+    taken for a busy live process, and the restart was refused until then. With no member key (not
+    renewed for a TTL, so its leases are gone too) the id is free; with one, it is still refused."""
+    t = await _topo(js, topology)
+    kv = await js.key_value(t.leases_bucket)
+
+    async def silent(msg: Msg) -> None:  # subscribed, never answers
+        pass
+
+    nc2 = await connect(nats_server.url, name="dead-host", connect_wait_s=10)
+    stale = await nc2.subscribe(t.controller_alive_subject("same"), cb=silent)
+    await nc2.flush()
+    try:
+        await kv.put("member.same", b"{}")  # a member renewed less than a TTL ago: maybe just busy
+        busy = Leases(nc, t, 2, "same", _noop, _noop)
+        with pytest.raises(DuplicateControllerError, match="did not answer within 1 s"):
+            await busy.start()
+        await busy.stop()
+        await kv.purge("member.same")  # as its expiry leaves it
+        restarted = Leases(nc, t, 2, "same", _noop, _noop)
+        await restarted.start()
+        try:
+            assert sorted(restarted.owned) == [0, 1]
+        finally:
+            await restarted.stop()
+    finally:
+        await stale.unsubscribe()
+        await nc2.close()

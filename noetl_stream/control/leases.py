@@ -189,6 +189,12 @@ class Leases:
         except nats.errors.NoRespondersError:
             return  # nobody is subscribed for this id: a previous run of it is dead, its leases are ours
         except (nats.errors.TimeoutError, TimeoutError):
+            if await self._member_gone():
+                # Subscribed but silent, and not a member for a TTL: a dead process whose connection
+                # the server has not dropped yet (a crashed host: until the server's ping timeout,
+                # minutes). Its leases expired with its membership: the id is free.
+                log.warning("controller.stale_alive_subscription", controller=self.controller_id)
+                return
             raise DuplicateControllerError(  # subscribed but silent: alive and busy, or stalled
                 f"a controller with id {self.controller_id!r} is connected but did not answer within 1 s"
             ) from None
@@ -196,6 +202,17 @@ class Leases:
             f"another controller with id {self.controller_id!r} is running: give each controller its "
             "own id (--controller-id or NOETL_CONTROLLER_ID; the default is the host name)"
         )
+
+    async def _member_gone(self) -> bool:
+        """The id's member key has no value: expired (not renewed for a TTL) or deleted."""
+        assert self._kv is not None
+        try:
+            await self._kv.get(self._member_key(self.controller_id))
+        except (KeyNotFoundError, KeyDeletedError, NotFoundError):
+            return True
+        except Exception:
+            return False
+        return False
 
     async def stop(self) -> None:
         """Release every partition (stop pulling, then delete the key), and leave the membership."""

@@ -156,14 +156,8 @@ class Leases:
         assert self._kv is not None
         key = self._member_key(self.controller_id)
         alive = self.topology.controller_alive_subject(self.controller_id)
-        for _ in range(3):
-            try:
-                last = (await self._kv.get(key)).revision
-            except (KeyNotFoundError, KeyDeletedError, NotFoundError) as exc:
-                # A delete marker (nats-py's `get` raises KeyNotFoundError carrying it): written
-                # against its revision; no message for the key at all (never written, expired): 0.
-                marker = getattr(exc, "entry", None)
-                last = marker.revision if marker is not None else 0
+        for _attempt in range(3):
+            last, _value = await self._read_member()
             await self._refuse_if_alive(alive)
             self._alive = await self.nc.subscribe(alive, cb=self._answer_alive)
             await self.nc.flush()
@@ -205,14 +199,10 @@ class Leases:
 
     async def _member_gone(self) -> bool:
         """The id's member key has no value: expired (not renewed for a TTL) or deleted."""
-        assert self._kv is not None
         try:
-            await self._kv.get(self._member_key(self.controller_id))
-        except (KeyNotFoundError, KeyDeletedError, NotFoundError):
-            return True
-        except Exception:
+            return (await self._read_member())[1] is None
+        except Exception:  # unreadable: not known to be gone
             return False
-        return False
 
     async def stop(self) -> None:
         """Release every partition (stop pulling, then delete the key), and leave the membership."""
@@ -322,19 +312,30 @@ class Leases:
             return False
         except KeyWrongLastSequenceError:
             pass
-        try:
-            entry = await self._kv.get(key)
-        except (KeyNotFoundError, KeyDeletedError, NotFoundError) as exc:
-            marker = getattr(exc, "entry", None)  # expired (no message) or deleted (a marker)
-            self._member_rev = await self._kv.update(
-                key, self._value(), last=marker.revision if marker is not None else 0
-            )
+        last, value = await self._read_member()
+        if value is None:  # expired or deleted
+            self._member_rev = await self._kv.update(key, self._value(), last=last)
             return False
-        value = msgspec.json.decode(entry.value or b"", type=LeaseValue)
         if value.incarnation == self.incarnation:
-            self._member_rev = entry.revision
+            self._member_rev = last
             return False
         return True
+
+    async def _read_member(self) -> tuple[int, LeaseValue | None]:
+        """The id's member key, from the leader: the revision to write it against and its value.
+        A delete marker (nats-py's `get` raises KeyNotFoundError carrying it): its revision and None;
+        no message at all (never written, or expired): 0 and None."""
+        assert self._kv is not None
+        try:
+            entry = await self._kv.get(self._member_key(self.controller_id))
+        except (KeyNotFoundError, KeyDeletedError, NotFoundError) as exc:
+            marker = getattr(exc, "entry", None)
+            return (marker.revision if marker is not None else 0), None
+        try:
+            value = msgspec.json.decode(entry.value or b"", type=LeaseValue)
+        except msgspec.DecodeError:  # not one of ours: someone else's value all the same
+            value = LeaseValue(owner="", acquired_at=0.0)
+        return entry.revision or 0, value
 
     async def _renew_one(self, p: int, lease: Lease, now: float) -> None:
         assert self._kv is not None

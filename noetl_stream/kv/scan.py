@@ -177,7 +177,7 @@ async def direct_entries(kv: KeyValue, match: str = ">", *, timeout: float = 2.0
                 return []
             if status:  # 503 no direct gets, 413 too many results, 400 a server without multi_last
                 return None
-            if headers.get("KV-Operation") in _DELETED or "Nats-Marker-Reason" in headers:
+            if _deleted(msg):
                 continue
             subject = headers.get("Nats-Subject", "")
             found.append(

@@ -10,15 +10,20 @@ the environment (``NOETL_COMMAND_ACK_WAIT_S``, ``NOETL_COMMAND_MAX_DELIVER``) co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from nats.js import JetStreamContext
+
+from noetl_stream.kv.provision import provision
 from noetl_stream.subjects import Topology
 
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"
@@ -203,3 +208,15 @@ async def replay_verify(env: dict[str, str], ids: list[str]) -> None:
     for eid, (code, out, err) in zip(ids, results, strict=True):
         assert code == 0, f"replay --verify {eid}: exit {code}\n{out}{err}"
         assert "replay matches the live projection" in out
+
+
+@contextlib.asynccontextmanager
+async def provisioned(
+    url: str, js: JetStreamContext, topology: Topology, logs: Path
+) -> AsyncIterator[Processes]:
+    """A test's controller and worker processes on `topology`, provisioned first (so no two processes
+    race to create); their logs are printed at the end (pytest shows them when the test failed)."""
+    await provision(js, topology, ("default",))
+    with Processes(url, topology, logs) as p:
+        yield p
+        print(p.logs(60))

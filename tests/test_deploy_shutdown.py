@@ -21,13 +21,12 @@ from eventlog import wait_processed
 from helpers import playbook
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from procs import NoetlProcess, Processes
+from procs import NoetlProcess, Processes, provisioned
 
 from noetl_stream import events as E
 from noetl_stream.client import request_for, submit
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.kv.provision import provision
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event
 
@@ -62,10 +61,8 @@ def topo(topology: Topology) -> Topology:
 async def procs(
     nats_server: EmbeddedNats, js: JetStreamContext, topo: Topology, tmp_path: Path
 ) -> AsyncIterator[Processes]:
-    await provision(js, topo, ("default",))
-    with Processes(nats_server.url, topo, tmp_path / "logs") as p:
+    async with provisioned(nats_server.url, js, topo, tmp_path / "logs") as p:
         yield p
-        print(p.logs(60))  # shown when the test failed
 
 
 def pids(path: Path) -> list[int]:

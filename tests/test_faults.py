@@ -51,7 +51,7 @@ from faultbooks import (
 )
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from procs import NoetlProcess, Processes, replay_verify, run_cli
+from procs import NoetlProcess, Processes, provisioned, replay_verify, run_cli
 
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
@@ -70,43 +70,21 @@ back after its consumers' ack wait, which is the lease TTL (10 s by default)."""
 
 
 @pytest.fixture
-def topo(topology: Topology) -> Topology:
-    """The test's isolated topology with a short command AckWait (processes get it via NOETL_*)."""
-    return msgspec.structs.replace(topology, command_ack_wait_s=ACK_WAIT_S)
+def topo(topology: Topology, request: pytest.FixtureRequest) -> Topology:
+    """The test's isolated topology with a short command AckWait (processes get it via NOETL_*), and
+    the lease TTL of a ``lease_ttl`` mark."""
+    mark = request.node.get_closest_marker("lease_ttl")
+    ttl = {"lease_ttl_s": float(mark.args[0])} if mark is not None else {}
+    return msgspec.structs.replace(topology, command_ack_wait_s=ACK_WAIT_S, **ttl)
 
 
 @pytest.fixture
 async def procs(
     nats_server: EmbeddedNats, js: JetStreamContext, topo: Topology, tmp_path: Path
 ) -> AsyncIterator[Processes]:
-    """Controller/worker processes of this test (provisioned first, so no two processes race to create)."""
-    async with _processes(nats_server, js, topo, tmp_path) as p:
+    """Controller/worker processes of this test."""
+    async with provisioned(nats_server.url, js, topo, tmp_path / "logs") as p:
         yield p
-
-
-@pytest.fixture
-def short_lease_topo(topo: Topology) -> Topology:
-    """`topo` with a lease TTL of LEASE_TTL_S."""
-    return msgspec.structs.replace(topo, lease_ttl_s=LEASE_TTL_S)
-
-
-@pytest.fixture
-async def short_lease_procs(
-    nats_server: EmbeddedNats, js: JetStreamContext, short_lease_topo: Topology, tmp_path: Path
-) -> AsyncIterator[Processes]:
-    """`procs` on `short_lease_topo`."""
-    async with _processes(nats_server, js, short_lease_topo, tmp_path) as p:
-        yield p
-
-
-@contextlib.asynccontextmanager
-async def _processes(
-    nats_server: EmbeddedNats, js: JetStreamContext, topo: Topology, tmp_path: Path
-) -> AsyncIterator[Processes]:
-    await provision(js, topo, ("default",))
-    with Processes(nats_server.url, topo, tmp_path / "logs") as p:
-        yield p
-        print(p.logs(60))  # shown by pytest when the test failed
 
 
 async def until(check: Callable[[], Any], timeout: float, what: str, procs: Processes | None = None) -> None:
@@ -204,10 +182,10 @@ async def test_task_longer_than_ack_wait_with_in_progress_is_not_redelivered(
 # --- the controller crashes at random points of a busy run ----------------------------------------
 
 
+@pytest.mark.lease_ttl(LEASE_TTL_S)
 async def test_controller_killed_at_random_points_nothing_scheduled_twice_and_replay_agrees(
-    short_lease_procs: Processes, short_lease_topo: Topology, js: JetStreamContext, nc: NATS
+    procs: Processes, topo: Topology, js: JetStreamContext, nc: NATS
 ) -> None:
-    procs, topo = short_lease_procs, short_lease_topo
     seed = int(os.environ.get("NOETL_FAULT_SEED", time.time_ns() % 1_000_000))
     rnd = random.Random(seed)
     print(f"NOETL_FAULT_SEED={seed}")

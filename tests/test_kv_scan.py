@@ -33,18 +33,24 @@ async def consumers(js: JetStreamContext, kv: KeyValue) -> int:
     return (await js.stream_info(kv._stream)).state.consumer_count
 
 
-async def test_every_key_with_a_value_is_read_every_time(js: JetStreamContext, kv: KeyValue) -> None:
-    """600 keys written (some twice), 50 deleted and 50 purged: each of 20 reads in a row gives exactly
-    the 500 that have a value, with their last values, and leaves no consumer behind."""
-    for i in range(600):
+async def fill(kv: KeyValue, live: int, gone: int) -> dict[str, bytes]:
+    """`live` keys ``k.<i>`` with a value (every third one written twice), then `gone` more deleted
+    and `gone` more purged; returns the keys that have a value, with their last values."""
+    for i in range(live + 2 * gone):
         await kv.put(f"k.{i}", b"first")
         if i % 3 == 0:
             await kv.put(f"k.{i}", f"v{i}".encode())
-    for i in range(500, 550):
+    for i in range(live, live + gone):
         await kv.delete(f"k.{i}")
-    for i in range(550, 600):
+    for i in range(live + gone, live + 2 * gone):
         await kv.purge(f"k.{i}")
-    expected = {f"k.{i}": (f"v{i}" if i % 3 == 0 else "first").encode() for i in range(500)}
+    return {f"k.{i}": (f"v{i}" if i % 3 == 0 else "first").encode() for i in range(live)}
+
+
+async def test_every_key_with_a_value_is_read_every_time(js: JetStreamContext, kv: KeyValue) -> None:
+    """600 keys written (some twice), 50 deleted and 50 purged: each of 20 reads in a row gives exactly
+    the 500 that have a value, with their last values, and leaves no consumer behind."""
+    expected = await fill(kv, 500, gone=50)
 
     for _ in range(20):
         assert sorted(await scan.keys(kv)) == sorted(expected)
@@ -108,14 +114,7 @@ async def test_a_direct_read_gives_what_a_consumer_read_gives_without_a_consumer
     js: JetStreamContext, direct_kv: KeyValue
 ) -> None:
     kv = direct_kv
-    for i in range(300):
-        await kv.put(f"k.{i}", b"first")
-        if i % 3 == 0:
-            await kv.put(f"k.{i}", f"v{i}".encode())
-    for i in range(200, 250):
-        await kv.delete(f"k.{i}")
-    for i in range(250, 300):
-        await kv.purge(f"k.{i}")
+    await fill(kv, 200, gone=50)
     await kv.put("other.x", b"o")
     for _ in range(10):
         direct = await scan.direct_entries(kv)

@@ -1,5 +1,6 @@
-"""A controller id is claimed once: the member key a refused duplicate leaves alone, and three
-processes with one id started together (found in review: each let two controllers run)."""
+"""A controller id is claimed once (a refused duplicate leaves the member key alone, three processes
+with one id started together run one, a halted duplicate leaves the id, a lingering subscription of a
+dead process does not hold it), and how a lease round reads the leases bucket."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ async def _noop(*_: Any) -> None:
     pass
 
 
-async def _topo(js: JetStreamContext, topology: Topology) -> Topology:
-    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=4.0)
+async def _topo(js: JetStreamContext, topology: Topology, partitions: int = 2, ttl: float = 4.0) -> Topology:
+    t = msgspec.structs.replace(topology, partitions=partitions, lease_ttl_s=ttl)
     await provision(js, t)
     return t
 
@@ -120,8 +121,7 @@ async def test_a_halted_duplicate_leaves_the_id_and_its_share_to_the_others(
     """B runs with A's id without asking (as when A was unreachable: a split cluster), takes A's leases
     and A halts. When B then dies, A used to stay a member (its share of the partitions unowned for
     good) and to answer for the id (its restart refused). Halted, it leaves both."""
-    t = msgspec.structs.replace(topology, partitions=4, lease_ttl_s=2.0)
-    await provision(js, t)
+    t = await _topo(js, topology, 4, 2.0)
     conns = [await connect(nats_server.url, name=f"halt-{i}", connect_wait_s=10) for i in range(4)]
     a = Leases(conns[0], t, 4, "x", _noop, _noop)
     b = Leases(conns[1], t, 4, "x", _noop, _noop)
@@ -224,3 +224,68 @@ async def test_a_dead_processs_lingering_subscription_does_not_refuse_its_restar
     finally:
         await stale.unsubscribe()
         await nc2.close()
+
+
+# --- how a lease round reads the bucket: one batched direct get, no consumer ------------------------
+# A round runs every ``ttl / 4`` on every controller. It used to read the bucket through an ephemeral
+# consumer (created, read, deleted: on a cluster each creation is a proposal to the meta group) plus
+# one get per partition. A bucket provisioned before it allowed direct gets is still read, through a
+# consumer.
+
+TTL_S = 2.0
+
+
+class Creations:
+    """Consumer-create requests on a stream, seen on the JetStream API subjects."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def note(self, msg: Msg) -> None:
+        self.seen.append(msg.subject)
+
+
+async def test_lease_rounds_create_no_consumer(nc: NATS, js: JetStreamContext, topology: Topology) -> None:
+    t = await _topo(js, topology, 4, TTL_S)
+    stream = f"KV_{t.leases_bucket}"
+    assert (await js.stream_info(stream)).config.allow_direct
+    created = Creations()
+    sub = await nc.subscribe(f"$JS.API.CONSUMER.CREATE.{stream}.>", cb=created.note)
+    sub2 = await nc.subscribe(f"$JS.API.CONSUMER.CREATE.{stream}", cb=created.note)
+    a, b = Leases(nc, t, 4, "ctl-a", _noop, _noop), Leases(nc, t, 4, "ctl-b", _noop, _noop)
+    await a.start()
+    await b.start()
+    try:
+        await asyncio.sleep(1.5 * TTL_S)  # about six rounds each
+        assert sorted([*a.owned, *b.owned]) == [0, 1, 2, 3] and len(a.owned) == len(b.owned) == 2
+        assert created.seen == []
+    finally:
+        await b.stop()
+        await a.stop()
+        await sub.unsubscribe()
+        await sub2.unsubscribe()
+
+
+async def test_a_bucket_without_direct_gets_is_read_through_a_consumer(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """A leases bucket provisioned by an earlier version (no direct gets): the rounds still see every
+    member and owner, so two controllers share the partitions and never hold one twice."""
+    t = await _topo(js, topology, 4, TTL_S)
+    stream = f"KV_{t.leases_bucket}"
+    config = (await js.stream_info(stream)).config
+    config.allow_direct = False
+    await js.update_stream(config)
+    created = Creations()
+    sub = await nc.subscribe(f"$JS.API.CONSUMER.CREATE.{stream}.>", cb=created.note)
+    a, b = Leases(nc, t, 4, "ctl-a", _noop, _noop), Leases(nc, t, 4, "ctl-b", _noop, _noop)
+    await a.start()
+    await b.start()
+    try:
+        await asyncio.sleep(1.5 * TTL_S)
+        assert sorted([*a.owned, *b.owned]) == [0, 1, 2, 3] and len(a.owned) == len(b.owned) == 2
+        assert created.seen, "the rounds read through consumers"
+    finally:
+        await b.stop()
+        await a.stop()
+        await sub.unsubscribe()

@@ -82,7 +82,7 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("JSON decode (msgspec)", ("decode_event", "decode_command")),
     ("JSON encode (msgspec)", ("encode (noetl_stream/wire.py)",)),
     ("subjects (names, partition)", ("noetl_stream/subjects.py",)),
-    ("snapshots", ("Controller._maybe_snapshot", "Controller._write_snapshot")),
+    ("snapshots", ("SnapshotWriter.after_fold", "SnapshotWriter.write")),
     ("intake (requests)", ("noetl_stream/control/intake.py",)),
     ("reducer (decisions)", ("Reducer.apply",)),
     (

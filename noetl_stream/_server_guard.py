@@ -7,8 +7,10 @@ these guards, started right after it as ``python -I -S _server_guard.py <server 
 <fd>] [--remove <dir>]``, with its standard input the read end of a pipe whose only write end the
 owner holds. The guard blocks on that pipe. When it reads end-of-file (the owner closed the pipe,
 or died and the kernel closed it) and the server still runs, it ends it: SIGTERM (JetStream writes
-its store), SIGKILL after a grace period; then it removes ``<dir>``, given when the owner made a
-temporary directory. The server is signalled through a pidfd the owner opened right after starting
+its store), SIGKILL after a grace period. Then, unless the owner wrote `KEEP` before closing the pipe
+(it is alive and deals with the directory itself: it removes it, or starts the server in it again),
+it removes ``<dir>``, given when the owner made a temporary directory: also when the server had
+already ended on its own before the owner died. The server is signalled through a pidfd the owner opened right after starting
 it and passed down (``--pidfd``), so a pid reused after the server exited is never signalled;
 without pidfds (an old kernel, a seccomp filter) the guard checks the process's start time in /proc
 before each signal.
@@ -89,6 +91,9 @@ class _Target:
         return True
 
 
+KEEP = b"k"
+"""Written by a live owner just before it closes the pipe: the directory is its own business."""
+
 USAGE = "usage: _server_guard.py <server pid> [--pidfd <fd>] [--remove <directory>]"
 
 
@@ -118,25 +123,27 @@ def main(argv: list[str]) -> int:
         return 2
     pid, fd, remove = options
     target = _Target(pid, fd)
-    if not target.alive():
-        return 0
+    if not target.alive() and remove is None:
+        return 0  # nothing to stop, nothing to remove
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:  # until end-of-file: nothing is ever written, but read whatever comes
+    kept = False
+    while True:  # until end-of-file: only `KEEP` is ever written, but read whatever comes
         try:
-            if not os.read(0, 4096):
-                break
+            data = os.read(0, 4096)
         except InterruptedError:
             continue
         except OSError:
             break
-    if not target.alive():
-        return 0
-    target.signal(signal.SIGTERM)
-    if not target.wait(GRACE_S):
-        target.signal(signal.SIGKILL)
+        if not data:
+            break
+        kept = kept or KEEP in data
+    if target.alive():
+        target.signal(signal.SIGTERM)
         if not target.wait(GRACE_S):
-            return 1
-    if remove is not None:
+            target.signal(signal.SIGKILL)
+            if not target.wait(GRACE_S):
+                return 1
+    if remove is not None and not kept:
         shutil.rmtree(remove, ignore_errors=True)
     return 0
 

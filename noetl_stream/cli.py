@@ -16,7 +16,7 @@ import click
 import msgspec
 
 from noetl_stream import __version__
-from noetl_stream.errors import ConfigurationError
+from noetl_stream.errors import ConfigurationError, NoetlError
 from noetl_stream.subjects import Topology
 
 T = TypeVar("T")
@@ -94,9 +94,15 @@ def entry() -> None:
     interrupted, and the interpreter joins every thread at exit: a Ctrl-C'd ``run``, a ``run`` whose
     task timed out, or a worker past its shutdown grace stayed alive until the task's code returned.
     Everything of ours is closed by then (connections drained, the embedded server stopped); the
-    threads are abandoned with the process."""
+    threads are abandoned with the process. A failure no command handled is one error line (exit 1),
+    never a traceback."""
     try:
-        main(prog_name="noetl-stream")
+        try:
+            main(prog_name="noetl-stream")
+        except NoetlError as exc:  # a failure the core names that its command did not handle
+            _fail(str(exc) or type(exc).__name__, EXIT_FAILED)
+        except msgspec.DecodeError as exc:  # a stored message that is not what it should be
+            _fail(f"a stored message could not be decoded: {exc}", EXIT_FAILED)
     except SystemExit as exc:
         if _threads_left_running():
             import atexit
@@ -163,6 +169,9 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 _PROVISION = "run `noetl-stream provision` (or check --prefix / NOETL_PREFIX)"
+_REFUSED = (
+    "the NATS user this command connects as may not do this (its permissions: deploy/nats/accounts.conf)"
+)
 
 
 def _nats_failure(exc: BaseException, nats_url: str | None = None) -> tuple[str, int]:
@@ -214,9 +223,10 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
     """Connect to NATS as client `name`, return what `action(connection)` returns, and close; errors exit
     as in `_run_async`. While connecting, the client's errors are not logged, one per attempt: the last
     one is in the error line if the connection cannot be made."""
+    import nats.errors
     import structlog
 
-    from noetl_stream.natsconn import connect
+    from noetl_stream.natsconn import connect, refusal
 
     connected = False
     last_error: list[str] = []
@@ -224,10 +234,13 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
     wait_s = _connect_wait_s()
 
     async def on_error(e: Exception) -> None:
-        if connected:
-            log.warning("nats.error", error=str(e) or type(e).__name__, kind=type(e).__name__)
+        error = str(e) or type(e).__name__
+        if not connected:
+            last_error[:] = [error]
+        elif "permissions violation" in error.lower():
+            log.debug("nats.error", error=error)  # in the error line of the failure it causes
         else:
-            last_error[:] = [str(e) or type(e).__name__]
+            log.warning("nats.error", error=error, kind=type(e).__name__)
 
     async def go() -> T:
         nonlocal connected
@@ -246,6 +259,11 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
         connected = True
         try:
             return await action(nc)
+        except (TimeoutError, nats.errors.TimeoutError):
+            refused = refusal(nc)
+            if refused is not None:  # the request went nowhere: the server dropped it
+                raise ConfigurationError(f"{refused}: {_REFUSED}") from None
+            raise
         finally:
             await nc.close()
 

@@ -9,6 +9,7 @@ import click
 import msgspec
 
 from noetl_stream.cli import (
+    _REFUSED,
     EXIT_FAILED,
     EXIT_INVALID,
     _topology,
@@ -20,6 +21,8 @@ from noetl_stream.cli import (
 
 
 def _control(action: str, execution_id: str, reason: str | None, nats_url: str, prefix: str) -> None:
+    from noetl_stream.natsconn import refusal
+
     topology = _topology(prefix)
 
     async def go(nc: Any) -> dict[str, Any]:
@@ -27,6 +30,9 @@ def _control(action: str, execution_id: str, reason: str | None, nats_url: str, 
         try:
             msg = await nc.request(topology.api_subject(action), msgspec.json.encode(body), timeout=10)
         except Exception as exc:
+            refused = refusal(nc)
+            if refused is not None:
+                return {"error": "forbidden", "detail": f"{refused}: {_REFUSED}"}
             return {"error": f"no controller answered on {topology.api_subject(action)}: {exc}"}
         reply: dict[str, Any] = msgspec.json.decode(msg.data) if msg.data else {}
         if msg.headers and msg.headers.get("Nats-Service-Error"):
@@ -37,7 +43,7 @@ def _control(action: str, execution_id: str, reason: str | None, nats_url: str, 
     reply = _with_nats(nats_url, f"noetl-{action}", go)
     if "error" in reply:
         click.echo(f"error: {reply.get('detail') or reply['error']}", err=True)
-        sys.exit(EXIT_INVALID if reply["error"] in ("not_found", "bad_request") else EXIT_FAILED)
+        sys.exit(EXIT_INVALID if reply["error"] in ("not_found", "bad_request", "forbidden") else EXIT_FAILED)
     click.echo(f"{action}: {execution_id}")
 
 

@@ -304,6 +304,7 @@ async def retry_request(
                     "return_step",
                     "deadline_s",
                     "extensions",
+                    "parent_iter",  # a child started from a loop iteration: its steps read iter.parent
                 )
             },
             "execution_id": new_execution_id(),

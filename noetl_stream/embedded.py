@@ -33,6 +33,7 @@ from typing import Any, Self
 
 import msgspec
 
+from noetl_stream import _server_guard
 from noetl_stream.errors import NoetlError
 
 __all__ = ["ClusterRoutes", "EmbeddedCluster", "EmbeddedNats", "EmbeddedNatsError", "find_nats_server"]
@@ -157,6 +158,11 @@ class _Resources:
             with contextlib.suppress(OSError):
                 os.close(self.guard_pipe)
         self.guard_pipe = None
+        for proc in (self.proc, self.guard):
+            if proc is not None:
+                # Not this process's child: its copy must neither wait for it nor warn, when it is
+                # collected, that it is "still running" (`Popen.__del__` looks at this flag first).
+                proc._child_created = False  # type: ignore[attr-defined]
         self.proc = self.guard = None
         self.owns_dir = False
 
@@ -165,6 +171,8 @@ class _Resources:
         self.proc = None
         with _FORK_LOCK:
             if self.guard_pipe is not None:
+                with contextlib.suppress(OSError):  # a guard that is gone already
+                    os.write(self.guard_pipe, _server_guard.KEEP)  # the directory stays ours
                 os.close(self.guard_pipe)  # end-of-file: the guard finds the server gone and exits
                 self.guard_pipe = None
         if self.guard is not None:

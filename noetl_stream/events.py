@@ -22,6 +22,7 @@ WORKFLOW_FINISHED: Final = "workflow.finished"
 PLAYBOOK_PROCESSED: Final = "playbook.processed"
 
 # --- worker (data plane) ----------------------------------------------------
+# (`loop.started` is written by both: the controller for a distributed loop, the worker for a local one.)
 STEP_STARTED: Final = "step.started"
 TASK_STARTED: Final = "task.started"
 TASK_DONE: Final = "task.done"
@@ -54,6 +55,7 @@ WORKER_EVENTS: Final = frozenset(
         TASK_DONE,
         STEP_DONE,
         STEP_FAILED,
+        LOOP_STARTED,
         LOOP_ITERATION_STARTED,
         LOOP_ITERATION_DONE,
         LOOP_ITERATION_FAILED,
@@ -88,12 +90,12 @@ CONTROLLER_INPUT_EVENTS: Final = (
     BOUNDARY_EVENTS | {EXECUTION_REQUESTED, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED} | CONTROL_EVENTS
 )
 
-# Legacy aliases that arc conditions may test (`event.name == 'call.done'`).
-# Each alias names the canonical boundary events it matches.
+# Legacy (000) aliases of boundary names, and the canonical boundaries each stands for. They exist only
+# inside legacy translation: it rewrites `event.name == 'call.done'` to a test of these names.
 LEGACY_ALIASES: Final = {
-    "call.done": frozenset({STEP_DONE, LOOP_DONE}),
-    "call.error": frozenset({STEP_FAILED}),
-    "step.exit": frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE}),
+    "call.done": (STEP_DONE, LOOP_DONE),
+    "call.error": (STEP_FAILED,),
+    "step.exit": (STEP_DONE, STEP_FAILED, LOOP_DONE),
 }
 
 ALL_EVENTS: Final = SERVER_EVENTS | WORKER_EVENTS | CONTROL_EVENTS | {WORKFLOW_PAUSED, WORKFLOW_RESUMED}

@@ -46,6 +46,7 @@ __all__ = [
     "check_writable",
     "connect",
     "num_delivered",
+    "refusal",
     "require_client_internals",
     "stream_seq",
     "subscribe_inline",
@@ -261,6 +262,14 @@ def _pick_server(servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]
 _USERINFO = re.compile(r"(?<=://)[^/@\s,]*@")
 
 
+def refusal(nc: NATS) -> str | None:
+    """The server's last refusal of a publish or subscription of this connection (a permissions
+    violation), or None. A refused request is otherwise only a timeout: nothing ever answers it."""
+    err = nc.last_error
+    text = str(err) if err is not None else ""
+    return text.removeprefix("nats: ") if "permissions violation" in text.lower() else None
+
+
 def redact_urls(text: str) -> str:
     """`text` with the user, password or token of every ``scheme://user:pass@host`` URL replaced (an error
     message must not carry them)."""
@@ -295,7 +304,8 @@ async def connect(
         error = str(e) or type(e).__name__
         if connecting:
             last_error = error
-            if error in seen:
+            # A bounded first connection names its last error when it gives up: no line before that.
+            if error in seen or connect_wait_s is not None:
                 bound.debug("nats.error", error=error, kind=type(e).__name__)
                 return
             seen.add(error)

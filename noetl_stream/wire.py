@@ -13,9 +13,12 @@ from typing import Any, Literal
 import msgspec
 
 from noetl_stream.dsl.model import Step, Task
+from noetl_stream.jsonvalue import enc_hook
 
 Source = Literal["server", "worker"]
 EntityType = Literal["playbook", "workflow", "step", "task", "loop", "next", "execution"]
+"""001 §15.1's entity types. ``execution`` is read, not written: histories stored before the execution-wide
+events (``ctx.patched``, ``execution.*``) became ``workflow`` ones carry it."""
 Status = Literal["in_progress", "success", "error", "skipped"]
 
 WIRE_VERSION = 1
@@ -57,6 +60,10 @@ class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
     deadline_s: float | None = None
     """Fail the execution if it has not finished this many seconds after it was requested."""
     resume: ResumeFrom | None = None
+    parent_iter: dict[str, Any] | None = None
+    """The ``iter`` of the loop iteration whose ``kind: playbook`` task started this child (itself with
+    ``parent`` for deeper nesting): its steps read it as ``iter.parent``. Inline, or a result reference
+    when large (the child's worker fetches it)."""
     extensions: list[str] = []
     """DSL extensions to compile the playbook with (``legacy``), besides those it declares itself. The
     controller records the ones it used (its own default included) with the request, so a resumed
@@ -132,6 +139,8 @@ class Command(msgspec.Struct, omit_defaults=True):
     """The playbook's keychain declarations, when the step's templates read ``keychain``."""
     attachments: dict[str, str] = {}
     """Child playbook texts this step's ``kind: playbook`` tasks run, by path."""
+    parent_iter: dict[str, Any] | None = None
+    """The execution's ``parent_iter`` (its request's): ``iter.parent`` of this step's pipelines."""
     v: int = WIRE_VERSION
 
 
@@ -150,7 +159,9 @@ class Checkpoint(msgspec.Struct):
 
 # -- codecs ---------------------------------------------------------------------------------------
 
-_encoder = msgspec.json.Encoder()
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
+"""``enc_hook`` converts what has a JSON form (a ``str`` subclass, a tuple, a ``range``); msgspec calls it
+only for values it cannot encode itself."""
 _event_decoder = msgspec.json.Decoder(Event)
 _command_decoder = msgspec.json.Decoder(Command)
 _request_decoder = msgspec.json.Decoder(ExecutionRequest)
@@ -233,7 +244,7 @@ def control_event(
         execution_id=execution_id,
         name=name,
         source=source,
-        entity_type="execution",
+        entity_type="workflow",
         entity_id=execution_id,
         status="in_progress",
         timestamp=now_iso(),

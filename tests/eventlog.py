@@ -230,3 +230,16 @@ async def post_mortem(
                 }
                 f.write(f"replayed: last_seq={state.last_seq} status={state.status} loops={loops}\n")
     return path
+
+
+async def running_snapshot(
+    js: JetStreamContext, topology: Topology, execution_id: str, timeout: float = 20.0
+) -> ExecutionState:
+    """The execution's snapshot, once one is stored while it still runs (raises TimeoutError)."""
+    snapshots = await SnapshotStore.open(js, topology, ExecutionState)
+    async with asyncio.timeout(timeout):
+        while True:
+            state = await snapshots.get(execution_id, record=False)
+            if state is not None and not state.terminal:
+                return state
+            await asyncio.sleep(0.02)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import re
 from pathlib import Path
@@ -159,6 +160,38 @@ async def test_start_then_status_ctx_list_and_paged_events(api: Api, runtime: Ru
     assert len(one["items"]) == 1 and one["total"] >= 1
 
 
+async def test_the_list_orders_and_filters_by_when_each_execution_last_changed(
+    api: Api, runtime: Runtime
+) -> None:
+    """Executions the controller still holds carry the time they last changed, not the time of the
+    question: an execution that finished earlier lists after one that finished later, and `until`
+    and `since` filter on those times."""
+
+    def iso(t: datetime.datetime) -> str:
+        return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    first = await start(api, {"playbook": HELLO, "payload": {"who": "first"}})
+    assert (await finish(api, runtime, first))["status"] == "success"
+    await asyncio.sleep(0.3)
+    between = datetime.datetime.now(datetime.UTC)
+    await asyncio.sleep(0.3)
+    second = await start(api, {"playbook": HELLO, "payload": {"who": "second"}})
+    assert (await finish(api, runtime, second))["status"] == "success"
+    await asyncio.sleep(0.3)
+    after = datetime.datetime.now(datetime.UTC)
+    await asyncio.sleep(1.0)  # a list made "now" would put both after this
+
+    listed = (await api.json("GET", "/api/executions?limit=2"))["items"]
+    assert [s["execution_id"] for s in listed] == [second, first]
+    times = {s["execution_id"]: s["updated_at"] for s in listed}
+    assert times[first] < iso(between) < times[second] < iso(after)
+    assert (await api.json("GET", f"/api/executions/{first}"))["updated_at"] == times[first]
+    until = (await api.json("GET", f"/api/executions?until={iso(between)}"))["items"]
+    assert first in [s["execution_id"] for s in until] and second not in [s["execution_id"] for s in until]
+    since = (await api.json("GET", f"/api/executions?since={iso(after)}"))["items"]
+    assert [s["execution_id"] for s in since] == []
+
+
 async def test_start_by_catalog_path_and_unknown_path(api: Api, runtime: Runtime) -> None:
     entry = await api.json("POST", "/api/catalog", 201, json={"playbook": HELLO})
     execution_id = await start(api, {"path": "examples/hello"})
@@ -282,6 +315,8 @@ async def test_cancel_pause_and_resume_through_rest(api: Api, runtime: Runtime) 
     await api.json("POST", f"/api/executions/{cancelled}/cancel", 202, json={"reason": "operator"})
     status = await finish(api, runtime, cancelled)
     assert status["status"] == "cancelled"
+    again = await api.json("POST", f"/api/executions/{cancelled}/cancel", 409)
+    assert again["error"] == "conflict" and "has finished (cancelled)" in again["detail"]
     assert "operator" in json.dumps(status["error"])
 
 

@@ -91,6 +91,21 @@ async def test_versions_are_numbered_immutable_and_idempotent(catalog: Catalog) 
     assert (await catalog.resolve("demo/calc", "latest"))[0].version == "4"
 
 
+async def test_an_entry_that_cannot_be_read_does_not_hide_the_others(
+    catalog: Catalog, js: JetStreamContext, topology: Topology
+) -> None:
+    """A key of the bucket written by something else (``nats kv put``) is skipped and logged: listing,
+    showing and deleting the other playbooks still work (they failed, every one)."""
+    one, _ = await catalog.register(text(1))
+    kv = await js.key_value(topology.catalog_bucket)
+    await kv.put("corrupt.1", b"{garbage")
+    await kv.put("corrupt.latest", b"{garbage")
+    assert [(e.path, e.version) for e in await catalog.list()] == [("demo/calc", "1")]
+    assert (await catalog.info("demo/calc")).content_hash == one.content_hash
+    assert await catalog.delete("demo/calc") == ["1"]
+    assert await catalog.list() == []
+
+
 async def test_bad_playbooks_and_unknown_refs(catalog: Catalog) -> None:
     with pytest.raises(CatalogError, match="invalid playbook") as info:
         await catalog.register("apiVersion: noetl.io/v2\nkind: Playbook\n", "x.yaml")

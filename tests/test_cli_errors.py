@@ -61,12 +61,11 @@ def plain_nats() -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def test_a_refused_connection_is_one_line_without_the_urls_credentials() -> None:
+@pytest.mark.parametrize("command", [["status", "x"], ["run", "playbooks/hello.yaml"]])
+def test_a_refused_connection_is_one_line_without_the_urls_credentials(command: list[str]) -> None:
     # nothing listens on port 1: the client retries until the wait ends (NOETL_CONNECT_WAIT_S, default
-    # 5 s; a few attempts here), each attempt used to log a warning line
-    proc = noetl(
-        "status", "x", "--nats", "nats://admin:s3cret@127.0.0.1:1", env={"NOETL_CONNECT_WAIT_S": "2.5"}
-    )
+    # 5 s; a few attempts here), each attempt used to log a warning line (`run`: the first one did)
+    proc = noetl(*command, "--nats", "nats://admin:s3cret@127.0.0.1:1", env={"NOETL_CONNECT_WAIT_S": "2.5"})
     line = one_error_line(proc, 1)
     assert "s3cret" not in proc.stderr and "admin" not in proc.stderr
     assert "cannot connect to NATS at nats://***@127.0.0.1:1 within 2.5s" in line and "refused" in line

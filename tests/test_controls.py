@@ -79,6 +79,55 @@ async def test_cancel_of_an_unknown_execution_is_a_404(runtime: Runtime) -> None
     assert error is not None and error.startswith("bad request")
 
 
+async def test_a_control_of_a_finished_execution_is_refused_and_writes_nothing(runtime: Runtime) -> None:
+    """Nothing reads a cancel, pause or resume after ``playbook.processed``: it is refused with a 409
+    that names the outcome, and the history still ends at ``playbook.processed``."""
+    text = playbook("- step: start\n  tool: {kind: noop}")
+    execution_id = await submit(runtime.nc, runtime.topology, request_for(text, "done.yaml"))
+    assert (await follow(runtime.nc, runtime.topology, execution_id, timeout=15)).status == "success"
+    for action in ("cancel", "pause", "resume"):
+        reply, error = await _request(runtime, action, {"execution_id": execution_id})
+        assert error == f"execution {execution_id} has finished (success): nothing to {action}"
+        assert reply["error"] == "conflict"
+    names = [ev.name async for _, ev in read_events(runtime.nc.jetstream(), runtime.topology, execution_id)]
+    assert names[-1] == E.PLAYBOOK_PROCESSED
+
+
+ENTITY_TYPES = {"playbook", "workflow", "step", "task", "loop", "next"}  # 001 §15.1
+
+
+async def test_execution_wide_events_use_the_specs_entity_types(runtime: Runtime) -> None:
+    """``ctx.patched`` and the operator's requests concern the workflow run: ``workflow``, one of 001
+    §15.1's entity types (they were ``execution``)."""
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: noop
+            spec:
+              policy:
+                rules:
+                  - else: {then: {do: continue, set_ctx: {seen: one}}}
+          next: {arcs: [{step: slow}]}
+        - step: slow
+          tool:
+            kind: python
+            code: |
+              import time
+              time.sleep(2)
+        """
+    )
+    execution_id = await submit(runtime.nc, runtime.topology, request_for(text, "slow.yaml"))
+    await _wait_for(runtime, execution_id, E.CTX_PATCHED)
+    _, error = await _request(runtime, "cancel", {"execution_id": execution_id})
+    assert error is None
+    assert (await follow(runtime.nc, runtime.topology, execution_id, timeout=15)).status == "cancelled"
+    events = [ev async for _, ev in read_events(runtime.nc.jetstream(), runtime.topology, execution_id)]
+    by_name = {ev.name: ev.entity_type for ev in events}
+    assert by_name[E.CTX_PATCHED] == by_name[E.EXECUTION_CANCEL_REQUESTED] == "workflow"
+    assert {ev.entity_type for ev in events} <= ENTITY_TYPES
+
+
 async def test_pause_defers_new_steps_and_resume_continues_where_it_was(
     runtime: Runtime, tmp_path: Path
 ) -> None:

@@ -398,6 +398,18 @@ async def test_client_cannot_read_the_keychain(server: Server, provisioned: Sess
     await sub.unsubscribe()
 
 
+async def test_a_command_the_users_permissions_refuse_says_so(server: Server, provisioned: Session) -> None:
+    """The server drops a refused request, so the client sees only a timeout: the CLI names the refusal
+    instead of "NATS did not answer in time" (one error line, exit 2)."""
+    env = {**os.environ, "NOETL_NATS_URL": server.url("client")}
+    code, out, err = await run_cli(env, "keychain", "list", timeout=30)
+    assert code == 2, (code, out, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].lower().startswith("error: permissions violation for publish to"), err
+    assert "kv_noetl_keychain" in lines[0].lower() and "may not do this" in lines[0]
+    assert PASSWORDS["client"] not in err
+
+
 # --- the Kubernetes side ---------------------------------------------------------------------------------
 
 

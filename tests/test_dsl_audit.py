@@ -394,22 +394,37 @@ def test_the_v10_values_of_the_same_places_still_compile(text: str) -> None:
             ],
             id="admission-reads-prev-task-reads-event",
         ),
-        # 001 §11: outcome.status is "ok" or "error"; "success" (002) would silently never match.
         pytest.param(
             steps(
                 """\
   - step: start
-    tool:
-      kind: noop
-      spec: {policy: {rules: [{when: "{{ outcome.status == 'success' }}", then: {do: break}}]}}
+    loop: {in: "{{ [1, 2] }}", iterator: x}
+    tool: {kind: noop}
+    next:
+      arcs:
+        - {step: a, when: "{{ event.name == 'step.done' }}"}
+        - {step: a, when: "{{ event.name in ['step.done', 'loop.done'] }}"}
+  - step: a
+    tool: {kind: noop}
 """
             ),
             [
-                "bad.yaml:10:38: warning: step 'start' task 'start_task': outcome.status is 'ok' or 'error' "
-                "(001 §11); 'success' is the legacy (002) spelling and never matches "
-                "(at workflow[0].tool.spec.policy.rules[0].when)",
+                "bad.yaml:12:27: warning: step 'start': a step with a loop ends with 'loop.done' (or "
+                "'step.failed'), never 'step.done': this condition never matches it; test event.name == "
+                "'loop.done' (at workflow[0].next.arcs[0].when)",
             ],
-            id="outcome-status-success",
+            id="looped-step-arc-tests-step-done",
+        ),
+        pytest.param(
+            HEADER.replace("workflow:\n", "keychain: [{name: tok, kind: secret_manager}]\nworkflow:\n")
+            + "  - step: start\n    tool: {kind: noop}\n"
+            + "    next: {arcs: [{step: start, when: \"{{ keychain.tok.value == 'x' }}\"}]}\n",
+            [
+                "bad.yaml:10:39: warning: step 'start': an arc cannot read 'keychain' (credentials reach only "
+                "the worker that runs a step's tasks, never the controller); it is undefined here "
+                "(at workflow[0].next.arcs[0].when)",
+            ],
+            id="arc-reads-keychain",
         ),
         pytest.param(
             HEADER.replace("workflow:\n", "workload: {outcome: 1}\nworkflow:\n")

@@ -239,7 +239,7 @@ LOOP_SET = """
         when: "{{{{ event.name == 'loop.done' and ctx.total > 20 }}}}"
         args: {{seen: "{{{{ event.total }}}}", total: "{{{{ ctx.total }}}}"}}
       - step: small
-        when: "{{{{ event.name == 'call.done' }}}}"
+        when: "{{{{ event.name == 'loop.done' }}}}"
       - step: handle
         when: "{{{{ event.name == 'step.failed' }}}}"
         args: {{why: "{{{{ event.error.kind }}}}"}}
@@ -295,7 +295,7 @@ def test_step_set_on_a_looped_step_is_a_step_after_the_loop_that_takes_its_arcs(
               when: "{{ event.name == 'step.done' and ctx.total > 20 }}"
               args: {seen: "{{ args.loop_event.total }}", total: "{{ ctx.total }}"}
             - step: small
-              when: "{{ event.name == 'call.done' }}"
+              when: "{{ event.name == 'step.done' }}"
         """
     )
     assert report(text) == []
@@ -382,9 +382,9 @@ workflow:
     next:
       arcs:
         - step: per_user
-          when: "{{ event.name == 'call.done' and event.result.rows | length >= min_rows }}"
+          when: "{{ event.name == 'step.done' and event.result.rows | length >= min_rows }}"
         - step: too_few
-          when: "{{ event.name == 'step.exit' }}"
+          when: "{{ event.name in ['step.done', 'step.failed'] }}"
   - step: per_user
     loop:
       in: "{{ fetch_users.rows }}"

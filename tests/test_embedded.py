@@ -306,3 +306,64 @@ def test_the_guard_holds_a_pidfd_opened_before_the_server_could_be_reaped() -> N
         assert guard is not None
         argv = Path(f"/proc/{guard.pid}/cmdline").read_bytes().split(b"\0")
         assert b"--pidfd" in argv and b"--remove" in argv
+
+
+_FORK_AND_EXIT = """
+import os, sys
+from noetl_stream.embedded import EmbeddedNats
+with EmbeddedNats() as server:
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # the child's copies of the server's and the guard's Popen are collected here
+    _, status = os.waitpid(child, 0)
+    print(os.waitstatus_to_exitcode(status), server.running, flush=True)
+"""
+
+
+def test_a_forked_child_does_not_warn_about_the_parents_processes() -> None:
+    """The child's copies of the parent's `Popen` objects are not its children: collecting them neither
+    waits for them nor warns that they are "still running"."""
+    done = subprocess.run(
+        [sys.executable, "-W", "always::ResourceWarning", "-c", _FORK_AND_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True"]
+    assert "still running" not in done.stderr, done.stderr
+
+
+_OWNER_OF_A_CRASHED_SERVER = """
+import os, signal, sys, time
+from noetl_stream.embedded import EmbeddedNats
+server = EmbeddedNats()
+server.start()
+os.kill(server.pid, signal.SIGKILL)  # the server crashes; its owner does not notice before it dies too
+server._res.proc.wait()
+print(server._res.guard.pid, server.dir, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_temp_dir_of_a_server_that_crashed_goes_when_its_owner_is_killed() -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_OF_A_CRASHED_SERVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None
+        guard_pid, directory = owner.stdout.readline().split()
+        guard_fd = os.pidfd_open(int(guard_pid))
+        assert Path(directory).is_dir()
+        assert not _gone(guard_fd, 0.3), "the guard waits for the owner, not for the server"
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        assert _gone(guard_fd, 10), "the guard outlived the owner"
+    finally:
+        os.close(guard_fd)
+    assert not Path(directory).exists()

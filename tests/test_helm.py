@@ -607,6 +607,28 @@ def test_jobs_run_on_the_controllers_nodes_with_the_pull_secrets(chart: helm.Cha
     assert not {"nodeSelector", "tolerations", "affinity"} & set(defaults["Job/noetl-noetl-stream-provision"])
 
 
+def test_pod_labels_annotations_and_extra_env_reach_every_pod(chart: helm.Chart) -> None:
+    """deploy.md: added to every pod / container, the provisioning Job and the prune CronJob included."""
+    values = {
+        "podLabels": {"team": "data"},
+        "podAnnotations": {"example.com/owner": "data"},
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+        "pools": [{"name": "default"}, {"name": "etl"}],
+    }
+    m = render(chart, values)
+    templates = {f"Deployment/{n}": d["spec"]["template"] for n, d in m.of("Deployment").items()}
+    templates |= {f"Job/{n}": j["spec"]["template"] for n, j in m.of("Job").items()}
+    templates |= {
+        f"CronJob/{n}": c["spec"]["jobTemplate"]["spec"]["template"] for n, c in m.of("CronJob").items()
+    }
+    assert {k.split("/")[0] for k in templates} == {"Deployment", "Job", "CronJob"}
+    for where, template in templates.items():
+        assert template["metadata"]["labels"]["team"] == "data", where
+        assert template["metadata"]["annotations"]["example.com/owner"] == "data", where
+        for c in template["spec"]["containers"]:
+            assert env(c)["HTTPS_PROXY"]["value"] == "http://proxy:3128", (where, c["name"])
+
+
 def test_credentials_stay_off_command_lines_and_config_maps(chart: helm.Chart) -> None:
     m = render(chart, load_values("hpa-values.yaml"))
     passwords = ["0123456789abcdefcontroller", "0123456789abcdefworker", "0123456789abcdefadmin"]

@@ -384,16 +384,16 @@ async def test_a_failing_snapshot_read_during_release_does_not_leave_the_partiti
     ctl = Controller(nc, t, controller_id="ctl-a")
     await ctl.start()
     try:
-        assert ctl._snapshots is not None and ctl.leases is not None
+        assert ctl.snapshots.store is not None and ctl.leases is not None
         for eid in ("one0execution", "two0execution"):
             ctl.states[eid] = ExecutionState(execution_id=eid, last_seq=5)
-            ctl._snapshot_at[eid] = 0.0
-            ctl._snapshots.revisions[eid] = 999_999  # someone wrote since: the put conflicts
+            ctl.snapshots.written_at[eid] = 0.0
+            ctl.snapshots.store.revisions[eid] = 999_999  # someone wrote since: the put conflicts
 
         async def timeout(*args: object, **kwargs: object) -> None:
             raise nats.errors.TimeoutError
 
-        ctl._snapshots.get = timeout  # type: ignore[method-assign]
+        ctl.snapshots.store.get = timeout  # type: ignore[method-assign]
         async with ctl.leases._lock:
             await ctl.leases._release(0, graceful=True)  # rebalancing: give partition 0 away
         assert 0 not in ctl.leases.owned
@@ -402,7 +402,7 @@ async def test_a_failing_snapshot_read_during_release_does_not_leave_the_partiti
             f"{sorted(ctl.states)} of partition 0"
         )
     finally:
-        ctl._snapshots.get = SnapshotStore.get.__get__(ctl._snapshots)  # type: ignore[method-assign,union-attr]
+        ctl.snapshots.store.get = SnapshotStore.get.__get__(ctl.snapshots.store)  # type: ignore[method-assign,union-attr]
         await ctl.shutdown()
 
 

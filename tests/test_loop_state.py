@@ -321,7 +321,7 @@ async def test_a_controller_that_takes_over_mid_loop_finishes_it_without_rerunni
         snap = await store.get(eid, record=False)
         assert snap is not None and snap.runs["start-1"].loop is not None
         assert snap.runs["start-1"].loop.items_key == f"{eid}/start-1/items"
-        a._snapshot_at.clear()  # no final snapshot: the next owner folds what came after this one
+        a.snapshots.written_at.clear()  # no final snapshot: the next owner folds what came after this one
         await a.shutdown(grace_s=5)
         if layout == "earlier":
             raw = msgspec.json.decode((await store.kv.get(eid)).value or b"{}")

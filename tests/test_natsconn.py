@@ -174,26 +174,47 @@ async def test_a_client_without_the_internals_of_the_hot_path_is_refused_by_name
         publisher(bad)
 
 
-async def test_a_server_that_never_answers_is_one_error_naming_the_last_reason_without_credentials() -> None:
-    """Nothing listens on the port: the client fails the same way every attempt. That is logged once (not
-    once a second), and the error raised when the wait ends names the last reason and the server, without
-    the URL's password."""
+def _free_port() -> int:
     import socket
 
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # free: nothing will listen on it
+
+
+async def test_a_server_that_never_answers_is_one_error_naming_the_last_reason_without_credentials() -> None:
+    """Nothing listens on the port: the client fails the same way every attempt. With a bounded wait
+    nothing is logged above debug (the caller reports the failure: `run` printed a warning line before
+    its error line), and the error raised when the wait ends names the last reason and the server,
+    without the URL's password."""
     import structlog
 
     from noetl_stream.natsconn import connect
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # free: nothing will listen on it
+    port = _free_port()
     with structlog.testing.capture_logs() as logs, pytest.raises(ConnectionError) as raised:
-        await connect(f"nats://admin:s3cret@127.0.0.1:{port}", name="t", connect_wait_s=3.5)
+        await connect(f"nats://admin:s3cret@127.0.0.1:{port}", name="t", connect_wait_s=2.5)
     message = str(raised.value)
     assert "s3cret" not in message and f"nats://***@127.0.0.1:{port}" in message
     assert "last error:" in message
-    # About one attempt a second for 3.5 s, each failing alike: one warning per distinct error. (Repeats
-    # go to debug, which a logging configuration made by an earlier test may drop before capture.)
-    warnings = [e for e in logs if e["event"] == "nats.error" and e["log_level"] == "warning"]
+    assert [e for e in logs if e["log_level"] not in ("debug", "info")] == [], logs
+    assert not any("s3cret" in str(e) for e in logs)
+
+
+async def test_waiting_for_a_server_without_a_limit_warns_once_per_distinct_error() -> None:
+    """A controller or worker started before its server waits without a limit: each distinct reason is a
+    warning once (not once a second), repeats are debug."""
+    import structlog
+
+    from noetl_stream.natsconn import connect
+
+    port = _free_port()
+    with structlog.testing.capture_logs() as logs, pytest.raises(TimeoutError):
+        async with asyncio.timeout(3.5):
+            await connect(f"nats://admin:s3cret@127.0.0.1:{port}", name="t", connect_wait_s=None)
+    errors = [e for e in logs if e["event"] == "nats.error"]
+    warnings = [e for e in errors if e["log_level"] == "warning"]
+    # About one attempt a second, each failing alike: one warning per distinct error. (Repeats go to debug,
+    # which a logging configuration made by an earlier test may drop before capture.)
     assert len(warnings) == len({e["error"] for e in warnings}) >= 1, logs
     assert not any("s3cret" in str(e) for e in logs)

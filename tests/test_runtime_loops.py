@@ -14,8 +14,10 @@ import pytest
 from helpers import JOURNAL_CODE, indent, journal, max_concurrency, playbook, run
 
 from noetl_stream import events as E
+from noetl_stream.api.graph import fold_graph
 from noetl_stream.control.replay import verify
 from noetl_stream.local import Runtime
+from noetl_stream.timeline import Timeline
 
 EXECS = ["local", "distributed"]
 
@@ -108,6 +110,38 @@ async def test_parallel_loop_without_max_in_flight_runs_all_iterations_at_once(
 
     assert r.status == "success", r.summary.error
     assert max_concurrency(journal(tmp_path / "journal.txt")) == 4
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+@pytest.mark.parametrize("exec_", EXECS)
+async def test_every_loop_writes_loop_started_once_before_its_iterations(
+    runtime: Runtime, tmp_path: Path, exec_: str, mode: str
+) -> None:
+    # 003 §8: loop.started is a loop event whoever runs the loop (the worker for a local one).
+    text = journaled_loop(mode=mode, exec_=exec_, max_in_flight=2, hold=0.01)
+
+    r = await run(runtime, text, payload(tmp_path, list(range(3))))
+
+    assert r.status == "success", r.summary.error
+    (started,) = r.named(E.LOOP_STARTED)
+    assert started.source == ("worker" if exec_ == "local" else "server")
+    assert started.entity_type == "loop" and started.entity_id == started.step_run_id
+    assert started.status == "in_progress" and started.step == "start"
+    assert (started.payload["exec"], started.payload["total"]) == (exec_, 3)
+    assert started.payload["max_in_flight"] == (2 if mode == "parallel" else 1)
+    assert started.payload["pool"] == "default" and started.payload["mode"] == mode
+    names = r.names()
+    assert names.index(E.LOOP_STARTED) < names.index(E.LOOP_ITERATION_STARTED)
+    if exec_ == "local":
+        assert names.index(E.STEP_STARTED) < names.index(E.LOOP_STARTED)
+    # The viewer and `noetl-stream events` know the loop's size while it runs.
+    before = r.events[: r.events.index(started) + 1]
+    (node,) = [s for s in fold_graph(r.summary.execution_id, enumerate(before)).steps if s.name == "start"]
+    assert node.status == "running" and node.loop is not None and node.loop.total == 3
+    assert "3 items" in Timeline().line(started)
+    # Nothing the controller folds changed: the replay equals the live projection.
+    diffs, _ = await verify(runtime.nc.jetstream(), runtime.topology, r.summary.execution_id)
+    assert diffs == []
 
 
 async def test_distributed_loop_fans_iterations_out_as_commands(runtime: Runtime, tmp_path: Path) -> None:

@@ -530,3 +530,37 @@ async def test_retry_without_a_delay_waits_one_second(runtime: Runtime) -> None:
     started = r.tasks("start", "flaky", name="task.started")
     done = r.tasks("start", "flaky")
     assert (ts(started[1]) - ts(done[0])).total_seconds() >= 0.995
+
+
+async def test_outcome_meta_has_the_attempt_duration_timestamps_and_trace_id(runtime: Runtime) -> None:
+    """001 §11: ``outcome.meta`` carries duration, attempt, timestamps and trace ids."""
+    import datetime
+
+    import msgspec
+
+    from noetl_stream.client import follow, request_for, submit
+
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: noop
+            result: 1
+            spec:
+              policy:
+                rules:
+                  - else: {then: {do: continue, set_ctx: {m: "{{ outcome.meta }}"}}}
+        """
+    )
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    request = msgspec.structs.replace(request_for(text, "meta.yaml"), trace_id=trace)
+    execution_id = await submit(runtime.nc, runtime.topology, request)
+    summary = await follow(runtime.nc, runtime.topology, execution_id, timeout=15)
+    assert summary.status == "success", summary.error
+    meta = summary.ctx["m"]
+    assert meta["attempt"] == 1 and meta["duration_s"] >= 0 and meta["trace_id"] == trace
+
+    def at(text: str) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    assert at(meta["started_at"]) <= at(meta["ended_at"]) <= datetime.datetime.now(datetime.UTC)

@@ -417,3 +417,22 @@ async def test_two_noetl_stream_worker_processes_share_one_pool(
     workers = {e.worker for e in events if e.name == "loop.iteration.done"}
     assert workers == {"proc-1", "proc-2"}
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
+
+
+async def test_the_compile_warnings_are_recorded_with_the_evaluated_request(runtime: Runtime) -> None:
+    """The intake compiles a request's playbook first and caches the plan; the fold that writes
+    `playbook.request.evaluated` found it cached and recorded no warnings."""
+    from helpers import run
+
+    text = playbook(
+        """
+        - step: start
+          tool:
+            - fetch: {kind: noop, result: 1}
+        """
+    )
+    r = await run(runtime, text)
+    assert r.status == "success", r.summary.error
+    (evaluated,) = r.named("playbook.request.evaluated")
+    (warning,) = evaluated.payload["warnings"]
+    assert "task 'fetch' uses the label-as-key shape" in warning

@@ -71,3 +71,34 @@ async def test_a_fenced_writer_of_a_large_snapshot_changes_nothing(
         await old.put(eid, _big(eid, 100_000, last_seq=15))
     assert await _objects(js, topology) == [owners_object]
     assert await (await SnapshotStore.open(js, topology, ExecutionState)).get(eid) == owners
+
+
+async def test_inspection_reads_a_large_snapshot_through_its_pointer_and_skips_an_unreadable_one(
+    js: JetStreamContext, topology: Topology
+) -> None:
+    """`status`, `ctx` and the execution list of an execution the controller does not hold read its
+    snapshot; one above the KV limit is a pointer to its object (they raised on it, and the list left
+    the execution out). A value that is not a snapshot is skipped, not a failure of the whole list."""
+    from noetl_stream.control.inspect import Inspector
+    from noetl_stream.operations import ListExecutions
+
+    await provision(js, topology)
+    store = await SnapshotStore.open(js, topology, ExecutionState)
+    big = _big("bigsnapshot2", 100_000, last_seq=7)
+    big.status = "success"
+    await store.put(big.execution_id, big)
+    kv = await js.key_value(topology.executions_bucket)
+    await kv.put("notasnapshot", b"{garbage")
+    inspector = Inspector(js, topology)
+
+    status = await inspector.status(big.execution_id)
+    assert status is not None and (status.status, status.source, status.last_seq) == (
+        "success",
+        "snapshot",
+        7,
+    )
+    ctx = await inspector.ctx(big.execution_id)
+    assert ctx is not None and len(ctx.ctx["rows"]) == 100_000
+    listed = await inspector.executions(ListExecutions())
+    assert [s.execution_id for s in listed.items] == [big.execution_id]
+    assert await inspector.status("notasnapshot") is None  # nothing in the stream either

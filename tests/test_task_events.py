@@ -223,6 +223,7 @@ async def test_informative_loop_iterations_of_one_task_write_no_task_events(
     assert r.status == "success", r.summary.error
     assert r.result == [10, 20, 30, 40, 50]
     assert len(r.named(E.LOOP_ITERATION_DONE)) == 5
+    assert len(r.named(E.LOOP_STARTED)) == 1  # a loop event, never held back
     assert not r.named(*TASK)
 
 

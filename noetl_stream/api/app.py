@@ -42,7 +42,12 @@ _REASONS = {
 }
 _STREAM_NOT_FOUND = 10059  # JetStream's err_code
 _PROVISION = "run `noetl-stream provision` (a controller creates what it needs only at start)"
-_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError)
+_UNAVAILABLE = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    TimeoutError,  # a publish whose acks did not come within its retries (the outbox's)
+)
 
 
 def check_tokens(tokens: tuple[str, ...]) -> tuple[str, ...]:

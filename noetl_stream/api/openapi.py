@@ -25,7 +25,7 @@ _DESCRIPTIONS = {
     400: "Malformed request",
     401: "Missing or wrong bearer token",
     404: "No such execution, playbook or entry",
-    409: "The version is already registered with other content",
+    409: "Conflicts with what is stored: a version registered with other content, an execution that has finished",
     422: "The playbook does not compile (the rejection is recorded under execution_id)",
     503: "NATS, a stream or the keychain key is unavailable",
 }

@@ -65,6 +65,7 @@ def _execution_route(
     body: type[msgspec.Struct] | None = None,
     body_required: bool = True,
     stream: str | None = None,
+    errors: tuple[int, ...] = (400, 404),
 ) -> Route:
     """A route on one execution, ``/api/executions/{execution_id}[/action]``: 400 for a malformed id,
     404 for an unknown one."""
@@ -79,7 +80,7 @@ def _execution_route(
         (_ID, *params),
         body=body,
         body_required=body_required,
-        errors=(400, 404),
+        errors=errors,
         stream=stream,
         tags=("executions",),
     )
@@ -96,6 +97,7 @@ def _control_route(action: str, summary: str) -> Route:
         202,
         body=ex.ControlBody,
         body_required=False,
+        errors=(400, 404, 409),  # 409: the execution has finished
     )
 
 

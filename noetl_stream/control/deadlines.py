@@ -108,7 +108,7 @@ class Deadlines:
         ev = server_event(
             eid,
             E.EXECUTION_DEADLINE_EXCEEDED,
-            "execution",
+            "workflow",
             eid,
             "error",
             "execution",

@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Literal, cast
 
 import msgspec
+import structlog
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
@@ -22,6 +23,7 @@ from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv import scan
 from noetl_stream.kv.deadlines import is_index_key
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.operations import (
     MAX_PAGE,
     CtxReply,
@@ -32,9 +34,12 @@ from noetl_stream.operations import (
     ListExecutions,
 )
 from noetl_stream.subjects import Topology, check_token
-from noetl_stream.wire import decode_event, now_iso
+from noetl_stream.wire import decode_event
 
 __all__ = ["Inspector", "QueryError", "summarize"]
+
+
+log = structlog.get_logger(__name__)
 
 
 class QueryError(ValueError):
@@ -56,9 +61,6 @@ class _Head(msgspec.Struct):
     last_seq: int = 0
     events_applied: int = 0
     paused: bool = False
-
-
-_head_decoder = msgspec.json.Decoder(_Head)
 
 
 def summarize(
@@ -116,11 +118,39 @@ class Inspector:
         js: JetStreamContext,
         topology: Topology,
         live: Mapping[str, ExecutionState] | None = None,
+        changed: Mapping[str, float] | None = None,
     ) -> None:
+        """`live`: the controller's states, by execution id; `changed`: when each last changed (epoch
+        seconds), the `updated_at` of a live summary."""
         self.js = js
         self.topology = topology
         self.live: Mapping[str, ExecutionState] = live if live is not None else {}
+        self.changed: Mapping[str, float] = changed if changed is not None else {}
         self._kv: KeyValue | None = None
+        self._heads: SnapshotStore[_Head] | None = None
+        self._states: SnapshotStore[ExecutionState] | None = None
+
+    async def _decoded(self, execution_id: str, value: bytes, full: bool = False) -> Any:
+        """The snapshot's head (or, `full`, the whole state) from a KV value, inline or a pointer to a
+        large snapshot's object; None for a value that is not a snapshot (logged: written by something
+        else; the stream still answers)."""
+        if full:
+            if self._states is None:
+                self._states = await SnapshotStore.open(self.js, self.topology, ExecutionState)
+            store: SnapshotStore[Any] = self._states
+        else:
+            if self._heads is None:
+                self._heads = await SnapshotStore.open(self.js, self.topology, _Head)
+            store = self._heads
+        try:
+            return await store.decode(execution_id, value)
+        except (ValueError, NotFoundError) as exc:  # msgspec's errors included; a missing object
+            log.warning("inspect.bad_snapshot", execution_id=execution_id, error=str(exc))
+            return None
+
+    def _changed_at(self, execution_id: str) -> str | None:
+        at = self.changed.get(execution_id)
+        return None if at is None else _iso(datetime.datetime.fromtimestamp(at, datetime.UTC))
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -167,10 +197,16 @@ class Inspector:
     async def status(self, execution_id: str) -> ExecutionSummary | None:
         state = self.live.get(self.check_id(execution_id))
         if state is not None:
-            return summarize(state, "live", now_iso())
+            at = self._changed_at(execution_id)
+            if at is None:  # cached from its snapshot, not changed since: the snapshot's time
+                snap = await self._snapshot(execution_id)
+                at = snap[1] if snap is not None else None
+            return summarize(state, "live", at)
         snap = await self._snapshot(execution_id)
-        if snap is not None:
-            return summarize(_head_decoder.decode(snap[0]), "snapshot", snap[1])
+        head = await self._decoded(execution_id, snap[0]) if snap is not None else None
+        if head is not None:
+            assert snap is not None
+            return summarize(head, "snapshot", snap[1])
         processed = await self._last(execution_id, E.PLAYBOOK_PROCESSED)
         if processed is not None:
             payload = processed.get("payload") or {}
@@ -206,7 +242,7 @@ class Inspector:
         if state is None:
             snap = await self._snapshot(execution_id)
             if snap is not None:
-                state = msgspec.json.decode(snap[0], type=ExecutionState)
+                state = await self._decoded(execution_id, snap[0], full=True)
         if state is not None:
             return CtxReply(execution_id=execution_id, ctx=dict(state.ctx), revision=state.ctx_revision)
         if await self.exists(execution_id):
@@ -248,14 +284,14 @@ class Inspector:
             if not entry.value or is_index_key(entry.key):
                 continue
             when = _iso(entry.created)
-            try:
-                head = _head_decoder.decode(entry.value)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            rows[head.execution_id] = (when or "", summarize(head, "snapshot", when))
-        now = now_iso()
+            head = await self._decoded(entry.key, entry.value)
+            if head is not None:
+                rows[head.execution_id] = (when or "", summarize(head, "snapshot", when))
         for state in list(self.live.values()):
-            rows[state.execution_id] = (now, summarize(state, "live", now))
+            eid = state.execution_id
+            # When it last changed; cached from its snapshot and not changed since: the snapshot's time.
+            changed = self._changed_at(eid) or (rows[eid][0] if eid in rows else None) or None
+            rows[eid] = (changed or "", summarize(state, "live", changed))
         items = [s for _, s in sorted(rows.values(), key=lambda r: r[0], reverse=True)]
         if query.status is not None:
             items = [s for s in items if s.status == query.status]

@@ -144,6 +144,7 @@ CONTROL_ENDPOINTS = {
     "pause": E.EXECUTION_PAUSE_REQUESTED,
     "resume": E.EXECUTION_RESUME_REQUESTED,
 }
+_VERBS = {event: action for action, event in CONTROL_ENDPOINTS.items()}
 
 
 def _make(default_id: str | Callable[[], str]) -> str:
@@ -151,14 +152,17 @@ def _make(default_id: str | Callable[[], str]) -> str:
     return default_id if isinstance(default_id, str) else default_id()
 
 
+class _Claim(msgspec.Struct):
+    execution_id: Any = None
+
+
 def _claimed_id(raw: bytes) -> str | None:
     """The ``execution_id`` a malformed request asked for, if it is a usable id (so its rejection is
     written where the client looks for it)."""
-    try:
-        data = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
+    try:  # only this field is decoded: another may be what is wrong (a number out of range, 1e999)
+        value = msgspec.json.decode(raw, type=_Claim).execution_id
+    except (msgspec.DecodeError, RecursionError):  # ValidationError included (not an object)
         return None
-    value = data.get("execution_id") if isinstance(data, dict) else None
     if not isinstance(value, str):
         return None
     try:
@@ -173,6 +177,7 @@ class Intake:
         nc: NATS,
         topology: Topology,
         live: Mapping[str, ExecutionState] | None = None,
+        changed: Mapping[str, float] | None = None,
         *,
         extensions: Iterable[str] = (),
         plans: PlanCache | None = None,
@@ -185,7 +190,7 @@ class Intake:
         self.extensions = tuple(sorted(set(extensions)))
         """DSL extensions every request is compiled with (the controller's ``--legacy``)."""
         self.catalog = Catalog(self.js, topology, extensions=self.extensions)
-        self.inspector = Inspector(self.js, topology, live)
+        self.inspector = Inspector(self.js, topology, live, changed)
         self._puller: ContinuousPuller | None = None
         self._service: Service | None = None
         self._checked: dict[str, tuple[dict[str, Any] | None, frozenset[str]]] = {}
@@ -317,6 +322,14 @@ class Intake:
             )
         if not await self._exists(execution_id):
             raise ApiError(404, "not_found", f"no execution {execution_id}")
+        processed = await self._last(execution_id, E.PLAYBOOK_PROCESSED)
+        if processed is not None:  # nothing would read the request: say so rather than accept it
+            status = processed.payload.get("status")
+            raise ApiError(
+                409,
+                "conflict",
+                f"execution {execution_id} has finished ({status}): nothing to {_VERBS[name]}",
+            )
         outbox = Outbox(self.js, self.topology)
         outbox.event(ev)
         await outbox.flush()
@@ -375,9 +388,14 @@ class Intake:
             assert request.path is not None
             try:
                 entry, text, registered = await self.catalog.resolve_for_run(request.path, request.version)
-            except (CatalogNotFoundError, CatalogError) as exc:
+            except (CatalogNotFoundError, CatalogError, msgspec.DecodeError) as exc:
                 kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
-                unknown = {"kind": kind, "message": _short(str(exc))}
+                message = str(exc)
+                if isinstance(exc, msgspec.DecodeError):  # a key of the bucket written by something else
+                    message = (
+                        f"the catalog entry of {request.path!r} cannot be read ({exc}): register it again"
+                    )
+                unknown = {"kind": kind, "message": _short(message)}
                 return await self._reject_new(execution_id, unknown, _short(request.path), request.trace_id)
             request = msgspec.structs.replace(request, playbook=text, version=entry.version)
             pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
@@ -474,8 +492,28 @@ class Intake:
             return execution_id, None
         if await self._last(execution_id, E.REQUEST_EVALUATED) is not None:
             return execution_id, None
+        if await self._claimed(execution_id):
+            # Its record is not one intake reads (not an event, or none of these names): anyone who may
+            # publish on the events subjects can store one. It holds the id for good and a retry would meet
+            # it again (a request redelivered every second, for ever): refuse the id.
+            message = (
+                f"bad request: execution id {execution_id!r} is taken by a stored message that is not a "
+                "noetl record of an execution (see the controller's log): give another id"
+            )
+            log.warning("intake.rejected", execution_id=execution_id, error=message)
+            return execution_id, {"kind": "bad_request", "message": message}
         # Nothing left (purged or expired between the refusal and these reads): its next attempt decides.
         raise StateConflictError(f"execution {execution_id}: its records changed while read; retry")
+
+    async def _claimed(self, execution_id: str) -> bool:
+        """Whether the execution has any ``playbook.*`` record stored."""
+        try:
+            await self.js.get_last_msg(
+                self.topology.events_stream, self.topology.execution_claim_filter(execution_id)
+            )
+        except NotFoundError:
+            return False
+        return True
 
     @staticmethod
     def _as_recorded(execution_id: str, error: dict[str, Any]) -> dict[str, Any]:
@@ -489,7 +527,11 @@ class Intake:
             raw = await self.js.get_last_msg(self.topology.events_stream, subject)
         except NotFoundError:
             return None
-        return decode_event(raw.data or b"")
+        try:
+            return decode_event(raw.data or b"")
+        except msgspec.DecodeError as exc:  # ValidationError included: not an event, nothing recorded
+            log.warning("intake.bad_record", subject=raw.subject, seq=raw.seq, error=str(exc))
+            return None
 
     async def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:
         """Compile the playbook (cached by content) so a caller learns at once that it is invalid. A large

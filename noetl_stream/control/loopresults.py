@@ -66,7 +66,10 @@ async def assemble(
 
     def take(data: bytes) -> bool:
         nonlocal settled
-        it = _decoder.decode(data)
+        try:
+            it = _decoder.decode(data)
+        except msgspec.DecodeError:  # not an iteration event: the controller never applied it either
+            return True
         index = it.payload.index
         if it.step_run_id != spec.step_run_id or not isinstance(index, int) or not 0 <= index < total:
             return True

@@ -64,6 +64,9 @@ class PlanCache:
         self.default_pool = default_pool
         self.max_size = max_size
         self._plans: dict[str, Plan] = {}
+        self._warnings: dict[str, tuple[Diagnostic, ...]] = {}
+        """The warnings each cached plan compiled with: a cache hit reports them too (the intake compiles a
+        request's playbook first; the fold that records `playbook.request.evaluated` finds it cached)."""
 
     def get(self, digest: str) -> Plan | None:
         return self._plans.get(digest)
@@ -76,10 +79,10 @@ class PlanCache:
         digest = plan_key(text, extensions)
         plan = self._plans.get(digest)
         if plan is not None:
-            return plan, ()
+            return plan, self._warnings.get(digest, ())
         plan, diagnostics = self.compile(text, file, extensions, digest)
         if plan is not None:
-            self.store(plan)
+            self.store(plan, diagnostics)
         return plan, diagnostics
 
     async def load_off_loop(
@@ -93,10 +96,10 @@ class PlanCache:
         digest = plan_key(text, extensions)
         plan = self._plans.get(digest)
         if plan is not None:
-            return plan, ()
+            return plan, self._warnings.get(digest, ())
         plan, diagnostics = await asyncio.to_thread(self.compile, text, file, extensions, digest)
         if plan is not None:
-            self.store(plan)
+            self.store(plan, diagnostics)
         return plan, diagnostics
 
     def compile(
@@ -109,10 +112,17 @@ class PlanCache:
             return None, result.diagnostics
         return Plan.build(result.playbook, text, digest, self.default_pool), result.diagnostics
 
-    def store(self, plan: Plan) -> None:  # on the event loop only
+    def store(self, plan: Plan, diagnostics: Iterable[Diagnostic] = ()) -> None:  # on the event loop only
         if len(self._plans) >= self.max_size:
-            self._plans.pop(next(iter(self._plans)))
+            evicted = next(iter(self._plans))
+            self._plans.pop(evicted)
+            self._warnings.pop(evicted, None)
         self._plans[plan.content_hash] = plan
+        warnings = tuple(d for d in diagnostics if d.severity == "warning")
+        if warnings:
+            self._warnings[plan.content_hash] = warnings
+        else:
+            self._warnings.pop(plan.content_hash, None)
 
 
 class NotLoadedError(LookupError):
@@ -192,6 +202,9 @@ class Reducer:
                     f"execution {state.execution_id}: playbook {state.content_hash[:12]} not loaded"
                 )
             _Run(self, state, plan, fx).on_event(event)
+        if state is not None and state.parent_iter is not None and fx.commands:
+            for cmd in fx.commands:  # a child started from a loop iteration: its iter.parent
+                cmd.parent_iter = state.parent_iter
         if state is not None and state.terminal:
             self.items.forget(state.execution_id)  # e.g. cancelled mid-loop: its items are not needed
         if state is not None:
@@ -215,6 +228,7 @@ class Reducer:
             trace_id=request.trace_id or event.trace_id,
             return_step=request.return_step,
             attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
+            parent_iter=request.parent_iter if isinstance(request.parent_iter, dict) else None,
         )
         rejected = event.payload.get("rejected")
         if isinstance(rejected, dict):  # intake compiled it already: the rejection is written from here

@@ -92,6 +92,9 @@ class ExecutionState(msgspec.Struct):
     trace_id: str | None = None
     return_step: str | None = None
     attachments: dict[str, str] = {}
+    parent_iter: dict[str, Any] | None = None
+    """The parent's loop iteration this child was started from (its request's): every command carries
+    it, for ``iter.parent``."""
     paused: bool = False
     deferred: list[dict[str, Any]] = []
     """Tokens that arrived while paused: ``{step, args}``, scheduled on resume."""

@@ -8,7 +8,6 @@ from noetl_stream import events as E
 from noetl_stream.control.effects import Blob, Effects, LoopResults, _plain, server_event
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
 from noetl_stream.control.plan import Plan
-from noetl_stream.control.routing import EventName
 from noetl_stream.control.state import ExecutionState, JoinState, LoopRun, StepRun
 from noetl_stream.dsl.model import Step
 from noetl_stream.dsl.policy import admit, route
@@ -318,7 +317,13 @@ class Run:
             run.run_id,
             "in_progress",
             run.run_id,
-            {"total": total, "max_in_flight": mif, "exec": "distributed", "pool": self.pool(step)},
+            {
+                "total": total,
+                "max_in_flight": mif,
+                "exec": "distributed",
+                "mode": step.loop.spec.mode,
+                "pool": self.pool(step),
+            },
             step.name,
             run.run_id,
         )
@@ -435,7 +440,7 @@ class Run:
         run.status = "failed" if failed else "done"
         self.state.step_status[name] = run.status
         ev = dict(payload)
-        ev.update(name=EventName(event.name), status=event.status, step=name, step_run_id=run.run_id)
+        ev.update(name=event.name, status=event.status, step=name, step_run_id=run.run_id)
         scope = self.scope(run.args, ev)
         try:
             fired = route(step.next, scope, f"step '{name}'")
@@ -497,7 +502,7 @@ class Run:
         suffix = f".{event.payload['index']}" if "index" in event.payload else ""
         self.emit(
             E.CTX_PATCHED,
-            "execution",
+            "workflow",  # ctx is the workflow run's (001 §15.1's entity types)
             self.state.execution_id,
             "success",
             f"{scope}{suffix}",

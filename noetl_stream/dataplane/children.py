@@ -4,14 +4,20 @@ The child's id is derived from the parent's execution, pipeline run, task and at
 parent command redelivered after a worker crash finds the same child (running or finished)
 instead of starting another. While it waits, the parent gives its worker slot back (see
 ``WorkerServices.release_slot``): a pool with one slot still runs the child.
+
+Nested loops (003 §6.4): a child started from inside a loop iteration gets that iteration's ``iter``
+in its request (``parent_iter``, recorded with ``playbook.execution.requested``), and its steps read
+it as ``iter.parent``. The iteration running the task is `current_iteration` (set by the worker around
+each iteration's pipeline); above `PARENT_ITER_INLINE` bytes it travels as a result reference.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from typing import Any
 
 import msgspec
@@ -20,6 +26,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import (
@@ -32,6 +39,23 @@ from noetl_stream.wire import (
 )
 
 STOP_POLL_S = 0.25
+PARENT_ITER_INLINE = 16 * 1024
+"""A parent iteration larger than this (encoded) goes to the results object store; the request carries
+its reference (it is repeated in every command of the child)."""
+
+current_iteration: ContextVar[dict[str, Any] | None] = ContextVar("noetl_current_iteration", default=None)
+"""The ``iter`` of the loop iteration whose pipeline runs in this task (with ``parent`` when nested),
+or, outside a loop, the nearest enclosing one (a child's ``iter.parent``); None when there is none."""
+
+
+@contextlib.contextmanager
+def in_iteration(scope: dict[str, Any] | None) -> Iterator[None]:
+    """Run the body as (inside) the loop iteration `scope`: children it starts get it as ``iter.parent``."""
+    token = current_iteration.set(scope)
+    try:
+        yield
+    finally:
+        current_iteration.reset(token)
 
 
 @contextlib.asynccontextmanager
@@ -50,6 +74,7 @@ class ChildRunner:
         self.js = nc.jetstream()
         self.topology = topology
         self.release_slot = release_slot or _no_release
+        self._results: ResultStore | None = None
 
     async def run(
         self,
@@ -83,6 +108,7 @@ class ChildRunner:
         )
         try:
             if not await self._already_requested(child_id):
+                request = await self._with_parent_iter(request)
                 await self.js.publish(
                     self.topology.request_subject,
                     encode(request),
@@ -100,6 +126,19 @@ class ChildRunner:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _with_parent_iter(self, request: ExecutionRequest) -> ExecutionRequest:
+        """`request` with the iteration it is started from (`current_iteration`), unless it names one."""
+        scope = current_iteration.get()
+        if scope is None or request.parent_iter is not None:
+            return request
+        data = encode(scope)
+        if len(data) <= PARENT_ITER_INLINE:
+            return msgspec.structs.replace(request, parent_iter=scope)
+        if self._results is None:
+            self._results = ResultStore(self.js, self.topology)
+        key = f"{request.parent_execution_id}/{request.parent_step_run_id}/{request.execution_id}/iter"
+        return msgspec.structs.replace(request, parent_iter=await self._results.put_encoded(key, data))
 
     async def cancel(self, child_id: str, reason: str) -> None:
         outbox = Outbox(self.js, self.topology)

@@ -17,8 +17,9 @@ import msgspec
 
 from noetl_stream import events as E
 from noetl_stream import tracing
+from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
-from noetl_stream.dataplane.loops import Completed, LoopResult, run_local_loop
+from noetl_stream.dataplane.loops import Completed, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
@@ -225,6 +226,8 @@ class CommandRun:
             results = self.worker.results
             cmd.results = {k: await results.resolve(v) for k, v in cmd.results.items()}
             cmd.args = {k: await results.resolve(v) for k, v in cmd.args.items()}
+        if is_ref(cmd.parent_iter):  # a large outer iteration (children.py)
+            cmd.parent_iter = await self.worker.results.resolve(cmd.parent_iter)
         scope = build_scope(
             workload=cmd.workload,
             ctx=cmd.ctx,
@@ -242,8 +245,11 @@ class CommandRun:
             workbook=cmd.workbook,
             attachments=cmd.attachments,
             stop_check=lambda: self.worker.ended.get(cmd.execution_id),
+            trace_id=self.trace_id,
             checkpoints=KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
             resume=self.redelivered,
+            # A child started from a loop iteration: its steps without a loop read it as iter.parent too.
+            iter={"parent": cmd.parent_iter} if cmd.parent_iter is not None else None,
         )
         run_id = cmd.step_run_id
         if cmd.keychain:
@@ -278,7 +284,8 @@ class CommandRun:
         if step.loop is not None:
             await self.local_loop(base)
             return
-        res = await run_pipeline(base, self.task_hook(run_id))
+        with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
+            res = await run_pipeline(base, self.task_hook(run_id))
         self.settle(run_id, res.status == "ok")
         if res.status == "ok":
             self.event(
@@ -306,13 +313,10 @@ class CommandRun:
         loop = cmd.step_def.loop
         scope_id = f"{cmd.step_run_id}.{it.index}"
         self.event(E.LOOP_ITERATION_STARTED, "loop", scope_id, "in_progress", scope_id, {"index": it.index})
-        inp = replace(
-            base,
-            scope_id=scope_id,
-            iter={loop.iterator: it.item, "index": it.index},
-            allow_set_ctx=loop.spec.mode == "sequential",
-        )
-        res = await run_pipeline(inp, self.task_hook(scope_id))
+        scope = iteration_scope(loop.iterator, it.item, it.index, cmd.parent_iter)
+        inp = replace(base, scope_id=scope_id, iter=scope, allow_set_ctx=loop.spec.mode == "sequential")
+        with in_iteration(scope):
+            res = await run_pipeline(inp, self.task_hook(scope_id))
         self.settle(scope_id, res.status == "ok")
         if res.status == "ok":
             self.event(
@@ -358,6 +362,22 @@ class CommandRun:
                 E.STEP_FAILED, "step", run_id, "error", run_id, {"error": {"kind": kind, "message": str(exc)}}
             )
             return
+        parallel = loop.spec.mode == "parallel"
+        # 003 §8: the loop's start, as the controller writes it for a distributed loop (one per loop run).
+        self.event(
+            E.LOOP_STARTED,
+            "loop",
+            run_id,
+            "in_progress",
+            run_id,
+            {
+                "total": len(items),
+                "max_in_flight": max_in_flight if parallel else 1,
+                "exec": "local",
+                "mode": loop.spec.mode,
+                "pool": cmd.pool,
+            },
+        )
 
         async def on_iteration(name: str, index: int, payload: dict[str, Any]) -> None:
             sid = f"{run_id}.{index}"
@@ -376,12 +396,13 @@ class CommandRun:
         res: LoopResult = await run_local_loop(
             base,
             items,
-            parallel=loop.spec.mode == "parallel",
+            parallel=parallel,
             max_in_flight=max_in_flight,
             fail_fast=step.failure_mode == "fail_fast",
             on_iteration=on_iteration,
             on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
             completed=completed,
+            parent_iter=cmd.parent_iter,
         )
         self.release_held()  # iterations a fail-fast stopped never settled: their tasks ran, write them
         summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}

@@ -4,6 +4,9 @@
 time (stable iteration ids = the item's index). ``fail_fast`` stops starting new
 iterations after the first failure (in-flight ones finish); ``best_effort`` runs
 them all and reports ``{total, done, failed}``.
+
+Each iteration's ``iter`` is ``{<iterator>: item, index}``, plus ``parent`` (the outer iteration) when the
+execution is a child started from a loop iteration (003 §6.4, `children.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.pipeline import PipelineInput, PipelineResult, TaskEvent, run_pipeline
 
 IterationEvent = Callable[[str, int, dict[str, Any]], Awaitable[None]]
@@ -44,6 +48,7 @@ class LoopResult:
 def iteration_scope(
     iterator: str, item: Any, index: int, parent: dict[str, Any] | None = None
 ) -> dict[str, Any]:
+    """An iteration's ``iter``; `parent`: the outer iteration's (``iter.parent``), if nested."""
     scope: dict[str, Any] = {iterator: item, "index": index}
     if parent is not None:
         scope["parent"] = parent
@@ -60,8 +65,10 @@ async def run_local_loop(
     on_iteration: IterationEvent | None = None,
     on_task: Callable[[int], TaskEvent | None] | None = None,
     completed: dict[int, Completed] | None = None,
+    parent_iter: dict[str, Any] | None = None,
 ) -> LoopResult:
-    """Run the iterations; those in ``completed`` (a resumed command) are not run again."""
+    """Run the iterations; those in ``completed`` (a resumed command) are not run again. `parent_iter`:
+    the outer iteration (``iter.parent``) when the execution is a child started from one."""
     loop = base.step.loop
     assert loop is not None
     total = len(items)
@@ -79,14 +86,16 @@ async def run_local_loop(
                 await on_iteration("loop.iteration.started", index, {})
             scope = dict(base.scope)
             scope["ctx"] = ctx if not parallel else scope.get("ctx") or {}
+            it = iteration_scope(loop.iterator, items[index], index, parent_iter)
             inp = replace(
                 base,
                 scope=scope,
                 scope_id=f"{base.scope_id}.{index}",
-                iter=iteration_scope(loop.iterator, items[index], index),
+                iter=it,
                 allow_set_ctx=not parallel,
             )
-            res: PipelineResult = await run_pipeline(inp, on_task(index) if on_task else None)
+            with in_iteration(it):
+                res: PipelineResult = await run_pipeline(inp, on_task(index) if on_task else None)
             if res.ctx_patches:
                 for patch in res.ctx_patches:
                     ctx.update(patch)

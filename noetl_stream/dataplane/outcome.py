@@ -72,6 +72,17 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
         return bytes(value).hex()
     if isinstance(value, msgspec.Struct):
         return json_safe(msgspec.to_builtins(value), _depth + 1)
+    kind = type(value).__name__
+    if kind == "Range" and hasattr(value, "isempty"):  # asyncpg's range types (int4range, tstzrange, ...)
+        return {
+            "lower": json_safe(value.lower, _depth + 1),
+            "upper": json_safe(value.upper, _depth + 1),
+            "lower_inc": bool(value.lower_inc),
+            "upper_inc": bool(value.upper_inc),
+            "empty": bool(value.isempty),
+        }
+    if kind == "BitString" and hasattr(value, "as_string"):  # asyncpg's bit / varbit
+        return str(value.as_string())
     return _repr(value)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from noetl_stream.dataplane.children import current_iteration
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools import TOOLS, ToolContext, close_resources
 from noetl_stream.dataplane.tools.base import WorkerServices
@@ -22,8 +23,9 @@ from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.model import Step, Task, Then
 from noetl_stream.dsl.policy import backoff_delay, decide
 from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 from noetl_stream.kv.keychain import redact, secret_strings
-from noetl_stream.wire import Checkpoint
+from noetl_stream.wire import Checkpoint, now_iso
 
 DEFAULT_MAX_TASK_RUNS = 10_000
 
@@ -69,6 +71,8 @@ class PipelineInput:
     secrets: frozenset[str] = frozenset()
     """Resolved keychain values: redacted from everything the pipeline reports."""
     stop_check: Callable[[], str | None] | None = None
+    trace_id: str | None = None
+    """The execution's trace id (``outcome.meta.trace_id``)."""
     """Returns a reason when the execution has ended and the pipeline should stop (checked between tasks)."""
     """Effective task specs, computed once per command (shared by the iterations of a local loop)."""
 
@@ -119,6 +123,13 @@ async def run_pipeline(
     attempt = 1
     resources: dict[str, Any] = {}
     max_runs = int(inp.executor_spec.get("max_task_runs", DEFAULT_MAX_TASK_RUNS))
+    # A loop iteration's pipeline: the children its tasks start read this copy, with its set_iter values,
+    # as their iter.parent (the worker set the iteration's own dict around it).
+    nested = (
+        current_iteration.set(iter_scope)
+        if inp.iter is not None and current_iteration.get() is inp.iter
+        else None
+    )
     try:
         while pc < len(tasks):
             task = tasks[pc]
@@ -253,6 +264,8 @@ async def run_pipeline(
             out.iter = redact(out.iter, secrets)
         return out
     finally:
+        if nested is not None:
+            current_iteration.reset(nested)
         close_resources(resources)
 
 
@@ -309,11 +322,12 @@ async def _run_task(
     resources: dict[str, Any],
 ) -> Outcome:
     started = time.monotonic()
+    started_at = now_iso()
     label = task.name
     if task.kind == "workbook":
         resolved = _resolve_workbook(inp, task, spec, scope)
         if isinstance(resolved, Outcome):
-            resolved.meta = {"attempt": attempt, "duration_s": 0.0}
+            resolved.meta = _meta({}, inp, attempt, 0.0, started_at, started_at)
             return resolved
         task, spec, scope = resolved
     tool = TOOLS.get(task.kind)
@@ -355,5 +369,49 @@ async def _run_task(
                 outcome = Outcome.fail(
                     type(exc).__name__, f"tool '{task.kind}' raised {type(exc).__name__}: {exc}"
                 )
-    outcome.meta = {**outcome.meta, "attempt": attempt, "duration_s": round(time.monotonic() - started, 6)}
+    if outcome.status == "ok" and type(outcome.result) not in PLAIN_TYPES:
+        outcome = _json_result(outcome, task, label)
+    outcome.meta = _meta(
+        outcome.meta, inp, attempt, round(time.monotonic() - started, 6), started_at, now_iso()
+    )
+    return outcome
+
+
+def _meta(
+    base: dict[str, Any], inp: PipelineInput, attempt: int, duration_s: float, started_at: str, ended_at: str
+) -> dict[str, Any]:
+    """``outcome.meta`` (001 §11): the tool's own keys, then attempt, duration, timestamps and the trace
+    id (one new mapping)."""
+    meta: dict[str, Any] = {
+        **base,
+        "attempt": attempt,
+        "duration_s": duration_s,
+        "started_at": started_at,
+        "ended_at": ended_at,
+    }
+    if inp.trace_id:
+        meta["trace_id"] = inp.trace_id
+    return meta
+
+
+JSON_KINDS = frozenset({"noop", "python", "duckdb", "http", "postgres", "secrets", "script", "playbook"})
+"""Built-in kinds whose results are JSON by construction (rendered values, ``json_safe`` rows, decoded
+bodies): a mapping or list they return is not walked again."""
+
+
+def _json_result(outcome: Outcome, task: Task, label: str) -> Outcome:
+    """The outcome with its result in JSON form (a tuple, set or ``range`` becomes a list, a ``str``
+    subclass a ``str``); a result without one is the task's error, which its policy sees (001 §11:
+    one final outcome per invocation, never a publish that fails)."""
+    result = outcome.result
+    if task.kind in JSON_KINDS and type(result) in (dict, list):
+        return outcome
+    try:
+        outcome.result = to_json(result)
+    except NotJSONError as exc:
+        return Outcome.fail(
+            "invalid_result",
+            f"task '{label}' ({task.kind}): its result is not JSON: {exc} (a task returns a string, "
+            "number, boolean, null, list or mapping)",
+        )
     return outcome

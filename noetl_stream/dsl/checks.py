@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from noetl_stream.dsl import vocabulary as V
+from noetl_stream.dsl.canonical import LEGACY
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, format_path
 from noetl_stream.dsl.model import Playbook
+from noetl_stream.dsl.rewrite import alias_literals, event_name_literals, success_to_ok
 from noetl_stream.dsl.templates import check_syntax, has_template, undeclared_names
+from noetl_stream.events import LEGACY_ALIASES
 
 if TYPE_CHECKING:
     from noetl_stream.dsl.compiler import Compiler
@@ -129,19 +131,27 @@ def _task_label(tool: Any, key: Any, step: str) -> str | None:
     return None
 
 
-_LEGACY_STATUS = re.compile(
-    r"outcome\.status\s*(?:==|!=)\s*['\"]success['\"]|['\"]success['\"]\s*(?:==|!=)\s*outcome\.status"
-)
+def _legacy_fix(c: Compiler, what: str) -> str:
+    """How to get a legacy spelling translated, or (the extension is on) that this form is not."""
+    if LEGACY in c.extensions:
+        return (
+            f" (the legacy translation rewrites only comparisons with it: == '{what}', != '{what}' "
+            "or in [...])"
+        )
+    return " (or enable legacy extensions)"
+
+
 _WHERE = {
     "outcome": "only task policy rules see the outcome",
     "_prev": "a pipeline local",
     "_task": "a pipeline local",
     "_attempt": "a pipeline local",
     "event": "only routing and admission see the boundary event",
+    "keychain": "credentials reach only the worker that runs a step's tasks, never the controller",
 }
 _UNAVAILABLE = {
-    "an admission rule": frozenset({"outcome", "_prev", "_task", "_attempt"}),
-    "an arc": frozenset({"outcome", "_prev", "_task", "_attempt"}),
+    "an admission rule": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain"}),
+    "an arc": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain"}),
     "a task": frozenset({"event"}),
 }
 
@@ -172,6 +182,9 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
             labels_by_index[i] = {t.name for t in step.tasks} | (
                 {"input"} if step.input is not None else set()
             )
+    looped = {
+        i for i, item in enumerate(raw_steps) if isinstance(item, dict) and item.get("loop") is not None
+    }
     base = V.SCOPE_NAMES | V.JINJA_GLOBALS | workload_keys | step_names | set(playbook.workbook)
     roots: list[tuple[Path, Any]] = [(("workflow",), raw_steps), (("workbook",), data.get("workbook"))]
     reported: set[tuple[Path, str]] = set()  # a rewrite may copy a template (a looped step's moved arcs)
@@ -202,12 +215,33 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 if path[1] not in labels_by_index:
                     continue  # the step did not compile; its errors say more than name checks could
                 known = base | labels_by_index[path[1]]
-            if _LEGACY_STATUS.search(text):
-                c.warn(
+            if success_to_ok(text) != text:
+                c.error(
                     path,
                     f"{who}: outcome.status is 'ok' or 'error' (001 §11); 'success' is the legacy (002) "
-                    "spelling and never matches",
+                    f"spelling{_legacy_fix(c, 'ok')}",
                     code="legacy-status",
+                )
+            for alias in dict.fromkeys(alias_literals(text)):
+                canonical = " or ".join(f"'{n}'" for n in LEGACY_ALIASES[alias])
+                c.error(
+                    path,
+                    f"{who}: '{alias}' is a legacy event alias; use {canonical}{_legacy_fix(c, alias)}",
+                    code="legacy-event",
+                )
+            if (
+                root == ("workflow",)
+                and path[2:4] == ("next", "arcs")
+                and path[-1] == "when"
+                and path[1] in looped
+                and "step.done" in (literals := event_name_literals(text))
+                and "loop.done" not in literals
+            ):
+                c.warn(
+                    path,
+                    f"{who}: a step with a loop ends with 'loop.done' (or 'step.failed'), never 'step.done': "
+                    "this condition never matches it; test event.name == 'loop.done'",
+                    code="loop-boundary",
                 )
             names = undeclared_names(text)
             site = _site(path)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from jinja2 import TemplateSyntaxError
 
 from noetl_stream.dsl.templates import ENV, _single_expression, has_template, undeclared_names
+from noetl_stream.events import LEGACY_ALIASES
 
 _CODE_OPEN = frozenset({"variable_begin", "block_begin"})
 _CODE_CLOSE = frozenset({"variable_end", "block_end"})
@@ -265,6 +266,89 @@ def _swap_success(out: list[Tok], i: int) -> None:
     if 0 <= i < len(out) and out[i].kind == "string" and out[i].value[1:-1] == "success":
         q = out[i].value[0]
         out[i] = Tok("string", f"{q}ok{q}", True)
+
+
+# -- legacy event name aliases (call.done, call.error, step.exit) ----------------------------------
+
+
+def alias_literals(source: str) -> list[str]:
+    """The legacy event aliases a template that reads ``event`` names in string literals."""
+    if not any(a in source for a in LEGACY_ALIASES):
+        return []
+    return [name for name in event_name_literals(source) if name in LEGACY_ALIASES]
+
+
+def event_name_literals(source: str) -> list[str]:
+    """The string literals of a template that reads ``event`` (the event names it compares with)."""
+    if "event" not in source or not has_template(source):
+        return []
+    tokens = tokenize(source)
+    if tokens is None or "event" not in undeclared_names(source):
+        return []
+    return [t.value[1:-1] for t in tokens if t.code and t.kind == "string"]
+
+
+def _event_name_at(tokens: list[Tok], i: int, step: int) -> int:
+    """Index of the far end of an ``event.name`` reference whose near end is at ``i`` (-1: none)."""
+    a = i
+    b = _sig(tokens, a, step)
+    c = _sig(tokens, b, step)
+    first, last = (a, c) if step > 0 else (c, a)
+    if (
+        _is(tokens, first, "name", "event")
+        and _is(tokens, _sig(tokens, first, 1), "operator", ".")
+        and _is(tokens, last, "name", "name")
+        and _is_reference(tokens, first)
+    ):
+        return c
+    return -1
+
+
+def _listed(names: tuple[str, ...], q: str) -> str:
+    return ", ".join(f"{q}{n}{q}" for n in names)
+
+
+def aliases_to_canonical(source: str) -> str:
+    """``event.name == 'call.done'`` -> ``event.name in ['step.done', 'loop.done']`` (also ``!=``, the
+    literal first, and an alias inside ``event.name in [...]``); other uses stay as they are."""
+    if not alias_literals(source):
+        return source
+    tokens = tokenize(source)
+    if tokens is None:
+        return source
+    out = list(tokens)
+    for i, t in enumerate(tokens):
+        alias = t.value[1:-1] if t.code and t.kind == "string" else None
+        if alias not in LEGACY_ALIASES:
+            continue
+        names, q = LEGACY_ALIASES[alias], t.value[0]
+        op = _sig(tokens, i, -1)
+        if (_is(tokens, op, "operator", "==") or _is(tokens, op, "operator", "!=")) and _event_name_at(
+            tokens, _sig(tokens, op, -1), -1
+        ) >= 0:  # event.name == 'alias'
+            out[op] = Tok("name", "in" if tokens[op].value == "==" else "not in", True)
+            out[i] = Tok("operator", f"[{_listed(names, q)}]", True)
+            continue
+        op = _sig(tokens, i, 1)
+        if _is(tokens, op, "operator", "==") or _is(tokens, op, "operator", "!="):
+            end = _event_name_at(tokens, _sig(tokens, op, 1), 1)
+            if end >= 0:  # 'alias' == event.name
+                neg = "not " if tokens[op].value == "!=" else ""
+                out[i] = Tok("name", f"event.name {neg}in [{_listed(names, q)}]", True)
+                for k in range(i + 1, end + 1):
+                    out[k] = Tok("raw", "", True)
+                continue
+        j = _sig(tokens, i, -1)  # inside event.name in [..., 'alias', ...]
+        while _is(tokens, j, "string") or _is(tokens, j, "operator", ","):
+            j = _sig(tokens, j, -1)
+        if _is(tokens, j, "operator", "[") or _is(tokens, j, "operator", "("):
+            k = _sig(tokens, j, -1)
+            before = _sig(tokens, k, -1)
+            if _is(tokens, before, "name", "not"):
+                before = _sig(tokens, before, -1)
+            if _is(tokens, k, "name", "in") and _event_name_at(tokens, before, -1) >= 0:
+                out[i] = Tok("string", _listed(names, q), True)
+    return join(out)
 
 
 # -- templates as expressions ----------------------------------------------------------------------

@@ -9,6 +9,10 @@
   item access on an undefined value stays undefined until it is used.
 * ``obj.key`` on a mapping reads the key first, so ``{{ fetch.items }}`` is the
   ``items`` field of a result, not ``dict.items``.
+* A native value is JSON (it travels in events and commands): a ``str`` subclass becomes a ``str``,
+  a tuple, set, ``range`` or generator a list; a value without a JSON form (a function, an object)
+  fails the render, naming its type. Only a value the expression computed is walked: a read of the
+  scope (``{{ fetch.rows }}``, ``{{ x | default([]) }}``) is JSON already.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from noetl_stream.errors import NoetlError
+from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 
 MAX_RENDER_DEPTH = 64
 
@@ -102,29 +107,82 @@ def has_template(text: str) -> bool:
 class Compiled:
     """A compiled template: ``render(scope)`` returns its value."""
 
-    __slots__ = ("_expr", "_tmpl", "native", "source")
+    __slots__ = ("_expr", "_reads", "_tmpl", "native", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
         self._expr: Any = None
         self._tmpl: Any = None
+        self._reads = False
+        """The expression only reads the scope (its containers are JSON already: not walked)."""
         inner = _single_expression(source)
         self.native = inner is not None
         try:
             if inner is not None:
                 self._expr = ENV.compile_expression(inner, undefined_to_none=False)
+                self._reads = _reads_only(inner)
             else:
                 self._tmpl = ENV.from_string(source)
         except TemplateSyntaxError as exc:
             raise TemplateSyntaxProblem(exc.message or "syntax error", exc.lineno or 1) from None
 
     def render(self, scope: Mapping[str, Any]) -> Any:
+        """The value; raises ``NotJSONError`` for a native value without a JSON form."""
         if self._expr is not None:
             value = self._expr(scope)
+            t = type(value)
+            if t in PLAIN_TYPES or (self._reads and (t is dict or t is list)):
+                return value
             if isinstance(value, Undefined):
                 value._fail_with_undefined_error()
-            return value
+            return to_json(value)
         return self._tmpl.render(scope)
+
+
+_READ_FILTERS = frozenset({"default", "d"})
+
+
+def _reads_only(inner: str) -> bool:
+    """Whether expression ``inner`` only reads the scope and literals (its value needs no walk)."""
+    try:
+        body = ENV.parse(f"{{{{ {inner} }}}}").body
+    except TemplateSyntaxError:
+        return False
+    if len(body) != 1 or not isinstance(body[0], nodes.Output) or len(body[0].nodes) != 1:
+        return False
+    return _read(body[0].nodes[0])
+
+
+def _read(node: nodes.Node) -> bool:
+    if isinstance(node, nodes.Name):
+        return node.name not in ENV.globals  # range, dict, cycler, ... are not scope values
+    if isinstance(node, nodes.Const):
+        return type(node.value) in PLAIN_TYPES
+    if isinstance(node, nodes.Getattr):
+        return _read(node.node)
+    if isinstance(node, nodes.Getitem):
+        return _read(node.node) and _read(node.arg)
+    if isinstance(node, nodes.List):
+        return all(_read(i) for i in node.items)
+    if isinstance(node, nodes.Dict):
+        return all(
+            isinstance(p.key, nodes.Const) and type(p.key.value) is str and _read(p.value) for p in node.items
+        )
+    if isinstance(node, (nodes.And, nodes.Or)):
+        return _read(node.left) and _read(node.right)
+    if isinstance(node, nodes.CondExpr):
+        return _read(node.test) and _read(node.expr1) and node.expr2 is not None and _read(node.expr2)
+    if isinstance(node, nodes.Filter):
+        return (
+            node.name in _READ_FILTERS
+            and node.node is not None
+            and _read(node.node)
+            and all(_read(a) for a in node.args)
+            and not node.kwargs
+            and node.dyn_args is None
+            and node.dyn_kwargs is None
+        )
+    return False
 
 
 def _single_expression(source: str) -> str | None:
@@ -208,6 +266,12 @@ def render_value(value: Any, scope: Mapping[str, Any], where: str = "", _depth: 
             raise RenderError(str(exc.message or "undefined value"), where) from None
         except SecurityError as exc:
             raise RenderError(f"not allowed in a template: {exc}", where) from None
+        except NotJSONError as exc:
+            raise RenderError(
+                f"{exc} (a template's value is passed on as JSON: a string, number, boolean, null, "
+                "list or mapping)",
+                where,
+            ) from None
         except TemplateError as exc:
             raise RenderError(str(exc), where) from None
         except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as exc:

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable
 
 import msgspec
+import structlog
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
@@ -32,6 +33,8 @@ from noetl_stream.kv import scan
 from noetl_stream.operations import CatalogEntryInfo
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import content_hash
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "LATEST",
@@ -342,12 +345,16 @@ class Catalog:
         for key in keys:
             if not key.startswith(prefix):
                 continue
-            if key.endswith(latest_suffix):
-                pointer, _ = await self._read(key, _Pointer)
-                if isinstance(pointer, _Pointer):
-                    pointers[decode_part(key[: -len(latest_suffix)])] = pointer.version
+            try:
+                if key.endswith(latest_suffix):
+                    pointer, _ = await self._read(key, _Pointer)
+                    if isinstance(pointer, _Pointer):
+                        pointers[decode_part(key[: -len(latest_suffix)])] = pointer.version
+                    continue
+                stored, _ = await self._read(key, _Stored)
+            except msgspec.DecodeError as exc:  # a key written by something else: the others still list
+                log.warning("catalog.bad_entry", key=key, error=str(exc))
                 continue
-            stored, _ = await self._read(key, _Stored)
             if isinstance(stored, _Stored):
                 out.append((stored.path, stored.seq, stored.info()))
         out.sort(key=lambda item: (item[0], item[1]))

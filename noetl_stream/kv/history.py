@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 
+import msgspec
 import nats.errors
+import structlog
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
@@ -15,6 +17,8 @@ from noetl_stream.errors import NoetlError
 from noetl_stream.natsconn import num_pending
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, decode_event
+
+log = structlog.get_logger(__name__)
 
 
 class HistoryReadError(NoetlError):
@@ -35,6 +39,9 @@ async def read_events(
 
     ``names`` restricts to some event names (e.g. the controller's inputs). Reads with an
     ephemeral pull consumer that is deleted at the end; stops at the stream's end or ``before_seq``.
+    A stored message that is not an event (anyone who may publish on the events subjects can store
+    one) is skipped and logged, as the controller's consumer terminates it: it was never applied, so
+    a fold without it is the live projection, and one bad message does not stop an execution's resume.
     """
     filters = _filters(topology, execution_id, names)
     config = api.ConsumerConfig(
@@ -66,7 +73,12 @@ async def read_events(
                 seq = msg.metadata.sequence.stream
                 if before_seq is not None and seq >= before_seq:
                     return
-                yield seq, decode_event(msg.data)
+                try:
+                    event = decode_event(msg.data)
+                except msgspec.DecodeError as exc:  # ValidationError included
+                    log.warning("history.bad_event", subject=msg.subject, seq=seq, error=str(exc))
+                    continue
+                yield seq, event
     finally:
         try:
             await sub.unsubscribe()

@@ -98,7 +98,14 @@ class SnapshotStore(Generic[S]):
             return None
         if entry.value is None:
             return None
-        data = entry.value
+        if record:  # also when the value turns out unreadable: the writer rebuilding it may replace it
+            self.revisions[execution_id] = entry.revision or 0
+        return await self.decode(execution_id, entry.value, record=record)
+
+    async def decode(self, execution_id: str, value: bytes, *, record: bool = False) -> S:
+        """The snapshot a KV value holds: inline, or in the object it points to (fetched, its checksum
+        checked). Raises ``ValueError`` (``msgspec.DecodeError`` included) for a value that is not one."""
+        data = value
         if data.startswith(_POINTER):
             pointer = _decode_pointer(data).snapshot
             data = (await (await self._object_store()).get(pointer.object)).data or b""
@@ -106,8 +113,6 @@ class SnapshotStore(Generic[S]):
                 raise ValueError(f"snapshot of {execution_id}: object {pointer.object} has another checksum")
             if record:
                 self._pointers[execution_id] = pointer.object
-        if record:
-            self.revisions[execution_id] = entry.revision or 0
         return self._decoder.decode(data)
 
     async def put(self, execution_id: str, state: S, ttl_s: float | None = None) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +82,22 @@ class ToolContext:
         if self.services is None or self.services.credentials is None:
             raise KeyError(name)
         return await self.services.credentials(name)
+
+
+def timeout_seconds(value: Any) -> float | None:
+    """``spec.timeout`` of a tool bounded by one number of seconds (``python``, ``script``): a number,
+    or text holding one (``timeout: "30"``); None or a mapping (a step-wide http ``{connect, read}``)
+    set no limit. Raises ``ValueError`` for anything else, which must not pass for "no limit"."""
+    if value is None or isinstance(value, Mapping):
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"spec.timeout must be a number of seconds, got {value!r}")
 
 
 class Tool(Protocol):

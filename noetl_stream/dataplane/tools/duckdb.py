@@ -13,6 +13,9 @@ Large results: a ``query`` result travels in the task's events, which have a siz
 (the worker turns an oversized result into a ``result_too_large`` error). Keep results
 small: aggregate in SQL, or write the data to a file (``COPY (...) TO 'out.parquet'``) or
 to a table in ``db_path`` and return its path or row count as the result.
+
+``TIMESTAMP WITH TIME ZONE`` values come back as ISO text with their offset (DuckDB hands them to
+Python through ``pytz``, a dependency for that reason).
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ not UTF-8 text are base64 and ``outcome.http.encoding`` says so). ``outcome.http
 
 Errors: a non-2xx response is ``http_error`` (the body is still the result), retryable for 429 and 5xx;
 a refused or dropped connection is ``connection_error`` and a connect/read timeout ``timeout``, both
-retryable with ``outcome.http.status`` None. Credential values never appear in the outcome: headers
+retryable with ``outcome.http.status`` None; a certificate or TLS handshake failure is ``tls_error`` and a
+URL that is not http(s) ``config_error`` (neither retryable). Redirects are followed, but a header that
+carries a credential (``auth``'s, or one named in `SENSITIVE_HEADERS`) is never sent to another origin
+than the task's URL. Credential values never appear in the outcome: headers
 that carry credentials are masked and every value of the credential used is redacted; so are the
 password of a URL's userinfo (``https://user:pw@host``) and the values of query parameters named like
 credentials (``access_token``, ``api_key``, ``sig``, ... `SENSITIVE_PARAMS`) in error messages and
@@ -33,7 +36,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import aiohttp
@@ -52,6 +55,9 @@ from noetl_stream.kv.keychain import (
     redact,
     secret_values,
 )
+
+if TYPE_CHECKING:  # client middlewares: aiohttp >= 3.12
+    from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
 
 _SESSION_KEY = "http.session"
 _BODY_KEYS = ("body", "json", "form", "data")
@@ -214,6 +220,24 @@ def _apply_auth(
     )
 
 
+def _same_origin_only(url: str, names: list[str]) -> tuple[ClientMiddlewareType, ...]:
+    """A middleware that drops the credential headers `names` from a request that a redirect sent to
+    another origin (aiohttp drops only ``Authorization``, ``Cookie`` and ``Proxy-Authorization``; an
+    api-key header would reach whatever host a ``Location`` names)."""
+    try:
+        origin = yarl.URL(url).origin()
+    except ValueError:  # no absolute URL: the request fails before anything is sent
+        return ()
+
+    async def middleware(req: aiohttp.ClientRequest, handler: ClientHandlerType) -> aiohttp.ClientResponse:
+        if req.url.origin() != origin:
+            for name in names:
+                req.headers.popall(name, None)
+        return await handler(req)
+
+    return (middleware,)
+
+
 def _request_secrets(url: str, params: list[tuple[str, str]]) -> set[str]:
     """Credentials written into the request itself: the URL's userinfo password and the values of
     query parameters named like credentials (in the URL or in ``params``), raw and percent-encoded."""
@@ -331,6 +355,8 @@ async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             header = _apply_auth(cred, auth, headers, params)
             if header:
                 sensitive = sensitive | {header}
+        guarded = [name for name in headers if name.lower() in sensitive]
+        middlewares = _same_origin_only(url, guarded) if guarded else ()
     except _ConfigError as exc:
         return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets, in_request)
     except KeyError as exc:
@@ -348,12 +374,22 @@ async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         if ctx.services is not None:
             session = await ctx.services.get_or_create(_SESSION_KEY, _new_session, _close_session)
             outcome = await _request(
-                session, method, url, params, headers, data, timeout, max_body, http, sensitive
+                session, method, url, params, headers, data, timeout, max_body, http, sensitive, middlewares
             )
         else:
             async with await _new_session() as session:
                 outcome = await _request(
-                    session, method, url, params, headers, data, timeout, max_body, http, sensitive
+                    session,
+                    method,
+                    url,
+                    params,
+                    headers,
+                    data,
+                    timeout,
+                    max_body,
+                    http,
+                    sensitive,
+                    middlewares,
                 )
     except _TooLarge as exc:
         outcome = Outcome.fail(
@@ -371,11 +407,21 @@ async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         outcome = Outcome.fail(
             "timeout", f"{method} {url}: {phase} timed out after {limit}s", retryable=True, http=http
         )
-    except aiohttp.InvalidURL as exc:
-        outcome = Outcome.fail("config_error", f"invalid url {str(exc.url)!r}", http=http)
+    except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
+        target = exc.url if isinstance(exc, aiohttp.InvalidURL) else (exc.args or [url])[0]
+        what = "a redirect to" if isinstance(exc, aiohttp.RedirectClientError) else "invalid url"
+        outcome = Outcome.fail(
+            "config_error", f"{what} {str(target)!r} (an http or https URL is needed)", http=http
+        )
+    except aiohttp.ClientSSLError as exc:  # a certificate or handshake failure: retrying does not fix it
+        outcome = Outcome.fail("tls_error", f"{method} {url}: {type(exc).__name__}: {exc}", http=http)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         outcome = Outcome.fail(
             "connection_error", f"{method} {url}: {type(exc).__name__}: {exc}", retryable=True, http=http
+        )
+    except aiohttp.TooManyRedirects as exc:
+        outcome = Outcome.fail(
+            "http_client_error", f"{method} {url}: too many redirects ({len(exc.history)})", http=http
         )
     except aiohttp.ClientError as exc:
         outcome = Outcome.fail("http_client_error", f"{method} {url}: {type(exc).__name__}: {exc}", http=http)
@@ -396,9 +442,16 @@ async def _request(
     max_body: int,
     http: dict[str, Any],
     sensitive: frozenset[str],
+    middlewares: tuple[ClientMiddlewareType, ...],
 ) -> Outcome:
     async with session.request(
-        method, url, params=params or None, headers=headers, data=data, timeout=timeout
+        method,
+        url,
+        params=params or None,
+        headers=headers,
+        data=data,
+        timeout=timeout,
+        middlewares=middlewares or None,
     ) as resp:
         http["status"] = resp.status
         http["headers"] = _response_headers(resp.headers, sensitive)

@@ -302,6 +302,8 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                 await conn.close()
     except asyncpg.PostgresError as exc:
         outcome = _pg_error(exc, getattr(exc, "sqlstate", None))
+    except asyncpg.ClientConfigurationError as exc:  # a dsn asyncpg cannot read (not a URL, ...)
+        outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
     except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
         outcome = _pg_error(exc, None)
     except ValueError as exc:
@@ -310,9 +312,10 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         else:  # a malformed dsn (bad port, bad IPv6 host) fails in parsing
             outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
     except TimeoutError:
+        phase, limit = ("statement", timeout) if connected else ("connect", connect_timeout)
         outcome = Outcome.fail(
             "timeout",
-            "postgres: timed out",
+            f"postgres: {phase} timed out" + (f" after {limit}s (spec.timeout.{phase})" if limit else ""),
             retryable=True,
             pg={"code": None, "sqlstate": None, "message": "timeout"},
         )

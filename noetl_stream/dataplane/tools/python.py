@@ -3,12 +3,13 @@
 The rendered ``args`` are bound as local names and as ``args``. With ``code``, the task result is the
 return value of ``main(**args)`` when the code defines ``main``, else the value left in ``result``. With
 ``module``, the function is called with the args it accepts (a coroutine function is awaited on the
-event loop). An exception becomes an error outcome whose ``error.kind`` is the exception's type name
-(``outcome.py.exception_type`` too), ``SystemExit`` and ``KeyboardInterrupt`` included: task code never
-stops the worker. What the code prints is captured into ``outcome.meta.stdout`` / ``stderr`` (the last
-64 KiB). ``spec.timeout`` (seconds) bounds the task: code still running then (or when the task is
-cancelled) is interrupted at its next Python instruction (a call blocked in C, e.g. a long
-``time.sleep``, is interrupted when it returns).
+event loop; an ``async def main`` of ``code`` runs on an event loop of its own thread). An exception
+becomes an error outcome whose ``error.kind`` is the exception's type name (``outcome.py.exception_type``
+too), ``SystemExit`` and ``KeyboardInterrupt`` included: task code never stops the worker. What the
+code prints is captured into ``outcome.meta.stdout`` / ``stderr`` (the last 64 KiB). ``spec.timeout``
+(seconds, a number or numeric text; anything else is a ``config_error``) bounds the task: code still
+running then (or when the task is cancelled) is interrupted at its next Python instruction (a call
+blocked in C, e.g. a long ``time.sleep``, is interrupted when it returns).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from types import CodeType
 from typing import Any, TextIO
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe
-from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.dataplane.tools.base import ToolContext, timeout_seconds
 
 CAPTURE_LIMIT = 64 * 1024
 
@@ -95,7 +96,9 @@ def _execute(code: str, filename: str, args: dict[str, Any], prev: Any) -> Any:
     exec(compiled, namespace)
     main = namespace.get("main")
     if callable(main):
-        return _call(main, args)
+        value = _call(main, args)
+        # `async def main`: run it here, on an event loop of this thread's own (not the worker's)
+        return asyncio.run(value) if inspect.iscoroutine(value) else value
     return namespace.get("result")
 
 
@@ -213,8 +216,10 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     args = copy.deepcopy(args)
     filename = f"<{ctx.step}.{ctx.task}>"
     stdout = stderr = ""
-    timeout = ctx.spec.get("timeout")
-    limit = float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
+    try:
+        limit = timeout_seconds(ctx.spec.get("timeout"))
+    except ValueError as exc:
+        return Outcome.fail("config_error", str(exc))
     try:
         async with asyncio.timeout(limit):
             if isinstance(module, str):

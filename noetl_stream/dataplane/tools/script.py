@@ -38,7 +38,7 @@ import msgspec
 import structlog
 
 from noetl_stream.dataplane.outcome import Outcome
-from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.dataplane.tools.base import ToolContext, timeout_seconds
 
 LANGUAGES = {"sh": ["/bin/sh"], "bash": ["bash"], "python": [sys.executable, "-I"]}
 """Interpreters by ``language``; each runs the script file given as its last argument."""
@@ -208,12 +208,11 @@ async def run_script(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     try:
         interpreter, code, path = _command(config)
         env = _environment(config, ctx)
-    except _ConfigError as exc:
+        limit = timeout_seconds(ctx.spec.get("timeout"))
+    except ValueError as exc:  # _ConfigError included
         return Outcome.fail("config_error", str(exc))
     marker = uuid.uuid4().hex
     env[RUN_MARKER] = marker  # after `env`: a task cannot unset or share it
-    timeout = ctx.spec.get("timeout")
-    limit = float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
     with tempfile.TemporaryDirectory(prefix="noetl-script-") as workdir:
         script = path
         if code is not None:

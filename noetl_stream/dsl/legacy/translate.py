@@ -9,8 +9,16 @@ from noetl_stream.dsl.diagnostics import Diagnostic, Path
 from noetl_stream.dsl.legacy.context import Translation, Untranslatable
 from noetl_stream.dsl.legacy.steps import STEP_000, translate_step
 from noetl_stream.dsl.origins import Origins
-from noetl_stream.dsl.rewrite import Rewrite, reads_attr, rewrite_text, success_to_ok
+from noetl_stream.dsl.rewrite import (
+    Rewrite,
+    alias_literals,
+    aliases_to_canonical,
+    reads_attr,
+    rewrite_text,
+    success_to_ok,
+)
 from noetl_stream.dsl.source import SourceMap
+from noetl_stream.events import LEGACY_ALIASES
 
 ROOT_METADATA = ("name", "path", "version", "description")
 
@@ -39,6 +47,7 @@ def translate(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
                         step.pop("next")
         data["workflow"] = t.mark(out, ("workflow",))
         _names(t, data)
+    _workbook(t, data)
     _keychain(t, data)
     _extensions(data)
     return t.diagnostics
@@ -97,7 +106,8 @@ def _strings(node: Any, path: Path) -> Iterator[tuple[Any, Any, Path]]:
 
 
 def _names(t: Translation, data: dict[str, Any]) -> None:
-    """``vars.<name>`` reads and ``outcome.status == 'success'``, everywhere in the workflow."""
+    """``vars.<name>`` reads, ``outcome.status == 'success'`` and tests of legacy event aliases
+    (``event.name == 'call.done'``), everywhere in the workflow."""
     table = t.origins.resolve(data)
     for i, step in enumerate(data["workflow"]):
         if not isinstance(step, dict):
@@ -108,13 +118,11 @@ def _names(t: Translation, data: dict[str, Any]) -> None:
         told = False
         for node, key, path in _strings(step, ("workflow", i)):
             before = node[key]
-            after = success_to_ok(rewrite_text(before, rw))
+            after = _spellings(t, rewrite_text(before, rw), table.get(path, path))
             if after == before:
                 continue
             node[key] = after
             where = table.get(path, path)
-            if success_to_ok(before) != before:
-                t.warn(where, "002 outcome status 'success' translated to 'ok'", at_key=False)
             if rewrite_text(before, rw) != before:
                 if any(reads_attr(before, "vars", n) for n in clash):
                     t.error(
@@ -131,6 +139,32 @@ def _names(t: Translation, data: dict[str, Any]) -> None:
                         "ctx.<name> (iter.<name> for names of 002 set_vars)",
                         at_key=False,
                     )
+
+
+def _spellings(t: Translation, text: str, where: Path) -> str:
+    """``text`` with ``outcome.status == 'success'`` and legacy event aliases in canonical form."""
+    after = aliases_to_canonical(success_to_ok(text))
+    if after != text:
+        if success_to_ok(text) != text:
+            t.warn(where, "002 outcome status 'success' translated to 'ok'", at_key=False)
+        for alias in dict.fromkeys(alias_literals(text)):
+            t.warn(
+                where,
+                f"legacy event alias '{alias}' translated to the boundaries it stands for "
+                f"({', '.join(LEGACY_ALIASES[alias])})",
+                at_key=False,
+            )
+    return after
+
+
+def _workbook(t: Translation, data: dict[str, Any]) -> None:
+    """The legacy spellings in workbook templates (their tasks' policies)."""
+    workbook = data.get("workbook")
+    if not isinstance(workbook, (dict, list)):
+        return
+    table = t.origins.resolve(data)
+    for node, key, path in _strings(workbook, ("workbook",)):
+        node[key] = _spellings(t, node[key], table.get(path, path))
 
 
 def _keychain(t: Translation, data: dict[str, Any]) -> None:

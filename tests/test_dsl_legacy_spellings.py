@@ -1,0 +1,114 @@
+"""Legacy spellings inside templates: event name aliases (000) and ``outcome.status == 'success'`` (002).
+
+Rejected by default with the canonical replacement; translated with the legacy extension."""
+
+from __future__ import annotations
+
+import pytest
+from dsl_support import assert_rejected_with, steps
+
+from noetl_stream.dsl import compile_playbook
+
+LEGACY = "executor: {spec: {extensions: [legacy]}}\nworkflow:\n"
+
+
+def with_legacy(text: str) -> str:
+    return text.replace("workflow:\n", LEGACY, 1)
+
+
+def arc(when: str) -> str:
+    return steps(
+        f"""\
+  - step: start
+    tool: {{kind: noop}}
+    next: {{arcs: [{{step: after, when: "{when}"}}]}}
+  - step: after
+    tool: {{kind: noop}}
+"""
+    )
+
+
+@pytest.mark.parametrize(
+    ("alias", "use"),
+    [
+        ("call.done", "'step.done' or 'loop.done'"),
+        ("call.error", "'step.failed'"),
+        ("step.exit", "'step.done' or 'step.failed' or 'loop.done'"),
+    ],
+)
+def test_an_event_alias_in_a_canonical_playbook_is_an_error(alias: str, use: str) -> None:
+    assert_rejected_with(
+        arc(f"{{{{ event.name == '{alias}' }}}}"),
+        [
+            f"bad.yaml:9:39: step 'start': '{alias}' is a legacy event alias; use {use} (or enable legacy "
+            "extensions) (at workflow[0].next.arcs[0].when)"
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("when", "canonical"),
+    [
+        ("{{ event.name == 'call.done' }}", "{{ event.name in ['step.done', 'loop.done'] }}"),
+        (
+            "{{ event.name != 'call.error' and workload.x }}",
+            "{{ event.name not in ['step.failed'] and workload.x }}",
+        ),
+        ("{{ 'step.exit' == event.name }}", "{{ event.name in ['step.done', 'step.failed', 'loop.done'] }}"),
+        (
+            "{{ event.name in ['call.done', 'step.failed'] }}",
+            "{{ event.name in ['step.done', 'loop.done', 'step.failed'] }}",
+        ),
+    ],
+)
+def test_the_legacy_extension_translates_event_aliases(when: str, canonical: str) -> None:
+    result = compile_playbook(with_legacy(arc(when)), "old.yaml")
+    assert result.errors == ()
+    assert result.playbook is not None
+    (translated,) = result.playbook.workflow[0].next.arcs  # type: ignore[union-attr]
+    assert translated.when == canonical
+    assert any("legacy event alias" in d.message for d in result.warnings)
+
+
+def test_an_event_alias_in_a_form_the_translation_does_not_rewrite_is_an_error_naming_the_forms() -> None:
+    text = with_legacy(arc("{{ event.name.startswith('x') or 'call.done' in [event.name] }}"))
+    messages = [d.message for d in compile_playbook(text, "old.yaml").errors]
+    assert messages == [
+        "step 'start': 'call.done' is a legacy event alias; use 'step.done' or 'loop.done' (the legacy "
+        "translation rewrites only comparisons with it: == 'call.done', != 'call.done' or in [...])"
+    ]
+
+
+def test_event_name_equals_only_its_canonical_name_in_a_canonical_playbook() -> None:
+    result = compile_playbook(arc("{{ event.name == 'step.done' }}"), "ok.yaml")
+    assert result.diagnostics == ()
+
+
+STATUS = steps(
+    """\
+  - step: start
+    tool:
+      kind: noop
+      spec: {policy: {rules: [{when: "{{ outcome.status == 'success' }}", then: {do: break}}]}}
+"""
+)
+
+
+def test_outcome_status_success_is_an_error_without_the_legacy_extension() -> None:
+    assert_rejected_with(
+        STATUS,
+        [
+            "bad.yaml:10:38: step 'start' task 'start_task': outcome.status is 'ok' or 'error' (001 §11); "
+            "'success' is the legacy (002) spelling (or enable legacy extensions) "
+            "(at workflow[0].tool.spec.policy.rules[0].when)"
+        ],
+    )
+
+
+def test_outcome_status_success_is_translated_to_ok_with_the_legacy_extension() -> None:
+    result = compile_playbook(with_legacy(STATUS), "old.yaml")
+    assert result.errors == ()
+    assert result.playbook is not None
+    (rule,) = result.playbook.workflow[0].tasks[0].policy.rules  # type: ignore[union-attr]
+    assert rule.when == "{{ outcome.status == 'ok' }}"
+    assert [d.message for d in result.warnings] == ["002 outcome status 'success' translated to 'ok'"]

@@ -1,0 +1,39 @@
+"""The CLI on an execution whose history holds a stored message that is not an event (anyone who may
+publish on the events subjects can store one), against a real nats-server: one error line or the
+answer, never a traceback (``status``, ``events``, ``replay`` and ``retry`` printed one)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import playbook
+from procs import run_cli, topology_env
+
+from noetl_stream import events as E
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.local import Runtime
+from noetl_stream.subjects import Topology
+
+GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
+
+
+@pytest.mark.parametrize("garbage", [b"{not json", b'{"event_id": "x", "status": "completed"}'])
+async def test_reading_a_history_with_a_non_event_prints_no_traceback(
+    runtime: Runtime, nats_server: EmbeddedNats, topology: Topology, garbage: bytes
+) -> None:
+    summary = await runtime.run_playbook(GOOD, timeout=20)
+    eid = summary.execution_id
+    await runtime.nc.jetstream().publish(topology.event_subject(eid, E.STEP_DONE), garbage)
+    env = {**os.environ, **topology_env(topology), "NOETL_NATS_URL": nats_server.url}
+
+    for args in (
+        ("status", eid),
+        ("events", eid),
+        ("replay", eid),
+        ("replay", eid, "--verify"),
+        ("retry", eid),
+    ):
+        code, out, err = await run_cli(env, *args, timeout=30)
+        assert "Traceback" not in err, f"{args}: exit {code}\n{err}"
+        assert code == 0 or (code in (1, 2) and "\nerror: " in f"\n{err}"), f"{args}: exit {code}\n{out}{err}"

@@ -1,0 +1,218 @@
+"""The ``http`` tool's failure edges, end to end: credentials on redirects, TLS, URLs that are not http."""
+
+from __future__ import annotations
+
+import datetime
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from helpers import playbook, run
+from httpserver import HttpServer
+
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
+from noetl_stream.local import local_runtime
+from noetl_stream.subjects import Topology
+
+API_KEY = "key-SECRET-probe-4c1d9e"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[HttpServer]:
+    srv = await HttpServer().start()
+    yield srv
+    await srv.stop()
+
+
+async def _site(app: web.Application, ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
+    await site.start()
+    assert site._server is not None
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+
+class Redirector:
+    """``/to?url=U`` answers 302 to U, ``/loop`` redirects to itself, ``/seen`` records the
+    ``X-Token`` header it got (None when absent) in `seen`."""
+
+    def __init__(self) -> None:
+        self.seen: list[str | None] = []
+        self.url = ""
+
+    async def to(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(request.query["url"])
+
+    async def loop(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound("/loop")
+
+    async def record(self, request: web.Request) -> web.Response:
+        self.seen.append(request.headers.get("X-Token"))
+        return web.json_response({})
+
+
+@pytest.fixture
+async def redirector() -> AsyncIterator[Redirector]:
+    r = Redirector()
+    app = web.Application()
+    app.router.add_get("/to", r.to)
+    app.router.add_get("/loop", r.loop)
+    app.router.add_get("/seen", r.record)
+    runner, port = await _site(app)
+    r.url = f"http://127.0.0.1:{port}"
+    yield r
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def self_signed(tmp_path: Path) -> AsyncIterator[str]:
+    """An https server whose certificate no client trusts."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(private, hashes.SHA256())
+    )
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert), str(key))
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="hi")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    runner, port = await _site(app, context)
+    yield f"https://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_api_key_header_is_not_sent_to_another_origin_on_redirect(
+    nats_server: EmbeddedNats, topology: Topology, server: HttpServer, redirector: Redirector
+) -> None:
+    # The same server under another host name is another origin: a Location pointing there must not
+    # receive the credential (aiohttp itself drops only Authorization); a same-origin redirect keeps it.
+    other = server.url.replace("127.0.0.1", "localhost")
+    key = KeychainKey([generate_key()])
+    text = playbook(
+        """
+        - step: start
+          tool:
+            - name: away
+              kind: http
+              url: "{{ redirector }}/to"
+              params: {url: "{{ other }}/echo"}
+              auth: api
+            - name: home
+              kind: http
+              url: "{{ redirector }}/to"
+              params: {url: /seen}
+              auth: api
+            - name: same
+              kind: http
+              url: "{{ api }}/echo"
+              auth: api
+            - name: out
+              kind: noop
+              result: {away: "{{ away.headers }}", same: "{{ same.headers }}"}
+        """,
+        workload={"api": server.url, "other": other, "redirector": redirector.url},
+    )
+    async with local_runtime(nats_server.url, topology=topology, keychain_key=key) as rt:
+        await Keychain(rt.nc.jetstream(), topology, key).put(
+            "api", "api_key", {"header": "X-Token", "value": API_KEY}
+        )
+        r = await run(rt, text)
+    assert r.status == "success", r.summary
+    assert [s["headers"].get("X-Token") for s in server.seen] == [None, API_KEY]
+    assert redirector.seen == [API_KEY]
+    result = r.step_result("start")
+    assert "X-Token" not in result["away"] and result["same"]["X-Token"] == "***"
+    assert API_KEY not in msgspec.json.encode(r.events).decode()
+
+
+async def test_untrusted_certificate_is_a_tls_error_not_retryable(
+    nats_server: EmbeddedNats, topology: Topology, self_signed: str
+) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: http
+            url: "{{ api }}/"
+            spec:
+              policy:
+                rules:
+                  - when: "{{ outcome.status == 'error' and outcome.error.retryable }}"
+                    then: {do: retry, attempts: 3, delay: 0}
+                  - when: "{{ outcome.status == 'error' }}"
+                    then: {do: fail}
+        """,
+        workload={"api": self_signed},
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text)
+    assert r.status == "failed"
+    err = r.step_error("start")
+    assert err["kind"] == "tls_error" and err["retryable"] is False
+    assert "CERTIFICATE_VERIFY_FAILED" in err["message"]
+    assert len(r.tasks("start")) == 1  # not retried
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:9/items", "ftp://127.0.0.1/items"])
+async def test_url_that_is_not_http_is_a_config_error(
+    nats_server: EmbeddedNats, topology: Topology, url: str
+) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: http, url: "{{ target }}"}
+        """,
+        workload={"target": url},
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text)
+    assert r.status == "failed"
+    err = r.step_error("start")
+    assert err["kind"] == "config_error", err
+    assert repr(url) in err["message"] and "http or https" in err["message"]
+
+
+async def test_redirect_loop_says_so(
+    nats_server: EmbeddedNats, topology: Topology, redirector: Redirector
+) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: http, url: "{{ loop }}"}
+        """,
+        workload={"loop": f"{redirector.url}/loop"},
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text)
+    err = r.step_error("start")
+    assert err["kind"] == "http_client_error" and "too many redirects" in err["message"], err

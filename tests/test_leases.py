@@ -318,7 +318,7 @@ async def test_a_snapshot_written_under_an_older_fence_does_not_replace_the_owne
     nc: NATS, js: JetStreamContext, topology: Topology
 ) -> None:
     """A compare-and-set conflict against a snapshot with a *smaller* fence can only come from a
-    controller that lost the partition (we read the snapshot after acquiring it). _write_snapshot
+    controller that lost the partition (we read the snapshot after acquiring it). snapshots.write
     nevertheless drops the owner's state ("superseded") when that snapshot has a larger last_seq,
     and the fenced-off controller's snapshot stays; the owner then resumes from it."""
     t = await _topo(js, topology, 1)
@@ -329,12 +329,12 @@ async def test_a_snapshot_written_under_an_older_fence_does_not_replace_the_owne
         fence = ctl._fences[0]
         state = ExecutionState(execution_id=eid, last_seq=10)
         ctl.states[eid] = state
-        await ctl._write_snapshot(state)
+        await ctl.snapshots.write(state)
         store = await SnapshotStore.open(js, t, ExecutionState)
         # The previous owner (fence - 1), still running after it lost the lease, writes its snapshot.
         await store.put_any(eid, ExecutionState(execution_id=eid, last_seq=12, fence=fence - 1))
         state.last_seq = 11
-        await ctl._write_snapshot(state)
+        await ctl.snapshots.write(state)
         current = await store.get(eid)
         assert current is not None
         assert (current.fence, eid in ctl.states) == (fence, True), (
@@ -375,7 +375,7 @@ async def test_after_a_stall_longer_than_the_ttl_a_controller_does_not_still_cou
 async def test_a_failing_snapshot_read_during_release_does_not_leave_the_partition_fenced_as_ours(
     nc: NATS, js: JetStreamContext, topology: Topology
 ) -> None:
-    """In _write_snapshot the `store.get` of the conflict branch runs inside `except
+    """In SnapshotWriter.write the `store.get` of the conflict branch runs inside `except
     StateConflictError:`, so its errors (a timeout) are not caught by the `except Exception` below it.
     Raised from _stop_partition, it skips the rest of the partition's executions and
     `self._fences.pop(partition)`; Leases logs "partition_stop_failed" and frees the lease anyway.

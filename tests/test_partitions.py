@@ -112,7 +112,7 @@ async def test_a_controller_fenced_off_by_a_newer_owners_snapshot_stops_and_does
         p = topo.partition_of(eid)
         fence = ctl._fences[p]
         state = ExecutionState(execution_id=eid, last_seq=10)
-        await ctl._write_snapshot(state)
+        await ctl.snapshots.write(state)
         store = await SnapshotStore.open(js, topo, ExecutionState)
         assert (await store.get(eid)).fence == fence  # type: ignore[union-attr]
         # A newer owner (a later lease revision) wrote the snapshot meanwhile.
@@ -122,7 +122,7 @@ async def test_a_controller_fenced_off_by_a_newer_owners_snapshot_stops_and_does
         await kv.update(f"partition.{p}", b'{"owner":"ctl-new","acquired_at":0}', last=entry.revision)
 
         state.last_seq = 11
-        await ctl._write_snapshot(state)
+        await ctl.snapshots.write(state)
         await _eventually(lambda: p not in ctl._fences, 5, "the fenced controller to let go")
         current = await store.get(eid)
         assert current is not None and current.fence == fence + 100 and current.last_seq == 12

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
-from helpers import playbook
+from eventlog import replay_differences
+from helpers import playbook, step_started
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
+from noetl_stream import events as E
 from noetl_stream.client import Completions, request_for, submit
 from noetl_stream.local import Runtime
 from noetl_stream.subjects import Topology
+from noetl_stream.wire import encode
 
 SLOW_FIRST_STEP = playbook(
     """
@@ -55,3 +58,48 @@ async def test_an_execution_quiet_in_its_first_step_is_snapshotted_while_it_runs
         while (last := msgspec.json.decode((await kv.get(eid)).value or b"{}"))["status"] == "running":
             await asyncio.sleep(0.02)
     assert last["status"] == "success" and last["results"]["start"] == "late"
+
+
+TWO_STEPS = playbook(
+    """
+    - step: start
+      tool: {kind: noop, result: first}
+      next:
+        arcs: [{step: second}]
+    - step: second
+      tool: {kind: noop, result: "{{ start }} and second"}
+    """
+)
+
+
+async def test_a_late_event_of_a_finished_execution_leaves_its_final_snapshot_whole(
+    runtime: Runtime, js: JetStreamContext, topology: Topology
+) -> None:
+    """A finished execution no longer in the controller's cache (evicted, or a new controller after a
+    crash) is loaded from its final snapshot as a lean copy (no results, runs or joins) when a late event
+    of it comes (a redelivery, a straggler). That copy must never replace the stored snapshot: the results
+    would be lost to `executions`, ``nats kv get`` and ``replay --verify``."""
+    kv = await js.key_value(topology.executions_bucket)
+    runtime.controller.cache.size = 1  # each finished execution is evicted by the next one
+    first = (await runtime.run_playbook(TWO_STEPS, "two.yaml", timeout=30)).execution_id
+    async with asyncio.timeout(10):
+        while (final := msgspec.json.decode((await kv.get(first)).value or b"{}"))["status"] == "running":
+            await asyncio.sleep(0.02)
+    assert final["results"] == {"start": "first", "second": "first and second"}
+    stored = (await kv.get(first)).revision
+    await runtime.run_playbook(TWO_STEPS, "two.yaml", timeout=30)
+    assert first not in runtime.controller.states
+
+    late = msgspec.structs.replace(
+        step_started(first, "second"), event_id=f"{first}:late", name=E.STEP_DONE, status="success"
+    )
+    await js.publish(topology.event_subject(first, E.STEP_DONE), encode(late))
+    async with asyncio.timeout(10):
+        while (cached := runtime.controller.states.get(first)) is None:
+            await asyncio.sleep(0.02)
+    assert cached.results == {} and cached.status == "success"  # the lean copy, loaded to fold it
+    await asyncio.sleep(0.3)
+    entry = await kv.get(first)
+    assert entry.revision == stored
+    assert msgspec.json.decode(entry.value or b"{}")["results"] == final["results"]
+    assert await replay_differences(js, topology, [first]) == {}

@@ -55,9 +55,6 @@ class ExecutionCache:
         self.states: OrderedDict[str, ExecutionState] = OrderedDict()
         self.changed: dict[str, float] = {}
         """When each cached execution last changed (epoch seconds): the API's `updated_at`."""
-        self.retired: set[str] = set()
-        """Terminal executions whose final snapshot is written: their cached state is kept lean (no
-        results, no runs) for the status queries, never folded into or written again."""
         self.replays = asyncio.Semaphore(16)
         """Replays read history with ephemeral consumers: bound them (JetStream caps consumers per stream)."""
 
@@ -190,7 +187,7 @@ class ExecutionCache:
         self.states.pop(execution_id, None)
         self.changed.pop(execution_id, None)
         self._snapshots.unsaved.pop(execution_id, None)
-        self.retired.discard(execution_id)
+        self._snapshots.retired.discard(execution_id)
         self.reducer.items.forget(execution_id)
 
     def retire(self, state: ExecutionState) -> None:
@@ -199,7 +196,7 @@ class ExecutionCache:
         state.runs = {}
         state.joins = {}
         state.deferred = []
-        self.retired.add(state.execution_id)
+        self._snapshots.retired.add(state.execution_id)  # never written again
         self.reducer.items.forget(state.execution_id)
 
     async def delete_items(self, execution_id: str, keys: list[str]) -> None:

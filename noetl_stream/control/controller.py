@@ -224,7 +224,7 @@ class Controller:
                         and fence is not None
                         and eid in self.snapshots.written_at
                     ):
-                        await self._write_snapshot(state, fence)
+                        await self.snapshots.write(state, fence)
                 except Exception as exc:  # whatever happens, nothing of the partition stays in memory
                     log.warning("controller.snapshot_failed", execution_id=eid, error=str(exc))
                 finally:
@@ -417,7 +417,7 @@ class Controller:
                 self._queues[eid] = queue
                 try:
                     with bound(execution_id=eid):
-                        if await self._write_snapshot(state):  # (logs its own failures: tried again)
+                        if await self.snapshots.write(state):  # (logs its own failures: tried again)
                             self.snapshots.saved(eid)
                 finally:
                     if queue:  # events that came during the write
@@ -425,12 +425,6 @@ class Controller:
                             self._spawn(self._drain(eid, queue))
                     else:
                         self._queues.pop(eid, None)
-
-    async def _write_snapshot(self, state: ExecutionState, fence: int | None = None) -> bool:
-        """Write the state's snapshot under our fence; True when it is stored."""
-        if state.execution_id in self.cache.retired:
-            return True  # lean copy of a terminal state whose snapshot is stored: never written again
-        return await self.snapshots.write(state, fence)
 
     def _fenced_off(self, execution_id: str, partition: int | None) -> None:
         """A newer snapshot of the execution is stored: forget ours; a newer owner has the partition."""
@@ -442,7 +436,7 @@ class Controller:
         for eid in list(self.snapshots.written_at):
             state = self.states.get(eid)
             if state is not None:
-                await self._write_snapshot(state)
+                await self.snapshots.write(state)
 
     def status(self, execution_id: str) -> dict[str, Any] | None:
         state = self.states.get(execution_id)

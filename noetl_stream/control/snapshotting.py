@@ -62,6 +62,9 @@ class SnapshotWriter:
         """Executions folded here, and when their snapshot was last written (or first folded)."""
         self.unsaved: dict[str, float] = {}
         """Running executions changed since their last snapshot, and since when (`quiet`)."""
+        self.retired: set[str] = set()
+        """Terminal executions whose final snapshot is stored and whose cached copy is lean (no results,
+        runs or joins: `ExecutionCache.retire`): never written again, whatever a late event changes."""
 
     async def open(self, topology: Topology) -> None:
         self.topology = topology
@@ -71,6 +74,7 @@ class SnapshotWriter:
     def forget(self, execution_id: str) -> None:
         self.written_at.pop(execution_id, None)
         self.unsaved.pop(execution_id, None)
+        self.retired.discard(execution_id)
 
     async def after_fold(self, state: ExecutionState, fence: int) -> bool:
         """Write the snapshot of a state a fold changed, if the policy says so. True when a terminal
@@ -105,7 +109,10 @@ class SnapshotWriter:
         self.unsaved.pop(execution_id, None)
 
     async def write(self, state: ExecutionState, fence: int | None = None) -> bool:
-        """Write the state's snapshot under our fence; True when it is stored."""
+        """Write the state's snapshot under our fence; True when it is stored (or a retired execution's,
+        which is stored already)."""
+        if state.execution_id in self.retired:
+            return True
         assert self.store is not None
         store = self.store
         partition = self.topology.partition_of(state.execution_id)

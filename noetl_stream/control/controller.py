@@ -25,6 +25,7 @@ from noetl_stream.control.intake import Intake
 from noetl_stream.control.leases import Leases, default_controller_id
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.poison import PoisonHandler
+from noetl_stream.control.pools import PoolWatch
 from noetl_stream.control.reducer import (
     ITERATION_RESULTS,
     PlanCache,
@@ -108,6 +109,7 @@ class Controller:
             is_terminal=self._is_terminal,
             spawn=self._spawn,
         )
+        self.pools = PoolWatch(self.js, self._spawn)
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
         self._grace_s = 30.0
@@ -128,6 +130,7 @@ class Controller:
         self.cache.topology = self.topology
         assert self.snapshots.store is not None
         self.deadlines.open(DeadlineIndex(self.snapshots.store.kv), self.topology)
+        self.pools.topology = self.topology
         await self.intake.start()
         await self.poison.start()
         self.leases = Leases(
@@ -364,6 +367,7 @@ class Controller:
                     cmd = await self._offload_command(cmd)
                     data = encode(cmd)
                 outbox.command(cmd, data)
+                self.pools.scheduled(cmd.pool, eid, cmd.step)
         self._check_holds(eid)  # the loads and replays above can take long
         await outbox.flush()
         self._check_holds(eid)  # not acked: the next owner re-derives the same (deduplicated) effects

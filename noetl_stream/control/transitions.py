@@ -222,7 +222,9 @@ class Run:
         self.fx.commands.append(self.command(step, run, None))
 
     def pool(self, step: Step) -> str:
-        return str(step.spec.get("pool") or self.plan.pool)
+        """The step's own ``spec.pool``, else the request's, else the playbook's (``executor.spec.pool``,
+        else the controller's default)."""
+        return str(step.spec.get("pool") or self.state.pool or self.plan.pool)
 
     def command(self, step: Step, run: StepRun, iteration: Iteration | None) -> Command:
         s = self.state

@@ -1,0 +1,130 @@
+"""Which pool a step runs on: its own ``spec.pool``, else the request's ``pool``, else the playbook's
+``executor.spec.pool``, else the controller's default (real server, a worker per pool)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+import structlog
+from helpers import indent
+
+from noetl_stream import events as E
+from noetl_stream.client import follow, request_for, submit
+from noetl_stream.dataplane.worker import Worker
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.history import read_events
+from noetl_stream.kv.provision import provision
+from noetl_stream.local import Runtime, local_runtime
+from noetl_stream.subjects import Topology
+
+
+def pools_playbook(executor_pool: str | None = None) -> str:
+    executor = f"executor: {{spec: {{pool: {executor_pool}}}}}\n" if executor_pool else ""
+    return (
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: pools, path: tests/pools}\n"
+        + executor
+        + "workflow:\n"
+        + indent(
+            """
+            - step: start
+              tool: {kind: noop, result: 1}
+              next:
+                arcs: [{step: pinned}]
+            - step: pinned
+              spec: {pool: default}
+              tool: {kind: noop, result: 2}
+            """,
+            2,
+        )
+    )
+
+
+@contextlib.asynccontextmanager
+async def two_pools(url: str, topology: Topology) -> AsyncIterator[Runtime]:
+    """The local runtime's worker on ``default``, and one more on ``gpu``."""
+    async with local_runtime(url, topology=topology, pools=("default", "gpu")) as rt:
+        gpu = Worker(rt.nc, topology, pool="gpu", name="gpu-worker")
+        await gpu.start()
+        try:
+            yield rt
+        finally:
+            await gpu.shutdown(grace_s=1.0)
+
+
+async def workers_by_step(rt: Runtime, text: str, pool: str | None) -> dict[str, str]:
+    request = msgspec.structs.replace(request_for(text, "pools.yaml"), pool=pool)
+    eid = await submit(rt.nc, rt.topology, request)
+    summary = await follow(rt.nc, rt.topology, eid, timeout=30)
+    assert summary.status == "success", summary.error
+    return {
+        ev.step or "": ev.worker or ""
+        async for _, ev in read_events(rt.nc.jetstream(), rt.topology, eid, names={E.STEP_STARTED})
+    }
+
+
+@pytest.mark.parametrize(
+    ("executor_pool", "request_pool", "start_on"),
+    [
+        (None, None, "local-0"),
+        (None, "gpu", "gpu-worker"),
+        ("gpu", None, "gpu-worker"),
+        ("gpu", "default", "local-0"),  # the request's pool wins over the playbook's
+    ],
+)
+async def test_a_step_runs_on_its_own_pool_else_the_requests_else_the_playbooks(
+    nats_server: EmbeddedNats,
+    topology: Topology,
+    executor_pool: str | None,
+    request_pool: str | None,
+    start_on: str,
+) -> None:
+    async with two_pools(nats_server.url, topology) as rt:
+        ran = await workers_by_step(rt, pools_playbook(executor_pool), request_pool)
+    assert ran == {"start": start_on, "pinned": "local-0"}
+
+
+ELSEWHERE = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: elsewhere, path: tests/elsewhere}
+workflow:
+  - step: start
+    spec: {pool: batch}
+    tool: {kind: noop, result: done}
+"""
+
+
+async def test_a_step_on_a_pool_nothing_runs_is_logged_and_runs_once_a_worker_comes(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    """No consumer for the pool: the controller says so (the step would otherwise sit in ``scheduled``
+    with nothing to tell why). Provisioned, but no worker: it says that. A worker then runs it: the
+    command waited in the stream, nothing was lost."""
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        watch = rt.controller.pools
+        watch.confirm_after_s = 0.1
+        with structlog.testing.capture_logs() as logs:
+            eid = await submit(rt.nc, rt.topology, request_for(ELSEWHERE, "elsewhere.yaml"))
+            async with asyncio.timeout(10):
+                while not any(e["event"] == "controller.pool_not_provisioned" for e in logs):
+                    await asyncio.sleep(0.02)
+        (said,) = [e for e in logs if e["event"] == "controller.pool_not_provisioned"]
+        assert said["pool"] == "batch" and said["step"] == "start" and said["execution_id"] == eid
+        assert "noetl-stream provision --pool batch" in said["hint"]
+
+        await provision(rt.nc.jetstream(), rt.topology, ("batch",))
+        assert await watch.check("batch", eid, "start") == "no_workers"
+        assert await watch.check("default", eid, "start") is None  # the local worker pulls from it
+
+        worker = Worker(rt.nc, rt.topology, pool="batch", name="batch-worker")
+        await worker.start()
+        try:
+            summary = await follow(rt.nc, rt.topology, eid, timeout=30)
+            assert await watch.check("batch", eid, "start") is None
+        finally:
+            await worker.shutdown(grace_s=1.0)
+    assert summary.status == "success" and summary.result == "done"

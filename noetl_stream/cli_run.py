@@ -144,6 +144,15 @@ def run(
     _exit_with_outcome(msgspec.to_builtins(summary), as_json, progress)
 
 
+def _checked_pool(value: str | None) -> str | None:
+    from noetl_stream.subjects import SubjectError, check_new_id
+
+    try:
+        return None if value is None else check_new_id(value, "pool name")
+    except SubjectError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--payload", help="Workload overrides: a JSON object, or @file.json.")
@@ -154,6 +163,12 @@ def run(
     "--legacy",
     is_flag=True,
     help="Have the controller compile it with the legacy extension (recorded with the request).",
+)
+@click.option(
+    "--pool",
+    callback=lambda _ctx, _param, value: _checked_pool(value),
+    help="Run the steps that name no pool of their own on this worker pool "
+    "(instead of the playbook's executor.spec.pool or the controller's default).",
 )
 @nats_option
 @prefix_option
@@ -166,6 +181,7 @@ def submit(
     nats_url: str,
     prefix: str,
     legacy: bool = False,
+    pool: str | None = None,
 ) -> None:
     """Publish an execution request onto the request subject; print the execution id."""
     from noetl_stream.client import follow, request_for
@@ -179,6 +195,8 @@ def submit(
 
     async def go(nc: Any) -> object:
         request = request_for(text, str(file), data, extensions=("legacy",) if legacy else ())
+        if pool is not None:
+            request.pool = pool
         eid = await do_submit(nc, topology, request)
         if not wait:
             return eid

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import msgspec
 import pytest
 import structlog
 from helpers import indent
+from procs import NOETL_STREAM
 
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
@@ -128,3 +132,26 @@ async def test_a_step_on_a_pool_nothing_runs_is_logged_and_runs_once_a_worker_co
         finally:
             await worker.shutdown(grace_s=1.0)
     assert summary.status == "success" and summary.result == "done"
+
+
+async def test_submit_pool_runs_the_execution_on_that_pool(
+    nats_server: EmbeddedNats, topology: Topology, tmp_path: Path
+) -> None:
+    file = tmp_path / "pools.yaml"
+    file.write_text(pools_playbook())
+    async with two_pools(nats_server.url, topology) as rt:
+        proc = await asyncio.create_subprocess_exec(
+            str(NOETL_STREAM),
+            *("submit", "--pool", "gpu", "--wait", "--json", str(file)),
+            *("--nats", nats_server.url, "--prefix", topology.prefix),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        eid = json.loads(out.decode().splitlines()[-1])["execution_id"]
+        ran = {
+            ev.step: ev.worker
+            async for _, ev in read_events(rt.nc.jetstream(), topology, eid, names={E.STEP_STARTED})
+        }
+    assert ran == {"start": "gpu-worker", "pinned": "local-0"}

@@ -1,9 +1,11 @@
-"""``duckdb`` results of every common type reach the pipeline, end to end (``TIMESTAMPTZ`` included)."""
+"""``duckdb``, end to end: results of every common type (``TIMESTAMPTZ`` included), and the errors
+of a task with two SQL texts or a result with two columns of one name."""
 
 from __future__ import annotations
 
 import datetime
 
+import pytest
 from helpers import playbook, run
 
 from noetl_stream.embedded import EmbeddedNats
@@ -37,3 +39,52 @@ async def test_timestamptz_columns_are_returned(nats_server: EmbeddedNats, topol
     assert datetime.datetime.fromisoformat(row["ts"]) == expected
     assert row["id"] == 1 and row["later"] is True and row["none"] is None
     assert "2024-05-01" in str(row["tss"])
+
+
+async def test_query_and_command_together_is_a_config_error(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    # Two SQL texts for one task: which one ran would be a guess (the first non-empty one did).
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: duckdb
+            query: SELECT 1 AS one
+            command: CREATE TABLE t AS SELECT 2 AS two
+        """
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text)
+    assert r.status == "failed"
+    err = r.step_error("start")
+    assert err["kind"] == "config_error" and err["retryable"] is False, err
+    assert "'query'" in err["message"] and "'command'" in err["message"] and "not both" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "names"),
+    [
+        ("SELECT 1 AS a, 2 AS a, 3 AS b", "'a'"),
+        ("SELECT * FROM (SELECT 1 AS id, 'x' AS v) t JOIN (SELECT 1 AS id, 'y' AS v) u ON t.id = u.id",
+         "'id', 'v'"),
+        ("SELECT 1 AS a, 2 AS a WHERE false", "'a'"),  # no rows: the column names still tell
+    ],
+)  # fmt: skip
+async def test_duplicate_column_names_are_an_error_naming_them(
+    nats_server: EmbeddedNats, topology: Topology, sql: str, names: str
+) -> None:
+    # A row is a mapping: two columns of one name would keep one value and silently lose the other.
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: duckdb, query: "{{ sql }}"}
+        """,
+        workload={"sql": sql},
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text)
+    assert r.status == "failed"
+    err = r.step_error("start")
+    assert err["kind"] == "duckdb_error" and err["retryable"] is False, err
+    assert f"duplicate column names {names}" in err["message"] and "alias" in err["message"], err

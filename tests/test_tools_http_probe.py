@@ -1,4 +1,5 @@
-"""The ``http`` tool's failure edges, end to end: credentials on redirects, TLS, URLs that are not http."""
+"""The ``http`` tool's failure edges, end to end: credentials on redirects and in headers of any case,
+TLS, URLs that are not http."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
 
 API_KEY = "key-SECRET-probe-4c1d9e"
+TOKEN = "tok-SECRET-probe-0a7b3f"
 
 
 @pytest.fixture
@@ -216,3 +218,80 @@ async def test_redirect_loop_says_so(
         r = await run(rt, text)
     err = r.step_error("start")
     assert err["kind"] == "http_client_error" and "too many redirects" in err["message"], err
+
+
+class HeaderCounter:
+    """``/`` records every value of the headers in `NAMES` it got (a repeated header is two values)."""
+
+    NAMES = ("Authorization", "X-Token", "Content-Type")
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, list[str]]] = []
+        self.url = ""
+
+    async def record(self, request: web.Request) -> web.Response:
+        self.seen.append({name: request.headers.getall(name, []) for name in self.NAMES})
+        return web.json_response({})
+
+
+@pytest.fixture
+async def header_counter() -> AsyncIterator[HeaderCounter]:
+    c = HeaderCounter()
+    app = web.Application()
+    app.router.add_route("*", "/", c.record)
+    runner, port = await _site(app)
+    c.url = f"http://127.0.0.1:{port}/"
+    yield c
+    await runner.cleanup()
+
+
+async def test_auth_header_replaces_the_same_header_in_any_case(
+    nats_server: EmbeddedNats, topology: Topology, header_counter: HeaderCounter
+) -> None:
+    # Header names are case-insensitive: `authorization` given in `headers` and `auth`'s Authorization
+    # are one header, and `auth` sets it (as for `Authorization` spelled alike), never both; so for an
+    # api_key entry's header. The json body's Content-Type yields to one given in any case.
+    key = KeychainKey([generate_key()])
+    text = playbook(
+        """
+        - step: start
+          tool:
+            - name: same_case
+              kind: http
+              url: "{{ url }}"
+              headers: {Authorization: Bearer mine}
+              auth: tok
+            - name: lower_case
+              kind: http
+              url: "{{ url }}"
+              headers: {authorization: Bearer mine}
+              auth: tok
+            - name: api_key
+              kind: http
+              url: "{{ url }}"
+              headers: {x-TOKEN: mine}
+              auth: api
+            - name: json_type
+              kind: http
+              method: POST
+              url: "{{ url }}"
+              headers: {content-type: application/vnd.x+json}
+              json: {a: 1}
+        """,
+        workload={"url": header_counter.url},
+    )
+    async with local_runtime(nats_server.url, topology=topology, keychain_key=key) as rt:
+        keychain = Keychain(rt.nc.jetstream(), topology, key)
+        await keychain.put("tok", "bearer", {"token": TOKEN})
+        await keychain.put("api", "api_key", {"header": "X-Token", "value": API_KEY})
+        r = await run(rt, text)
+    assert r.status == "success", r.summary
+    bearer = [f"Bearer {TOKEN}"]
+    assert header_counter.seen == [
+        {"Authorization": bearer, "X-Token": [], "Content-Type": []},
+        {"Authorization": bearer, "X-Token": [], "Content-Type": []},
+        {"Authorization": [], "X-Token": [API_KEY], "Content-Type": []},
+        {"Authorization": [], "X-Token": [], "Content-Type": ["application/vnd.x+json"]},
+    ]
+    everything = msgspec.json.encode(r.events).decode()
+    assert TOKEN not in everything and API_KEY not in everything

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -98,6 +99,22 @@ def timeout_seconds(value: Any) -> float | None:
         except ValueError:
             pass
     raise ValueError(f"spec.timeout must be a number of seconds, got {value!r}")
+
+
+class DuplicateColumnsError(ValueError):
+    """A SQL result with two columns of one name: a row (a mapping) would keep one value and lose the other."""
+
+
+def check_columns(columns: list[str]) -> None:
+    """Raise `DuplicateColumnsError` naming every column name that occurs more than once (once per
+    result: its rows share their columns)."""
+    if len(set(columns)) == len(columns):
+        return
+    names = ", ".join(repr(c) for c, n in Counter(columns).items() if n > 1)
+    raise DuplicateColumnsError(
+        f"the result has duplicate column names {names}: alias them (SELECT t.id AS t_id, u.id AS u_id ...) "
+        "so that each column has its own name"
+    )
 
 
 class Tool(Protocol):

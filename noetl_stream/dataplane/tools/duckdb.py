@@ -1,8 +1,8 @@
 """``duckdb``: SQL with bound parameters, run off the event loop.
 
-Tasks of one pipeline run share one in-memory database (so a ``command`` can
-create a table a later ``query`` reads); give ``db_path`` for a database file.
-A statement cut short (the task's ``timeout_s``, a cancelled step) is interrupted.
+A task gives ``query`` or ``command`` (SQL text; not both). Tasks of one pipeline run share one
+in-memory database (so a ``command`` can create a table a later ``query`` reads); give ``db_path`` for
+a database file. A statement cut short (the task's ``timeout_s``, a cancelled step) is interrupted.
 
 ``attach`` adds database files under an alias before the statement runs: a list of
 ``{path, alias, read_only}`` (or bare paths, aliased by their file stem), e.g.
@@ -13,6 +13,10 @@ Large results: a ``query`` result travels in the task's events, which have a siz
 (the worker turns an oversized result into a ``result_too_large`` error). Keep results
 small: aggregate in SQL, or write the data to a file (``COPY (...) TO 'out.parquet'``) or
 to a table in ``db_path`` and return its path or row count as the result.
+
+A row is a mapping of column names: a result with two columns of one name (``SELECT 1 AS a, 2 AS a``,
+a join's two ``id`` columns) fails with ``DuplicateColumnsError`` (a ``duckdb_error``) naming them,
+rather than losing a value.
 
 ``TIMESTAMP WITH TIME ZONE`` values come back as ISO text with their offset (DuckDB hands them to
 Python through ``pytz``, a dependency for that reason).
@@ -29,7 +33,7 @@ from typing import Any
 import duckdb
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe
-from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
 
 _RESOURCE = "duckdb.memory"
 _ALIAS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -79,13 +83,16 @@ def _run(conn: Any, sql: str, params: Any, attach: list[str]) -> Any:
         if cur.description is None:
             return {"status": "ok"}
         columns = [d[0] for d in cur.description]
+        check_columns(columns)
         return [dict(zip(columns, row, strict=False)) for row in cur.fetchall()]
     finally:
         conn.close()
 
 
 async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
-    sql = config.get("query") or config.get("command")
+    if config.get("query") is not None and config.get("command") is not None:
+        return Outcome.fail("config_error", "duckdb task: give 'query' or 'command', not both")
+    sql = config.get("query") if config.get("query") is not None else config.get("command")
     if not isinstance(sql, str) or not sql.strip():
         return Outcome.fail("config_error", "duckdb task needs 'query' or 'command' (SQL text)")
     if config.get("db_path") is not None and not isinstance(config["db_path"], str):
@@ -105,7 +112,7 @@ async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             with contextlib.suppress(duckdb.Error):  # already finished and closed: nothing to stop
                 conn.interrupt()
             raise
-    except duckdb.Error as exc:
+    except (duckdb.Error, DuplicateColumnsError) as exc:
         return Outcome.fail(
             "duckdb_error", str(exc).splitlines()[0], duckdb={"error_type": type(exc).__name__}
         )

@@ -10,6 +10,9 @@ total by default: ``total`` bounds a server that sends a byte now and then, whic
 catches). ``spec.max_body_bytes`` (default 64 MiB): a longer response body is not read but fails the
 task with ``response_too_large``, so that one answer cannot take the worker's memory.
 
+``auth``'s header replaces a header of the same name in ``headers``, whatever its case (header names
+are case-insensitive: one header, never two).
+
 The result is the response body: JSON-decoded when the content type is JSON, else text (bytes that are
 not UTF-8 text are base64 and ``outcome.http.encoding`` says so). ``outcome.http``: ``status``,
 ``headers`` (lower-case names), ``url``, ``method``, ``elapsed_s`` and ``retry_after`` (seconds, from a
@@ -186,6 +189,14 @@ def _body(config: Mapping[str, Any], headers: dict[str, str]) -> Any:
     raise _ConfigError(f"'{key}' must be a string or bytes, got {type(value).__name__}")
 
 
+def _set_header(headers: dict[str, str], name: str, value: str) -> None:
+    """Set the header `name`, replacing one of that name in any case (header names are case-insensitive:
+    ``authorization`` and ``Authorization`` are one header, never both)."""
+    for key in [k for k in headers if k.lower() == name.lower()]:
+        del headers[key]
+    headers[name] = value
+
+
 def _apply_auth(
     cred: Mapping[str, Any], name: str, headers: dict[str, str], params: list[tuple[str, str]]
 ) -> str:
@@ -199,11 +210,11 @@ def _apply_auth(
         return value
 
     if kind in BEARER_KINDS:
-        headers["Authorization"] = f"Bearer {field('token')}"
+        _set_header(headers, "Authorization", f"Bearer {field('token')}")
         return "authorization"
     if kind in BASIC_KINDS:
         raw = f"{field('username')}:{cred.get('password') or ''}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        _set_header(headers, "Authorization", "Basic " + base64.b64encode(raw).decode())
         return "authorization"
     if kind in API_KEY_KINDS:
         value = field("value")
@@ -212,7 +223,7 @@ def _apply_auth(
             params.append((param, value))
             return ""
         header = cred.get("header") or "X-API-Key"
-        headers[str(header)] = value
+        _set_header(headers, str(header), value)
         return str(header).lower()
     raise _ConfigError(
         f"keychain entry '{name}' has kind '{kind}', which http auth does not use "

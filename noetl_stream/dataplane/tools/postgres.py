@@ -25,7 +25,9 @@ Errors are ``pg_error`` with ``outcome.pg = {code, sqlstate, message}`` (plus ``
 ``constraint``, ``table`` when the server gives them). Retryable: serialization failure ``40001``,
 deadlock ``40P01``, connection errors (class ``08``; a refused connection is reported as ``08001``),
 server shutdown/startup (``57P01``-``57P03``) and ``53300`` (too many connections). A client-side
-timeout is ``timeout`` (retryable). Values of the credential never appear in the outcome.
+timeout is ``timeout`` (retryable). Values of the credential never appear in the outcome. A ``query``
+result with two columns of one name (a join's two ``id`` columns) is a ``pg_error`` naming them, never
+a row that silently lost one value (checked on the first row: asyncpg gives the names with the rows).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import asyncpg
 import msgspec
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe
-from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_values
 
@@ -208,6 +210,8 @@ def _rowcount(status: str) -> int | None:
 async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> Any:
     if stmt.mode == "query":
         records = await conn.fetch(stmt.sql, *stmt.params, timeout=timeout)
+        if records:  # asyncpg gives the column names with the rows only
+            check_columns(list(records[0].keys()))
         return [dict(r) for r in records]
     if stmt.many:
         await conn.executemany(stmt.sql, stmt.params, timeout=timeout)
@@ -304,6 +308,8 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         outcome = _pg_error(exc, getattr(exc, "sqlstate", None))
     except asyncpg.ClientConfigurationError as exc:  # a dsn asyncpg cannot read (not a URL, ...)
         outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
+    except DuplicateColumnsError as exc:
+        outcome = _pg_error(exc, None)
     except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
         outcome = _pg_error(exc, None)
     except ValueError as exc:

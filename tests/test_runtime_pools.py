@@ -118,7 +118,7 @@ async def test_a_step_on_a_pool_nothing_runs_is_logged_and_runs_once_a_worker_co
                     await asyncio.sleep(0.02)
         (said,) = [e for e in logs if e["event"] == "controller.pool_not_provisioned"]
         assert said["pool"] == "batch" and said["step"] == "start" and said["execution_id"] == eid
-        assert "noetl-stream provision --pool batch" in said["hint"]
+        assert "noetl-stream worker --pool batch" in said["hint"]
 
         await provision(rt.nc.jetstream(), rt.topology, ("batch",))
         assert await watch.check("batch", eid, "start") == "no_workers"

@@ -64,8 +64,8 @@ class PoolWatch:
             log.warning(
                 "controller.pool_not_provisioned",
                 **where,
-                hint=f"its commands wait in {stream} until `noetl-stream provision --pool {pool}` "
-                f"creates the consumer and a `noetl-stream worker --pool {pool}` runs them",
+                hint=f"its commands wait in {stream} until a worker of the pool starts "
+                f"(`noetl-stream worker --pool {pool}`, which provisions the consumer, or a Helm pool)",
             )
             return "not_provisioned"
         except Exception as exc:  # NATS slow or down: nothing to say about the pool

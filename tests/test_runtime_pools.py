@@ -13,11 +13,13 @@ from pathlib import Path
 import msgspec
 import pytest
 import structlog
-from helpers import indent
+from helpers import indent, requested
 from procs import NOETL_STREAM
 
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
+from noetl_stream.control.reducer import PlanCache, Reducer
+from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
@@ -64,6 +66,13 @@ async def workers_by_step(rt: Runtime, text: str, pool: str | None) -> dict[str,
     eid = await submit(rt.nc, rt.topology, request)
     summary = await follow(rt.nc, rt.topology, eid, timeout=30)
     assert summary.status == "success", summary.error
+    async with asyncio.timeout(10):  # the final snapshot is written after playbook.processed
+        while (found := await verify(rt.nc.jetstream(), rt.topology, eid))[1] is None or not found[
+            1
+        ].terminal:
+            await asyncio.sleep(0.02)
+    differences, live = found
+    assert differences == [] and live is not None and live.pool == pool  # replay agrees, pool included
     return {
         ev.step or "": ev.worker or ""
         async for _, ev in read_events(rt.nc.jetstream(), rt.topology, eid, names={E.STEP_STARTED})
@@ -124,6 +133,16 @@ async def test_a_step_on_a_pool_nothing_runs_is_logged_and_runs_once_a_worker_co
         assert await watch.check("batch", eid, "start") == "no_workers"
         assert await watch.check("default", eid, "start") is None  # the local worker pulls from it
 
+        # A pool whose every worker is busy (a command taken, none waiting for more) is not reported.
+        js = rt.nc.jetstream()
+        busy = await js.pull_subscribe_bind(
+            rt.topology.pool_consumer("batch"), stream=rt.topology.commands_stream
+        )
+        (taken,) = await busy.fetch(1, timeout=5)
+        assert await watch.check("batch", eid, "start") is None
+        await taken.nak()
+        await busy.unsubscribe()
+
         worker = Worker(rt.nc, rt.topology, pool="batch", name="batch-worker")
         await worker.start()
         try:
@@ -155,3 +174,18 @@ async def test_submit_pool_runs_the_execution_on_that_pool(
             async for _, ev in read_events(rt.nc.jetstream(), topology, eid, names={E.STEP_STARTED})
         }
     assert ran == {"start": "gpu-worker", "pinned": "local-0"}
+
+
+def test_a_request_recorded_before_pools_were_honoured_replays_as_it_ran() -> None:
+    """The pool is the one the intake recorded with ``playbook.execution.requested``, not the request's
+    own field: a request stored by an intake that ignored it (or any writer of the event) replays, and
+    resumes, on the pools it ran on."""
+    old = requested("e1", pools_playbook())
+    old.payload["request"]["pool"] = "gpu"
+    state, fx = Reducer(PlanCache()).apply(None, old, 1)
+    assert state is not None and state.pool is None and [c.pool for c in fx.commands] == ["default"]
+
+    recorded = requested("e2", pools_playbook())
+    recorded.payload["request"]["pool"] = recorded.payload["pool"] = "gpu"
+    state, fx = Reducer(PlanCache()).apply(None, recorded, 1)
+    assert state is not None and state.pool == "gpu" and [c.pool for c in fx.commands] == ["gpu"]

@@ -186,8 +186,7 @@ class ExecutionCache:
         """Forget an execution's in-memory state (it is rebuilt from its snapshot and events)."""
         self.states.pop(execution_id, None)
         self.changed.pop(execution_id, None)
-        self._snapshots.unsaved.pop(execution_id, None)
-        self._snapshots.retired.discard(execution_id)
+        self._snapshots.forget(execution_id)  # its revision too: read again when it is loaded again
         self.reducer.items.forget(execution_id)
 
     def retire(self, state: ExecutionState) -> None:
@@ -196,7 +195,7 @@ class ExecutionCache:
         state.runs = {}
         state.joins = {}
         state.deferred = []
-        self._snapshots.retired.add(state.execution_id)  # never written again
+        self._snapshots.retire(state.execution_id)
         self.reducer.items.forget(state.execution_id)
 
     async def delete_items(self, execution_id: str, keys: list[str]) -> None:

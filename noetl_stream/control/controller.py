@@ -232,9 +232,6 @@ class Controller:
                     log.warning("controller.snapshot_failed", execution_id=eid, error=str(exc))
                 finally:
                     self.cache.drop(eid)
-                    self.snapshots.forget(eid)
-                    if self.snapshots.store is not None:
-                        self.snapshots.store.forget(eid)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -336,6 +333,7 @@ class Controller:
         # A state loaded from its snapshot may have folded later events already (resume): as changed.
         before = _version(state if cached else None)
         was_terminal = cached and state is not None and state.terminal
+        ended_before = state is not None and state.terminal  # loaded so (a late event): not a change
         outbox = Outbox(self.js, self.topology)
         dropped: list[str] = []
         for _, event, seq in batch:
@@ -372,7 +370,8 @@ class Controller:
         await outbox.flush()
         self._check_holds(eid)  # not acked: the next owner re-derives the same (deduplicated) effects
         if state is not None and _version(state) != before:
-            self.cache.changed[eid] = time.time()
+            if not ended_before:
+                self.cache.changed[eid] = time.time()
             self.cache.remember(state)
             self.deadlines.arm_state(state)
             deadline = any(ev.name == E.EXECUTION_DEADLINE_EXCEEDED for _, ev, _ in batch)

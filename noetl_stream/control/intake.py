@@ -418,6 +418,9 @@ class Intake:
             payload={
                 "request": msgspec.to_builtins(request),
                 **pinned,
+                # Where steps naming no pool run (`ExecutionState.pool`). Recorded by this intake, not
+                # read from the request: requests stored before the pool was honoured replay as they ran.
+                **({"pool": request.pool} if request.pool else {}),
                 **({"rejected": error} if error else {}),
             },
             trace_id=request.trace_id,

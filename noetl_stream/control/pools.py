@@ -5,6 +5,9 @@ no consumer provisioned, or a consumer no worker pulls from, holds the execution
 the history to say why (the step stays ``scheduled``). Temporal shows such a task queue as having "no
 pollers"; the controller logs it, once per pool per `interval_s`, off the fold's path (the first
 command for a pool in that time spawns a check of its consumer).
+
+Only commands a fold publishes are looked at: an execution already waiting on such a pool when the
+controller starts is reported when its pool next gets a command.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from noetl_stream.subjects import Topology
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["PoolWatch"]
+__all__ = ["MAX_POOLS", "PoolWatch"]
+
+MAX_POOLS = 1024
+"""Pools remembered as checked lately; past this, those not checked within `interval_s` are forgotten."""
 
 
 class PoolWatch:
@@ -47,6 +53,8 @@ class PoolWatch:
         now = time.monotonic()
         if now < self._due.get(pool, 0.0):
             return
+        if len(self._due) >= MAX_POOLS:  # pool names come from requests: keep only those seen lately
+            self._due = {p: due for p, due in self._due.items() if due > now}
         self._due[pool] = now + self.interval_s
         self._spawn(self.check(pool, execution_id, step))
 

@@ -229,7 +229,7 @@ class Reducer:
             return_step=request.return_step,
             attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
             parent_iter=request.parent_iter if isinstance(request.parent_iter, dict) else None,
-            pool=request.pool,
+            pool=pool if isinstance(pool := event.payload.get("pool"), str) else None,
         )
         rejected = event.payload.get("rejected")
         if isinstance(rejected, dict):  # intake compiled it already: the rejection is written from here

@@ -72,9 +72,17 @@ class SnapshotWriter:
         self.store = await SnapshotStore.open(self.js, topology, ExecutionState)
 
     def forget(self, execution_id: str) -> None:
+        """Nothing of the execution stays here (its state left the controller's memory): a later write
+        starts from the snapshot read when it is loaded again."""
         self.written_at.pop(execution_id, None)
         self.unsaved.pop(execution_id, None)
         self.retired.discard(execution_id)
+        if self.store is not None:
+            self.store.forget(execution_id)
+
+    def retire(self, execution_id: str) -> None:
+        """Its final snapshot is stored and its cached copy made lean: never write it again."""
+        self.retired.add(execution_id)
 
     async def after_fold(self, state: ExecutionState, fence: int) -> bool:
         """Write the snapshot of a state a fold changed, if the policy says so. True when a terminal

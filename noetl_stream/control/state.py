@@ -96,8 +96,9 @@ class ExecutionState(msgspec.Struct):
     """The parent's loop iteration this child was started from (its request's): every command carries
     it, for ``iter.parent``."""
     pool: str | None = None
-    """The request's ``pool``: where steps without a ``spec.pool`` of their own run (before the
-    playbook's ``executor.spec.pool`` and the controller's default pool)."""
+    """The request's ``pool``, as the intake recorded it with ``playbook.execution.requested``: where
+    steps without a ``spec.pool`` of their own run (before the playbook's ``executor.spec.pool`` and the
+    controller's default pool)."""
     paused: bool = False
     deferred: list[dict[str, Any]] = []
     """Tokens that arrived while paused: ``{step, args}``, scheduled on resume."""

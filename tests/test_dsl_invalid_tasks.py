@@ -13,6 +13,25 @@ CASES = [
         steps("""\
   - step: start
     tool:
+      - name: read
+        kind: duckdb
+        query: SELECT 1
+        command: CREATE TABLE t (x INT)
+      - name: run
+        kind: python
+        code: "def main(): return 1"
+        module: pkg.mod:main
+"""),
+        [
+            "bad.yaml:12:9: step 'start' task 'read': kind 'duckdb' takes 'query' or 'command', not both (at workflow[0].tool[0].command)",
+            "bad.yaml:16:9: step 'start' task 'run': kind 'python' takes 'code' or 'module', not both (at workflow[0].tool[1].module)",
+        ],
+        id="task-exclusive-keys",
+    ),
+    pytest.param(
+        steps("""\
+  - step: start
+    tool:
       - name: fetch
         kind: htttp
         url: http://example.com

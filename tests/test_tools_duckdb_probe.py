@@ -4,10 +4,16 @@ of a task with two SQL texts or a result with two columns of one name."""
 from __future__ import annotations
 
 import datetime
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from helpers import playbook, run
 
+from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.dataplane.tools.duckdb import run_duckdb
+from noetl_stream.dataplane.tools.python import run_python
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
@@ -41,25 +47,29 @@ async def test_timestamptz_columns_are_returned(nats_server: EmbeddedNats, topol
     assert "2024-05-01" in str(row["tss"])
 
 
-async def test_query_and_command_together_is_a_config_error(
-    nats_server: EmbeddedNats, topology: Topology
+@pytest.mark.parametrize(
+    ("tool", "config", "keys"),
+    [
+        (
+            run_duckdb,
+            {"query": "SELECT 1 AS one", "command": "CREATE TABLE t AS SELECT 2 AS two"},
+            ("query", "command"),
+        ),
+        (run_python, {"code": "def main():\n    return 1", "module": "json:dumps"}, ("code", "module")),
+    ],
+)
+async def test_two_exclusive_keys_together_are_a_config_error(
+    tool: Callable[[dict[str, Any], ToolContext], Awaitable[Outcome]],
+    config: dict[str, Any],
+    keys: tuple[str, str],
 ) -> None:
-    # Two SQL texts for one task: which one ran would be a guess (the first non-empty one did).
-    text = playbook(
-        """
-        - step: start
-          tool:
-            kind: duckdb
-            query: SELECT 1 AS one
-            command: CREATE TABLE t AS SELECT 2 AS two
-        """
-    )
-    async with local_runtime(nats_server.url, topology=topology) as rt:
-        r = await run(rt, text)
-    assert r.status == "failed"
-    err = r.step_error("start")
-    assert err["kind"] == "config_error" and err["retryable"] is False, err
-    assert "'query'" in err["message"] and "'command'" in err["message"] and "not both" in err["message"]
+    """Two SQL texts (or code and a module) for one task: which one ran would be a guess (one did). A
+    playbook is refused at compile time (`kind '…' takes … not both`, test_dsl_invalid_tasks.py); the
+    tool refuses a config that reaches it anyway (a plugin's, a rendered one)."""
+    out = await tool(config, ToolContext(execution_id="e", step="s", task="t", spec={}))
+    assert out.status == "error" and out.error is not None
+    assert out.error["kind"] == "config_error" and out.error["retryable"] is False, out.error
+    assert all(f"'{k}'" in out.error["message"] for k in keys) and "not both" in out.error["message"]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,8 @@ class KindInfo(msgspec.Struct, frozen=True):
     name: str
     keys: frozenset[str] | None
     required_any: tuple[tuple[str, ...], ...] = ()
+    exclusive: tuple[tuple[str, ...], ...] = ()
+    """Groups of keys of which a task gives at most one (``query`` or ``command``, never both)."""
     defaults: dict[str, Any] = {}
     description: str = ""
 
@@ -31,14 +33,17 @@ def register_kind(
     keys: Iterable[str] | None,
     *,
     required_any: Iterable[Iterable[str]] = (),
+    exclusive: Iterable[Iterable[str]] = (),
     defaults: dict[str, Any] | None = None,
     description: str = "",
 ) -> KindInfo:
-    """Register (or replace) a tool kind. ``required_any``: groups of which one key must be present."""
+    """Register (or replace) a tool kind. ``required_any``: groups of which one key must be present;
+    ``exclusive``: groups of which at most one may be."""
     info = KindInfo(
         name=name,
         keys=None if keys is None else frozenset(keys),
         required_any=tuple(tuple(g) for g in required_any),
+        exclusive=tuple(tuple(g) for g in exclusive),
         defaults=dict(defaults or {}),
         description=description,
     )
@@ -66,6 +71,7 @@ register_kind(
     "postgres",
     {"query", "command", "params", "many", "auth", "dsn", "transaction"},
     required_any=[("query", "command")],
+    exclusive=[("query", "command")],
     defaults={"timeout": {"connect": 10}},
     description="PostgreSQL statements with bound parameters (asyncpg)",
 )
@@ -73,12 +79,14 @@ register_kind(
     "duckdb",
     {"query", "command", "params", "db_path", "attach", "auth"},
     required_any=[("query", "command")],
+    exclusive=[("query", "command")],
     description="DuckDB SQL with bound parameters",
 )
 register_kind(
     "python",
     {"code", "module"},
     required_any=[("code", "module")],
+    exclusive=[("code", "module")],
     description="inline Python `code` or a `module: pkg.mod:function`",
 )
 register_kind("secrets", {"auth", "key", "secret", "field"}, description="read a keychain entry")
@@ -89,4 +97,9 @@ register_kind(
     description="run another playbook as a child execution",
 )
 register_kind("workbook", {"task"}, description="run a task template from the root workbook")
-register_kind("script", {"code", "path", "language", "env"}, description="run a script")
+register_kind(
+    "script",
+    {"code", "path", "language", "env"},
+    exclusive=[("code", "path")],
+    description="run a script",
+)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from itertools import combinations
 from typing import Any
 
 from noetl_stream.dsl import vocabulary as V
@@ -93,8 +94,12 @@ def _task(kinds: tuple[str, ...]) -> Schema:
             then["additionalProperties"] = True  # a kind that takes any key
         else:
             then["properties"] = {k: True for k in sorted(info.keys - COMMON_TASK_KEYS)}
-        if info.required_any:
-            then["allOf"] = [{"anyOf": [{"required": [k]} for k in group]} for group in info.required_any]
+        rules: list[Schema] = [{"anyOf": [{"required": [k]} for k in group]} for group in info.required_any]
+        rules += [
+            {"not": {"required": list(pair)}} for group in info.exclusive for pair in combinations(group, 2)
+        ]
+        if rules:
+            then["allOf"] = rules
         if info.description:
             then["description"] = info.description
         per_kind.append({"if": {"properties": {"kind": {"const": kind}}}, "then": then})

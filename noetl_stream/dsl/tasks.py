@@ -215,6 +215,17 @@ def parse_task(
                 need = " or ".join(f"'{g}'" for g in group)
                 c.error(path, f"{twho}: kind '{kind}' needs {need}", at_key=True, code="missing")
                 ok = False
+        for group in info.exclusive:
+            given = [g for g in group if g in raw]
+            if len(given) > 1:
+                which = " or ".join(f"'{g}'" for g in given)
+                c.error(
+                    (*path, given[1]),
+                    f"{twho}: kind '{kind}' takes {which}, not both",
+                    at_key=True,
+                    code="conflict",
+                )
+                ok = False
     spec = {} if raw.get("spec") is None else raw["spec"]
     policy = None
     if not isinstance(spec, dict):

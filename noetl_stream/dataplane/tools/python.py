@@ -204,6 +204,8 @@ def _text(exc: BaseException) -> str:
 
 async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     code, module = config.get("code"), config.get("module")
+    if code is not None and module is not None:
+        return Outcome.fail("config_error", "python task: give 'code' or 'module', not both")
     if not isinstance(code, str) and not isinstance(module, str):
         return Outcome.fail(
             "config_error", "python task needs 'code' (a string) or 'module' (pkg.mod:function)"

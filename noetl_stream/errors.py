@@ -11,6 +11,10 @@ class ConfigurationError(NoetlError):
     """Bad runtime configuration (flags, environment, topology)."""
 
 
+class StoreMissingError(NoetlError):
+    """A bucket or stream of the installation is not on the server (deleted, or never provisioned)."""
+
+
 class StateConflictError(NoetlError):
     """A compare-and-set on persisted state lost (someone else wrote first)."""
 

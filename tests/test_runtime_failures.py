@@ -4,10 +4,17 @@ execution: admission, unhandled and handled failures, template errors in arcs an
 
 from __future__ import annotations
 
-import pytest
-from helpers import playbook, run
+import asyncio
 
+import pytest
+import structlog
+from helpers import playbook, run
+from nats.js import JetStreamContext
+
+from noetl_stream.client import follow, request_for, submit
+from noetl_stream.kv.provision import provision
 from noetl_stream.local import Runtime
+from noetl_stream.subjects import Topology
 
 # --- admission ------------------------------------------------------------------------------------
 
@@ -217,3 +224,41 @@ async def test_template_error_in_admission_fails_the_execution_clearly(runtime: 
     assert r.summary.error["step"] == "gated"
     assert "nope" in r.summary.error["message"]
     assert not r.named("step.started", step="gated")
+
+
+# --- a fold that cannot be stored -------------------------------------------------------------------
+
+BIG_LOOP = playbook(
+    """
+    - step: start
+      loop:
+        in: "{{ range(workload.n) | map('string') | list }}"
+        iterator: item
+        spec: {mode: parallel, max_in_flight: 50, policy: {exec: distributed}}
+      tool: {kind: noop, result: "{{ iter.item }}"}
+    """,
+    workload={"n": 4000},  # packed, the items are above the inline limit: stored in the results bucket
+)
+
+
+async def test_a_fold_that_keeps_failing_backs_off_and_resumes_once_its_cause_is_gone(
+    runtime: Runtime, js: JetStreamContext, topology: Topology
+) -> None:
+    """The results bucket is gone (an operator deleted it): the fold that starts a distributed loop
+    cannot store the loop's items, so nothing of it is published or acked. The event comes back later
+    each time (1 s, 2 s, 4 s ...: `controller.batch_failed` says when), and once the bucket is there
+    again the execution runs to its end: nothing lost."""
+    await js.delete_object_store(topology.results_store)
+    with structlog.testing.capture_logs() as logs:
+        eid = await submit(runtime.nc, topology, request_for(BIG_LOOP, "big.yaml"))
+        async with asyncio.timeout(20):
+            while len(failed := [e for e in logs if e["event"] == "controller.batch_failed"]) < 3:
+                await asyncio.sleep(0.05)
+    assert [e["execution_id"] for e in failed[:3]] == [eid] * 3
+    assert [(e["attempt"], e["retry_in_s"]) for e in failed[:3]] == [(1, 1.0), (2, 2.0), (3, 4.0)]
+    assert f"the results bucket '{topology.results_store}' is not on the server" in failed[0]["error"]
+
+    await provision(js, topology, ("default",))  # the bucket again
+    summary = await follow(runtime.nc, topology, eid, timeout=30)
+    assert summary.status == "success"
+    assert summary.result == [str(i) for i in range(4000)]

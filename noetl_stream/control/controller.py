@@ -299,17 +299,24 @@ class Controller:
                     # Effects may not be stored: forget the in-memory state (it is rebuilt from the
                     # snapshot and the stream) and let JetStream redeliver the batch.
                     self.cache.drop(eid)
+                    delay = RETRY_DELAY_S
                     if isinstance(exc, PartitionReleased):
                         # The partition was released (a stop, a lost lease) while the batch was in
                         # flight: its next owner folds it. Expected at every handover, not a failure.
                         log.info("controller.batch_handed_back", execution_id=eid, events=len(batch))
                     else:
+                        attempt = max(num_delivered(m) for m, _, _ in batch)
+                        delay = _retry_delay(attempt)
                         log.warning(
-                            "controller.batch_failed", execution_id=eid, error=str(exc) or type(exc).__name__
+                            "controller.batch_failed",
+                            execution_id=eid,
+                            error=str(exc) or type(exc).__name__,
+                            attempt=attempt,
+                            retry_in_s=delay,
                         )
                     for msg, _, _ in batch:
                         with contextlib.suppress(Exception):
-                            await msg.nak(delay=1.0)
+                            await msg.nak(delay=delay)
         finally:
             self._queues.pop(eid, None)
 
@@ -444,6 +451,18 @@ class Controller:
     def status(self, execution_id: str) -> dict[str, Any] | None:
         state = self.states.get(execution_id)
         return None if state is None else msgspec.to_builtins(state)
+
+
+RETRY_DELAY_S = 1.0
+MAX_RETRY_DELAY_S = 30.0
+
+
+def _retry_delay(attempt: int) -> float:
+    """How long a batch whose fold failed waits before it is delivered again: 1 s after the first
+    attempt, doubling to at most 30 s. A cause that lasts (a bucket deleted, a bug) costs one attempt
+    and one log line per execution every 30 s, not every second; a brief one (NATS failing over) is
+    retried soon."""
+    return min(MAX_RETRY_DELAY_S, RETRY_DELAY_S * 2.0 ** max(0, attempt - 1))
 
 
 def _version(state: ExecutionState | None) -> tuple[int, int, int, str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import (
     OBJ_CHUNKS_PRE_TEMPLATE,
     OBJ_META_PRE_TEMPLATE,
@@ -27,6 +27,7 @@ from nats.js.object_store import (
     ObjectStore,
 )
 
+from noetl_stream.errors import StoreMissingError
 from noetl_stream.subjects import Topology
 
 REF = "$ref"
@@ -77,8 +78,17 @@ class ResultStore:
 
     async def _bucket(self) -> ObjectStore:
         if self._store is None:
-            self._store = await self.js.object_store(self.topology.results_store)
+            try:
+                self._store = await self.js.object_store(self.topology.results_store)
+            except BucketNotFoundError:
+                raise self._missing() from None
         return self._store
+
+    def _missing(self) -> StoreMissingError:
+        return StoreMissingError(
+            f"the results bucket {self.topology.results_store!r} is not on the server (deleted?): "
+            "`noetl-stream provision` creates it again"
+        )
 
     async def put(self, key: str, value: Any) -> dict[str, Any]:
         """Store ``value`` (JSON) and return its reference."""
@@ -87,7 +97,10 @@ class ResultStore:
     async def put_encoded(self, key: str, data: bytes | bytearray) -> dict[str, Any]:
         """Store ``data`` (already encoded JSON, or any bytes) and return its reference."""
         store = await self._bucket()
-        await store.put(key, data if isinstance(data, bytes) else bytes(data))
+        try:
+            await store.put(key, data if isinstance(data, bytes) else bytes(data))
+        except NotFoundError:  # its stream is gone (an object that is not there yet is no error here)
+            raise self._missing() from None
         return {
             REF: {
                 "store": "nats.object_store",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from noetl_stream import events as E
+from noetl_stream.control.byref import guard
 from noetl_stream.control.effects import Blob, Effects, LoopResults, _plain, server_event
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
 from noetl_stream.control.plan import Plan
@@ -89,13 +90,14 @@ class Run:
         self, args: dict[str, Any] | None = None, event: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         s = self.state
-        extra = {"event": event} if event is not None else None
+        # A result stored by reference: reading into it is a clear error (byref.py).
+        extra = {"event": guard(event, "event.%s")} if event is not None else None
         return build_scope(
             workload=s.workload,
             ctx=s.ctx,
             execution_id=s.execution_id,
-            args=args,
-            results=s.results,
+            args=guard(args, "args.%s"),
+            results=guard(s.results, "the result of step '%s'"),
             extra=extra,
         )
 

@@ -427,6 +427,18 @@ def test_the_v10_values_of_the_same_places_still_compile(text: str) -> None:
             id="arc-reads-keychain",
         ),
         pytest.param(
+            HEADER
+            + '  - step: start\n    loop: {in: "{{ [1] }}", iterator: x}\n    tool: {kind: noop}\n'
+            + '    next: {arcs: [{step: b, when: "{{ iter.x == 1 }}"}]}\n'
+            + "  - step: b\n    tool: {kind: noop}\n",
+            [
+                "bad.yaml:10:35: warning: step 'start': an arc cannot read 'iter' (a loop iteration exists "
+                "only in the looped step's tasks; a loop's arcs see its loop.done); it is undefined here "
+                "(at workflow[0].next.arcs[0].when)",
+            ],
+            id="arc-reads-iter",
+        ),
+        pytest.param(
             HEADER.replace("workflow:\n", "workload: {outcome: 1}\nworkflow:\n")
             + "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: start, when: '{{ outcome }}'}]}\n",
             [],

@@ -112,3 +112,30 @@ def test_outcome_status_success_is_translated_to_ok_with_the_legacy_extension() 
     (rule,) = result.playbook.workflow[0].tasks[0].policy.rules  # type: ignore[union-attr]
     assert rule.when == "{{ outcome.status == 'ok' }}"
     assert [d.message for d in result.warnings] == ["002 outcome status 'success' translated to 'ok'"]
+
+
+@pytest.mark.parametrize(
+    ("when", "said"),
+    [
+        (
+            "{{ event.status == 'ok' }}",
+            "event.status is never 'ok': it is 'success' or 'error' or 'skipped' or 'in_progress' ('ok' is "
+            "outcome.status, a task's, which routing does not see)",
+        ),
+        (
+            "{{ event.status in ['success', 'failed'] }}",
+            "event.status is never 'failed': it is 'success' or 'error' or 'skipped' or 'in_progress' (a "
+            "failed step's boundary is step.failed, status 'error')",
+        ),
+    ],
+)
+def test_a_status_compared_with_a_value_it_never_has_is_an_error(when: str, said: str) -> None:
+    """A condition that can never be true (the mirror image of outcome.status == 'success')."""
+    result = compile_playbook(arc(when), "bad.yaml")
+    assert [(d.code, d.message.split(": ", 1)[1]) for d in result.errors] == [("unknown-status", said)]
+
+
+def test_statuses_each_side_has_are_accepted() -> None:
+    assert (
+        compile_playbook(arc("{{ event.status in ['success', 'error', 'skipped'] }}"), "ok.yaml").errors == ()
+    )

@@ -22,7 +22,7 @@ def small_limit(workflow: str) -> str:
     )
 
 
-BIG = '{kind: noop, result: {has_more: false, pad: "{{ \'x\' * 2000 }}"}}'
+BIG = "{kind: noop, result: {has_more: false, pad: \"{{ 'x' * 2000 }}\"}}"
 
 
 @pytest.mark.parametrize(
@@ -46,17 +46,17 @@ BIG = '{kind: noop, result: {has_more: false, pad: "{{ \'x\' * 2000 }}"}}'
         ),
         (
             "arc, an item: no longer quietly false",
-            f"""
+            """
   - step: start
-    tool: {{kind: noop, result: ["{{{{ 'x' * 2000 }}}}"]}}
+    tool: {kind: noop, result: ["{{ 'x' * 2000 }}"]}
     next:
       arcs:
-        - {{step: long, when: "{{{{ event.result[0] | length > 1000 }}}}"}}
-        - {{step: short}}
+        - {step: long, when: "{{ event.result[0] | length > 1000 }}"}
+        - {step: short}
   - step: long
-    tool: {{kind: noop}}
+    tool: {kind: noop}
   - step: short
-    tool: {{kind: noop}}
+    tool: {kind: noop}
 """,
             "event.result",
         ),
@@ -115,24 +115,24 @@ async def test_a_result_stored_by_reference_passed_on_whole_is_resolved_by_the_n
 ) -> None:
     """The controller only passes the reference along (arc args, a bare name): the next step's tasks read
     the value, and routing on a small ctx value the task set works as usual."""
-    workflow = f"""
+    workflow = """
   - step: start
     tool:
       kind: noop
-      result: {{has_more: false, pad: "{{{{ 'x' * 2000 }}}}"}}
+      result: {has_more: false, pad: "{{ 'x' * 2000 }}"}
       spec:
         policy:
           rules:
             - else:
-                then: {{do: continue, set_ctx: {{more: "{{{{ outcome.result.has_more }}}}"}}}}
+                then: {do: continue, set_ctx: {more: "{{ outcome.result.has_more }}"}}
     next:
       arcs:
-        - {{step: use, when: "{{{{ not ctx.more }}}}", args: {{page: "{{{{ start }}}}"}}}}
-        - {{step: wrong}}
+        - {step: use, when: "{{ not ctx.more }}", args: {page: "{{ start }}"}}
+        - {step: wrong}
   - step: use
-    tool: {{kind: noop, result: "{{{{ args.page.pad | length }}}} {{{{ start.has_more }}}}"}}
+    tool: {kind: noop, result: "{{ args.page.pad | length }} {{ start.has_more }}"}
   - step: wrong
-    tool: {{kind: noop}}
+    tool: {kind: noop}
 """
     r = await run(runtime, small_limit(workflow))
     assert r.status == "success", r.summary.error

@@ -9,7 +9,7 @@ from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.canonical import LEGACY
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, format_path
 from noetl_stream.dsl.model import Playbook
-from noetl_stream.dsl.rewrite import alias_literals, event_name_literals, success_to_ok
+from noetl_stream.dsl.rewrite import alias_literals, event_name_literals, status_literals, success_to_ok
 from noetl_stream.dsl.templates import check_syntax, has_template, undeclared_names
 from noetl_stream.events import LEGACY_ALIASES
 
@@ -148,10 +148,20 @@ _WHERE = {
     "_attempt": "a pipeline local",
     "event": "only routing and admission see the boundary event",
     "keychain": "credentials reach only the worker that runs a step's tasks, never the controller",
+    "iter": "a loop iteration exists only in the looped step's tasks; a loop's arcs see its loop.done",
+}
+_STATUSES = {
+    "outcome": ("ok", "error"),  # 001 §11 ('success' is the legacy spelling: its own message)
+    "event": ("success", "error", "skipped", "in_progress"),  # 001 §15.1
+}
+_STATUS_HINT = {
+    ("event", "ok"): " ('ok' is outcome.status, a task's, which routing does not see)",
+    ("event", "failed"): " (a failed step's boundary is step.failed, status 'error')",
+    ("outcome", "failed"): " (a failed task's outcome.status is 'error')",
 }
 _UNAVAILABLE = {
-    "an admission rule": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain"}),
-    "an arc": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain"}),
+    "an admission rule": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain", "iter"}),
+    "an arc": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain", "iter"}),
     "a task": frozenset({"event"}),
 }
 
@@ -222,6 +232,15 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                     f"spelling{_legacy_fix(c, 'ok')}",
                     code="legacy-status",
                 )
+            for subject, statuses in _STATUSES.items():
+                for status in dict.fromkeys(status_literals(text, subject)):
+                    if status not in statuses and not (subject == "outcome" and status == "success"):
+                        c.error(
+                            path,
+                            f"{who}: {subject}.status is never {status!r}: it is "
+                            f"{' or '.join(repr(v) for v in statuses)}{_STATUS_HINT.get((subject, status), '')}",
+                            code="unknown-status",
+                        )
             for alias in dict.fromkeys(alias_literals(text)):
                 canonical = " or ".join(f"'{n}'" for n in LEGACY_ALIASES[alias])
                 c.error(

@@ -230,8 +230,27 @@ def success_to_ok(source: str) -> str:
     if tokens is None:
         return source
     out = list(tokens)
+    for j in _status_compared(tokens, "outcome"):
+        _swap_success(out, j)
+    return join(out)
+
+
+def status_literals(source: str, subject: str) -> list[str]:
+    """The strings a template compares ``<subject>.status`` with (``==``, ``!=``, ``in [...]``)."""
+    if subject not in source or "status" not in source or not has_template(source):
+        return []
+    tokens = tokenize(source)
+    if tokens is None:
+        return []
+    return [tokens[j].value[1:-1] for j in _status_compared(tokens, subject) if tokens[j].kind == "string"]
+
+
+def _status_compared(tokens: list[Tok], subject: str) -> list[int]:
+    """Indices of the tokens ``<subject>.status`` is compared with: the other side of ``==``/``!=``,
+    and every token of the list or tuple after ``in``/``not in``."""
+    found: list[int] = []
     for i, t in enumerate(tokens):
-        if not (t.code and t.kind == "name" and t.value == "outcome"):
+        if not (t.code and t.kind == "name" and t.value == subject):
             continue
         d = _sig(tokens, i, 1)
         s = _sig(tokens, d, 1)
@@ -239,8 +258,7 @@ def success_to_ok(source: str) -> str:
             continue
         op = _sig(tokens, s, 1)
         if _is(tokens, op, "operator", "==") or _is(tokens, op, "operator", "!="):
-            lit = _sig(tokens, op, 1)
-            _swap_success(out, lit)
+            found.append(_sig(tokens, op, 1))
         elif _is(tokens, op, "name", "in") or (
             _is(tokens, op, "name", "not") and _is(tokens, _sig(tokens, op, 1), "name", "in")
         ):
@@ -254,12 +272,12 @@ def success_to_ok(source: str) -> str:
                         depth -= 1
                         if depth == 0:
                             break
-                    _swap_success(out, j)
+                    found.append(j)
                     j += 1
         prev = _sig(tokens, i, -1)
         if _is(tokens, prev, "operator", "==") or _is(tokens, prev, "operator", "!="):
-            _swap_success(out, _sig(tokens, prev, -1))
-    return join(out)
+            found.append(_sig(tokens, prev, -1))
+    return [j for j in found if 0 <= j < len(tokens)]
 
 
 def _swap_success(out: list[Tok], i: int) -> None:

@@ -268,6 +268,7 @@ def test_step_set_on_a_looped_step_is_a_step_after_the_loop_that_takes_its_arcs(
             when: "{{ event.name != 'step.failed' }}"
             args:
               loop_event:
+                name: "{{ event.name | default(none) }}"
                 status: "{{ event.status | default(none) }}"
                 total: "{{ event.total | default(none) }}"
                 done: "{{ event.done | default(none) }}"
@@ -292,10 +293,10 @@ def test_step_set_on_a_looped_step_is_a_step_after_the_loop_that_takes_its_arcs(
         next:
           arcs:
             - step: big
-              when: "{{ event.name == 'step.done' and ctx.total > 20 }}"
+              when: "{{ args.loop_event.name == 'loop.done' and ctx.total > 20 }}"
               args: {seen: "{{ args.loop_event.total }}", total: "{{ ctx.total }}"}
             - step: small
-              when: "{{ event.name == 'step.done' }}"
+              when: "{{ args.loop_event.name == 'loop.done' }}"
         """
     )
     assert report(text) == []
@@ -505,3 +506,52 @@ def test_an_error_in_an_arc_a_looped_step_set_moves_is_reported_once_where_it_wa
         line,
         lines[line - 1].index('"{{') + 1,
     )
+
+
+def _loop_arcs(with_set: bool) -> str:
+    text = playbook(
+        """
+        - step: start
+          loop: {in: "{{ [1, 2] }}", iterator: n}
+          tool: {kind: noop, result: "{{ iter.n }}"}
+          SET
+          next:
+            spec: {mode: inclusive}
+            arcs:
+              - step: A
+                when: "{{ event.name == 'loop.done' }}"
+                args:
+                  name: "{{ event.name }}"
+                  in_list: "{{ event.name in ['loop.done'] }}"
+                  is_step_done: "{{ event.name == 'step.done' }}"
+              - {step: B, when: "{{ event.name in ['loop.done'] }}"}
+              - {step: C, when: "{{ event.name.startswith('loop') }}"}
+              - {step: D, when: "{{ event.name == 'step.done' }}"}
+        - step: A
+          tool: {kind: noop, result: "{{ args }}"}
+        - step: B
+          tool: {kind: noop}
+        - step: C
+          tool: {kind: noop}
+        - step: D
+          tool: {kind: noop}
+        """
+    )
+    return text.replace("SET", 'set: {ctx.total: "{{ start | sum }}"}' if with_set else "desc: no set")
+
+
+@pytest.mark.parametrize("with_set", [False, True], ids=["without-set", "with-set"])
+async def test_a_step_set_on_a_looped_step_leaves_its_arcs_seeing_loop_done(
+    runtime: Runtime, with_set: bool
+) -> None:
+    """`event.name` is the loop's boundary in every use (a comparison, a list, a method, an arg), with or
+    without a step `set:` (which moves the arcs to a step after the loop), and an arc testing a boundary
+    a loop never has is the same warning either way."""
+    text = _loop_arcs(with_set)
+    codes = [d.code for d in compile_playbook(text, "t.yaml").diagnostics]
+    assert codes == ["loop-boundary"]
+    r = await run(runtime, text)
+    assert r.status == "success", r.summary.error
+    assert sorted(s for s in r.ran() if s in "ABCD") == ["A", "B", "C"]
+    assert r.step_result("A") == {"name": "loop.done", "in_list": True, "is_step_done": False}
+    assert r.summary.ctx == ({"total": 3} if with_set else {})

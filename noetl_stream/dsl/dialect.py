@@ -10,8 +10,9 @@
   (the list of iteration results) as the step's name; it writes ``ctx`` only (there is no iteration
   scope then). No task sees the end of a loop, so it runs in a step ``<step>_set`` that the loop's
   success leads to; the step's arcs move there, so they route after the patch, as on any step with
-  a ``set:``, and see the loop's boundary as before (``event.name`` as ``loop.done``, ``event.total``,
-  ``event.failed``, ... and ``args``); failures still route from the loop step itself.
+  a ``set:``, and see the loop's boundary as before (``event.name``, ``event.total``, ``event.failed``,
+  ... handed on as ``args.loop_event``, and ``args``); failures, and arcs testing a boundary a loop never
+  has, still route from the loop step itself.
 * Task ``input:`` is the task's ``args``. Step ``input:`` stays on the step (``Step.input``).
 """
 
@@ -26,15 +27,12 @@ from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.rewrite import (
     Rewrite,
     SplitError,
-    Tok,
     as_expression,
-    join,
     reads,
     reads_attr,
     rewrite_value,
     split_event,
     template,
-    tokenize,
 )
 from noetl_stream.dsl.source import SourceMap
 from noetl_stream.dsl.templates import has_template
@@ -47,7 +45,7 @@ SOURCE_ARGS = "source_args"
 """Where the ``<step>_set`` step of a looped step finds the loop step's ``args``."""
 BOUNDARY = "loop_event"
 """... and the fields of the loop's boundary event its arcs read."""
-BOUNDARY_FIELDS = ("status", "total", "done", "failed")
+BOUNDARY_FIELDS = ("name", "status", "total", "done", "failed")
 ITERATION_ONLY = ("iter", "input", "_prev", "_task", "_attempt")
 
 
@@ -232,7 +230,7 @@ class Dialect:
         names.add(set_name)
         rw = Rewrite(
             names={"args": f"args.{SOURCE_ARGS}", "event": f"args.{BOUNDARY}"},
-            attrs={("event", "name"): "event.name", ("event", "result"): name},
+            attrs={("event", "result"): name},  # event.name too is the loop's: args.loop_event.name
         )
         stay: list[dict[str, Any]] = []
         moved: list[dict[str, Any]] = []
@@ -246,12 +244,15 @@ class Dialect:
                 )
             apath: Path = (*path, "next", "arcs", i)
             tested = _tested_events(arc.get("when"))
+            if tested is not None and not tested & (FAILURE_NAMES | SUCCESS_NAMES | EITHER_NAMES):
+                stay.append(arc)  # a boundary a loop never has (step.done): never fires, as without 'set'
+                continue
             if tested is None or tested & (FAILURE_NAMES | EITHER_NAMES):
                 guard = None if tested is not None and tested <= FAILURE_NAMES else FAILED
                 stay.append(self.origins.mark({**arc, "when": template(_and(guard, when))}, apath))
             if tested is None or tested & (SUCCESS_NAMES | EITHER_NAMES):
                 guard = None if tested is not None and tested <= SUCCESS_NAMES else SUCCEEDED
-                out = rewrite_value(_swap_boundary_names(copy.deepcopy(arc)), rw)
+                out = rewrite_value(copy.deepcopy(arc), rw)
                 out["when"] = template(_and(guard, as_expression(out["when"]) if "when" in out else None))
                 moved.append(self.origins.mark_tree(out, apath))
         values = rewrite_value(values, Rewrite(names={"args": f"args.{SOURCE_ARGS}"}))
@@ -369,7 +370,6 @@ def _and(*parts: str | None) -> str:
     return " and ".join(f"({p})" if len(items) > 1 and (" or " in p or " if " in p) else p for p in items)
 
 
-_BOUNDARY_SWAP = {"loop.done": "step.done", "step.done": "loop.done"}
 FAILURE_NAMES = frozenset({"step.failed", "call.error"})
 SUCCESS_NAMES = frozenset({"loop.done", "call.done"})
 EITHER_NAMES = frozenset({"step.exit"})
@@ -381,25 +381,6 @@ def _tested_events(when: Any) -> frozenset[str] | None:
         return split_event(when).events
     except SplitError:
         return None
-
-
-def _swap_boundary_names(arc: dict[str, Any]) -> dict[str, Any]:
-    """An arc of a looped step, for its ``<step>_set`` step: there ``event.name`` is ``step.done`` where
-    the loop's was ``loop.done``, so the two names swap in its conditions (aliases such as ``call.done``
-    match both)."""
-    when = arc.get("when")
-    if isinstance(when, str) and "event" in reads(when):
-        tokens = tokenize(when)
-        if tokens is not None:
-            out = []
-            for t in tokens:
-                name = t.value[1:-1] if t.kind == "string" else None
-                if name in _BOUNDARY_SWAP:
-                    q = t.value[0]
-                    t = Tok("string", f"{q}{_BOUNDARY_SWAP[name]}{q}", True)
-                out.append(t)
-            arc["when"] = join(out)
-    return arc
 
 
 def normalize(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:

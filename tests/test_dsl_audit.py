@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from dsl_support import HEADER, assert_accepted_with, assert_rejected_with, steps
 
 from noetl_stream.cli import main
+from noetl_stream.dsl import compile_playbook
 
 LOOPED_SET = """\
   - step: start
@@ -338,7 +339,10 @@ def test_rejected_with_a_located_message(text: str, expected: list[str]) -> None
         ),
         pytest.param(steps("  - step: start\n    spec:\n    tool: {kind: noop, spec: }\n"), id="spec-null"),
         pytest.param(
-            steps("  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: start, when: true}]}\n"),
+            steps(
+                "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: after, when: true}]}\n"
+                "  - step: after\n    tool: {kind: noop}\n"
+            ),
             id="when-true",
         ),
         pytest.param(
@@ -466,3 +470,46 @@ def test_validate_cli_locates_a_byte_that_is_not_utf8(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["validate", str(bad)])
     assert result.exit_code == 2
     assert result.output == f"{bad}:8:13: the file is not UTF-8: byte 0xe9 cannot be decoded\n"
+
+
+@pytest.mark.parametrize(
+    ("workflow", "expected"),
+    [
+        pytest.param(
+            "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: a}]}\n"
+            "  - step: a\n    tool: {kind: noop}\n    next: {arcs: [{step: b}]}\n"
+            "  - step: b\n    tool: {kind: noop}\n    next: {arcs: [{step: a}]}\n",
+            ["a -> b -> a"],
+            id="two-steps",
+        ),
+        pytest.param(
+            "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: start, when: true}, {step: x}]}\n"
+            "  - step: x\n    tool: {kind: noop}\n",
+            ["start -> start"],
+            id="self-loop-first-of-exclusive",
+        ),
+        pytest.param(
+            "  - step: start\n    tool: {kind: noop}\n"
+            '    next: {arcs: [{step: x, when: "{{ ctx.done }}"}, {step: start}]}\n'
+            "  - step: x\n    tool: {kind: noop}\n",
+            [],
+            id="a-condition-can-leave-it",
+        ),
+        pytest.param(
+            "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: a}]}\n"
+            '  - step: a\n    spec: {policy: {admit: {rules: [{when: "{{ args.n < 3 }}", then: {allow: true}}]}}}\n'
+            '    tool: {kind: noop}\n    next: {arcs: [{step: a, args: {n: "{{ args.n + 1 }}"}}]}\n',
+            [],
+            id="admission-can-stop-it",
+        ),
+    ],
+)
+def test_a_cycle_that_can_never_end_is_warned(workflow: str, expected: list[str]) -> None:
+    result = compile_playbook(steps(workflow), "t.yaml")
+    assert result.errors == ()
+    found = [
+        d.message.split("steps ", 1)[1].split(" route", 1)[0]
+        for d in result.warnings
+        if d.code == "endless-cycle"
+    ]
+    assert found == expected

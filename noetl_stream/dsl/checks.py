@@ -41,6 +41,55 @@ def check_graph(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
             )
 
 
+def check_cycles(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
+    """Warn about a cycle whose steps always route on to the next one: every boundary (done or failed)
+    takes an arc without a condition, and no admission rule can stop it, so it never ends."""
+    steps = {s.name: s for s in playbook.workflow}
+    forced: dict[str, list[str]] = {}
+    for s in playbook.workflow:
+        if s.admit is not None or s.next is None or not s.next.arcs:
+            continue
+        arcs = s.next.arcs if s.next.mode == "inclusive" else s.next.arcs[:1]  # exclusive: the first wins
+        forced[s.name] = [
+            a.step for a in arcs if a.when in (None, True) and a.step in steps and steps[a.step].admit is None
+        ]
+    index = {
+        name: i
+        for i, item in enumerate(data.get("workflow") or [])
+        if isinstance(item, dict) and isinstance(name := item.get("step"), str)
+    }
+    reported: set[frozenset[str]] = set()
+    state: dict[str, int] = {}  # 1: on the walk's path, 2: done
+    for root in forced:
+        if root in state:
+            continue
+        path = [root]
+        todo = [iter(forced.get(root, ()))]
+        state[root] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                todo.pop()
+                continue
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt) :]
+                if frozenset(cycle) not in reported and cycle[-1] in index:
+                    reported.add(frozenset(cycle))
+                    route = " -> ".join([*cycle, nxt])
+                    c.warn(
+                        ("workflow", index[cycle[-1]], "step"),
+                        f"steps {route} route to each other on every boundary (arcs without 'when', no "
+                        "admission rule): this cycle never ends; give one of its arcs a 'when' (or a step "
+                        "an admission rule), or bound the execution with executor.spec.deadline_s",
+                        code="endless-cycle",
+                    )
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(iter(forced.get(nxt, ())))
+
+
 def check_names(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
     """Warn when a step is named like a workload key: the bare name would change meaning mid-run."""
     raw = data.get("workflow") or []

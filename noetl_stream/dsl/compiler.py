@@ -13,7 +13,7 @@ import msgspec
 
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.canonical import LEGACY, declared_extensions, expand
-from noetl_stream.dsl.checks import check_graph, check_names, check_templates
+from noetl_stream.dsl.checks import check_cycles, check_graph, check_names, check_templates
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
 from noetl_stream.dsl.model import Executor, KeychainEntry, Metadata, Playbook, Step, Task
 from noetl_stream.dsl.source import SourceMap, load_yaml
@@ -146,6 +146,7 @@ class Compiler:
             file=self.smap.file,
         )
         check_graph(self, playbook, data)
+        check_cycles(self, playbook, data)
         check_names(self, playbook, data)
         check_templates(self, playbook, data)
         return playbook

@@ -26,6 +26,7 @@ from noetl_stream.dataplane.tools.duckdb import run_duckdb
 from noetl_stream.dataplane.tools.http import run_http
 from noetl_stream.dataplane.tools.postgres import run_postgres
 from noetl_stream.dataplane.tools.python import run_python
+from noetl_stream.dataplane.tools.urlmask import mask_urls
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
@@ -201,6 +202,57 @@ async def test_http_credentials_in_the_url_are_masked(
     text = encoded(out)
     assert PASSWORD not in text and TOKEN not in text
     assert "***" in out.error["message"] + str(out.helpers["http"]["url"])
+
+
+@pytest.mark.parametrize(
+    ("url", "message", "shown"),
+    [
+        (
+            "http://bob:auth@{live}/status/401",
+            "GET http://bob:***@{live}/status/401 -> 401 Unauthorized",
+            "http://{live}/status/401",
+        ),
+        (
+            "http://{live}/status/500?token=Error&page=1",
+            "GET http://{live}/status/500?token=***&page=1 -> 500 Internal Server Error",
+            "http://{live}/status/500?token=***&page=1",
+        ),
+    ],
+)
+async def test_http_credentials_are_masked_in_the_url_not_in_the_status_reason(
+    server: HttpServer, services: WorkerServices, url: str, message: str, shown: str
+) -> None:
+    # Before: a URL's credential was replaced wherever its text occurred in the message, so a password
+    # `auth` gave "-> 401 Un***orized" and `token=Error` gave "-> 500 Internal Server ***".
+    live = f"127.0.0.1:{server.port}"
+    out = await run_http({"url": url.format(live=live)}, context({}, services))
+    assert out.error is not None and out.error["message"] == message.format(live=live)
+    assert out.helpers["http"]["url"] == shown.format(live=live)
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("GET http://h/x?key=auth -> 401 Unauthorized", "GET http://h/x?key=*** -> 401 Unauthorized"),
+        (
+            "http://u:p@ss@h:99999/x?Access_Token=a%2Bb&n=1#sig=z",
+            "http://u:***@h:99999/x?Access_Token=***&n=1#sig=***",
+        ),
+        (
+            '<https://h/p?page=2&api_key=k1>; rel="next", </p?page=3&sig=k2>',
+            '<https://h/p?page=2&api_key=***>; rel="next", </p?page=3&sig=***>',
+        ),
+        (
+            "url='http://h/?x-amz-signature=abc' token=plain key=text",
+            "url='http://h/?x-amz-signature=***' token=plain key=text",
+        ),
+        ("http://h/?token=&keys=1", "http://h/?token=&keys=1"),
+    ],
+)
+def test_http_url_masking_follows_the_url_structure(text: str, masked: str) -> None:
+    # Passwords and credential-named query/fragment values inside URLs, absolute or relative; the same
+    # names outside a query string, empty values and other parameters are left alone.
+    assert mask_urls(text) == masked
 
 
 @pytest.mark.parametrize("chunked", ["0", "1"])

@@ -45,7 +45,8 @@ async def _site(app: web.Application, ssl_context: ssl.SSLContext | None = None)
 
 class Redirector:
     """``/to?url=U`` answers 302 to U, ``/loop`` redirects to itself, ``/seen`` records the
-    ``X-Token`` header it got (None when absent) in `seen`."""
+    ``X-Token`` header it got (None when absent) in `seen`, ``/linked`` answers 500 with the URL it was
+    asked for in a ``Link`` header (absolute) and a ``Content-Location`` header (path and query)."""
 
     def __init__(self) -> None:
         self.seen: list[str | None] = []
@@ -61,6 +62,10 @@ class Redirector:
         self.seen.append(request.headers.get("X-Token"))
         return web.json_response({})
 
+    async def linked(self, request: web.Request) -> web.Response:
+        headers = {"Link": f'<{request.url}>; rel="self"', "Content-Location": request.path_qs}
+        return web.json_response({}, status=500, headers=headers)
+
 
 @pytest.fixture
 async def redirector() -> AsyncIterator[Redirector]:
@@ -69,6 +74,7 @@ async def redirector() -> AsyncIterator[Redirector]:
     app.router.add_get("/to", r.to)
     app.router.add_get("/loop", r.loop)
     app.router.add_get("/seen", r.record)
+    app.router.add_get("/linked", r.linked)
     runner, port = await _site(app)
     r.url = f"http://127.0.0.1:{port}"
     yield r
@@ -295,3 +301,85 @@ async def test_auth_header_replaces_the_same_header_in_any_case(
     ]
     everything = msgspec.json.encode(r.events).decode()
     assert TOKEN not in everything and API_KEY not in everything
+
+
+async def test_credential_params_are_masked_in_urls_not_in_the_rest_of_the_text(
+    nats_server: EmbeddedNats, topology: Topology, server: HttpServer, redirector: Redirector
+) -> None:
+    # Before: a credential param's value was replaced wherever it occurred as a substring, so `key: auth`
+    # gave "GET .../status/401 -> 401 Un***orized" and `token: Error` "-> 500 Internal Server ***".
+    # Now the values are masked inside URLs only: the request's, a redirect's, those in response headers.
+    link_token = "tok-LINK-77aa+/="
+    redirect_token = "tok-REDIR-5b5b"
+    capture = '{do: continue, set_iter: {msg: "{{ outcome.error.message }}", http: "{{ outcome.http }}"}}'
+    text = playbook(
+        f"""
+        - step: start
+          tool:
+            - name: unauthorized
+              kind: http
+              url: "{{{{ api }}}}/status/401"
+              params: {{key: auth, page: 2}}
+              spec: {{policy: {{rules: [{{else: {{then: {capture}}}}}]}}}}
+            - name: keep_401
+              kind: noop
+              spec: {{policy: {{rules: [{{else: {{then: {{do: continue, set_iter: {{a: "{{{{ iter.msg }}}}", a_url: "{{{{ iter.http.url }}}}"}}}}}}}}]}}}}
+            - name: server_error
+              kind: http
+              url: "{{{{ api }}}}/status/500"
+              params: {{token: Error}}
+              spec: {{policy: {{rules: [{{else: {{then: {capture}}}}}]}}}}
+            - name: keep_500
+              kind: noop
+              spec: {{policy: {{rules: [{{else: {{then: {{do: continue, set_iter: {{b: "{{{{ iter.msg }}}}", b_url: "{{{{ iter.http.url }}}}"}}}}}}}}]}}}}
+            - name: linked
+              kind: http
+              url: "{{{{ redirector }}}}/linked?page=3"
+              params: {{access_token: "{{{{ link_token }}}}"}}
+              spec: {{policy: {{rules: [{{else: {{then: {capture}}}}}]}}}}
+            - name: keep_linked
+              kind: noop
+              spec: {{policy: {{rules: [{{else: {{then: {{do: continue, set_iter: {{c: "{{{{ iter.msg }}}}", c_http: "{{{{ iter.http }}}}"}}}}}}}}]}}}}
+            - name: redirected
+              kind: http
+              url: "{{{{ redirector }}}}/to"
+              params: {{url: "{{{{ api }}}}/status/503?x=1&token={{{{ redirect_token }}}}"}}
+              spec: {{policy: {{rules: [{{else: {{then: {capture}}}}}]}}}}
+            - name: out
+              kind: noop
+              result:
+                a: "{{{{ iter.a }}}}"
+                a_url: "{{{{ iter.a_url }}}}"
+                b: "{{{{ iter.b }}}}"
+                b_url: "{{{{ iter.b_url }}}}"
+                c: "{{{{ iter.c }}}}"
+                c_http: "{{{{ iter.c_http }}}}"
+                d: "{{{{ iter.msg }}}}"
+                d_url: "{{{{ iter.http.url }}}}"
+        """,
+        workload={
+            "api": server.url,
+            "redirector": redirector.url,
+            "link_token": link_token,
+            "redirect_token": redirect_token,
+        },
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text)
+    assert r.status == "success", r.summary
+    out = r.step_result("start")
+    assert out["a"] == f"GET {server.url}/status/401 -> 401 Unauthorized"
+    assert out["a_url"] == f"{server.url}/status/401?key=***&page=2"
+    assert out["b"] == f"GET {server.url}/status/500 -> 500 Internal Server Error"
+    assert out["b_url"] == f"{server.url}/status/500?token=***"
+    assert out["c"] == f"GET {redirector.url}/linked?page=3 -> 500 Internal Server Error"
+    assert out["c_http"]["url"] == f"{redirector.url}/linked?page=3&access_token=***"
+    assert (
+        out["c_http"]["headers"]["link"] == f'<{redirector.url}/linked?page=3&access_token=***>; rel="self"'
+    )
+    assert out["c_http"]["headers"]["content-location"] == "/linked?page=3&access_token=***"
+    assert out["d"] == f"GET {redirector.url}/to -> 503 Service Unavailable"
+    assert out["d_url"] == f"{server.url}/status/503?x=1&token=***"
+    reported = msgspec.json.encode([out, [e.payload for e in r.tasks("start")]]).decode()
+    for secret in ("tok-LINK-77aa", "tok-LINK-77aa%2B", redirect_token):
+        assert secret not in reported

@@ -24,10 +24,11 @@ retryable with ``outcome.http.status`` None; a certificate or TLS handshake fail
 URL that is not http(s) ``config_error`` (neither retryable). Redirects are followed, but a header that
 carries a credential (``auth``'s, or one named in `SENSITIVE_HEADERS`) is never sent to another origin
 than the task's URL. Credential values never appear in the outcome: headers
-that carry credentials are masked and every value of the credential used is redacted; so are the
+that carry credentials are masked and every value of the credential used is redacted. In the URLs of
+error messages and ``outcome.http`` (the request's, a redirect's, those in response headers), the
 password of a URL's userinfo (``https://user:pw@host``) and the values of query parameters named like
-credentials (``access_token``, ``api_key``, ``sig``, ... `SENSITIVE_PARAMS`) in error messages and
-``outcome.http``.
+credentials (``access_token``, ``api_key``, ``sig``, ... `urlmask.SENSITIVE_PARAMS`) are masked by
+the URL's structure: the same text outside a URL (a status reason) stays as it is.
 """
 
 from __future__ import annotations
@@ -36,11 +37,9 @@ import base64
 import datetime
 import email.utils
 import math
-import re
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import aiohttp
 import msgspec
@@ -50,14 +49,9 @@ from multidict import CIMultiDictProxy
 from noetl_stream import __version__
 from noetl_stream.dataplane.outcome import Outcome, json_safe
 from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.dataplane.tools.urlmask import mask_urls, masked_url
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.kv.keychain import (
-    MASK,
-    MIN_SUBSTRING_SECRET,
-    CredentialNotFoundError,
-    redact,
-    secret_values,
-)
+from noetl_stream.kv.keychain import MASK, CredentialNotFoundError, redact, secret_values
 
 if TYPE_CHECKING:  # client middlewares: aiohttp >= 3.12
     from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
@@ -67,14 +61,6 @@ _BODY_KEYS = ("body", "json", "form", "data")
 SENSITIVE_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key", "x-auth-token"}
 )
-SENSITIVE_PARAMS = frozenset(
-    {
-        "access_token", "token", "id_token", "refresh_token", "api_key", "apikey", "key", "password",
-        "passwd", "secret", "client_secret", "signature", "sig", "auth", "x-amz-signature",
-        "x-amz-credential", "x-amz-security-token",
-    }
-)  # fmt: skip
-_USERINFO_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*?:([^/?#@]*)@")
 BEARER_KINDS = ("bearer", "http_bearer")
 BASIC_KINDS = ("basic", "http_basic")
 API_KEY_KINDS = ("api_key",)
@@ -249,24 +235,6 @@ def _same_origin_only(url: str, names: list[str]) -> tuple[ClientMiddlewareType,
     return (middleware,)
 
 
-def _request_secrets(url: str, params: list[tuple[str, str]]) -> set[str]:
-    """Credentials written into the request itself: the URL's userinfo password and the values of
-    query parameters named like credentials (in the URL or in ``params``), raw and percent-encoded."""
-    out: set[str] = set()
-    match = _USERINFO_PASSWORD.match(url)
-    if match and match.group(1):
-        out |= {match.group(1), unquote(match.group(1))}
-    query = url.partition("?")[2].partition("#")[0]
-    pairs = [(unquote_plus(k), v) for k, _, v in (item.partition("=") for item in query.split("&"))]
-    for name, value in pairs:
-        if name.lower() in SENSITIVE_PARAMS and len(unquote_plus(value)) >= MIN_SUBSTRING_SECRET:
-            out |= {value, unquote_plus(value)}
-    for name, value in params:
-        if name.lower() in SENSITIVE_PARAMS and len(value) >= MIN_SUBSTRING_SECRET:
-            out |= {value, quote(value, safe=""), quote_plus(value)}
-    return out
-
-
 def retry_after_seconds(value: str | None, now: datetime.datetime | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` value (delta-seconds or an HTTP date)."""
     if not value:
@@ -314,47 +282,18 @@ def _decode(data: bytes, content_type: str, charset: str | None) -> tuple[Any, s
     return base64.b64encode(data).decode(), "base64"
 
 
-def masked_url(url: str) -> str:
-    """`url` with the password of its userinfo and the values of query parameters named like credentials
-    (`SENSITIVE_PARAMS`) as ``***``, whatever their encoding (the structure is masked, not the text)."""
-    try:
-        parsed = yarl.URL(url)
-        if parsed.password is not None:
-            parsed = parsed.with_password("***")
-        if any(name.lower() in SENSITIVE_PARAMS for name in parsed.query):
-            parsed = parsed.with_query(
-                [(k, "***" if k.lower() in SENSITIVE_PARAMS else v) for k, v in parsed.query.items()]
-            )
-        return str(parsed)
-    except (ValueError, TypeError):  # not a URL yarl reads: the masking of values still applies
-        return url
-
-
 async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
-    outcome = await _run_http(config, ctx)
-    url = config.get("url")
-    http = outcome.helpers.get("http")
-    if isinstance(http, dict) and isinstance(http.get("url"), str):
-        http["url"] = masked_url(http["url"])
-    if isinstance(url, str) and outcome.error is not None and isinstance(outcome.error.get("message"), str):
-        outcome.error["message"] = outcome.error["message"].replace(url, masked_url(url))
-    return outcome
-
-
-async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     secrets: set[str] = set()
     sensitive = SENSITIVE_HEADERS
     method = str(config.get("method") or "GET").upper()
     url = config.get("url")
     http: dict[str, Any] = {"status": None, "headers": {}, "url": url, "method": method, "retry_after": None}
-    in_request = _request_secrets(url, []) if isinstance(url, str) else set()
     try:
         if not isinstance(url, str) or not url:
             raise _ConfigError("http task needs 'url' (a string)")
         timeout = _timeout(ctx.spec)
         max_body = _max_body(ctx.spec)
         params = _params(config.get("params"))
-        in_request = _request_secrets(url, params)
         headers = _headers(config.get("headers"))
         data = _body(config, headers)
         auth = config.get("auth")
@@ -369,17 +308,18 @@ async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         guarded = [name for name in headers if name.lower() in sensitive]
         middlewares = _same_origin_only(url, guarded) if guarded else ()
     except _ConfigError as exc:
-        return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets, in_request)
+        return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets)
     except KeyError as exc:
         msg = (
             str(exc)
             if isinstance(exc, CredentialNotFoundError)
             else f"no keychain entry {config.get('auth')!r}"
         )
-        return _redacted(Outcome.fail("credential_error", msg, http=http), secrets, in_request)
+        return _redacted(Outcome.fail("credential_error", msg, http=http), secrets)
     except ConfigurationError as exc:
-        return _redacted(Outcome.fail("credential_error", str(exc), http=http), secrets, in_request)
+        return _redacted(Outcome.fail("credential_error", str(exc), http=http), secrets)
 
+    shown = masked_url(url)  # the task's URL in messages
     started = time.monotonic()
     try:
         if ctx.services is not None:
@@ -405,7 +345,7 @@ async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     except _TooLarge as exc:
         outcome = Outcome.fail(
             "response_too_large",
-            f"{method} {url}: the response body is longer than {max_body} bytes{exc} (spec.max_body_bytes)",
+            f"{method} {shown}: the response body is longer than {max_body} bytes{exc} (spec.max_body_bytes)",
             http=http,
         )
     except (aiohttp.ConnectionTimeoutError, aiohttp.SocketTimeoutError, TimeoutError) as exc:
@@ -416,30 +356,30 @@ async def _run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         else:
             phase, limit = "request", timeout.total
         outcome = Outcome.fail(
-            "timeout", f"{method} {url}: {phase} timed out after {limit}s", retryable=True, http=http
+            "timeout", f"{method} {shown}: {phase} timed out after {limit}s", retryable=True, http=http
         )
     except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
         target = exc.url if isinstance(exc, aiohttp.InvalidURL) else (exc.args or [url])[0]
         what = "a redirect to" if isinstance(exc, aiohttp.RedirectClientError) else "invalid url"
         outcome = Outcome.fail(
-            "config_error", f"{what} {str(target)!r} (an http or https URL is needed)", http=http
+            "config_error", f"{what} {masked_url(str(target))!r} (an http or https URL is needed)", http=http
         )
     except aiohttp.ClientSSLError as exc:  # a certificate or handshake failure: retrying does not fix it
-        outcome = Outcome.fail("tls_error", f"{method} {url}: {type(exc).__name__}: {exc}", http=http)
+        outcome = Outcome.fail("tls_error", f"{method} {shown}: {_described(exc)}", http=http)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         outcome = Outcome.fail(
-            "connection_error", f"{method} {url}: {type(exc).__name__}: {exc}", retryable=True, http=http
+            "connection_error", f"{method} {shown}: {_described(exc)}", retryable=True, http=http
         )
     except aiohttp.TooManyRedirects as exc:
         outcome = Outcome.fail(
-            "http_client_error", f"{method} {url}: too many redirects ({len(exc.history)})", http=http
+            "http_client_error", f"{method} {shown}: too many redirects ({len(exc.history)})", http=http
         )
     except aiohttp.ClientError as exc:
-        outcome = Outcome.fail("http_client_error", f"{method} {url}: {type(exc).__name__}: {exc}", http=http)
+        outcome = Outcome.fail("http_client_error", f"{method} {shown}: {_described(exc)}", http=http)
     except ValueError as exc:  # e.g. a header value with a newline
-        outcome = Outcome.fail("config_error", f"{method} {url}: {exc}", http=http)
+        outcome = Outcome.fail("config_error", f"{method} {shown}: {mask_urls(str(exc))}", http=http)
     http["elapsed_s"] = round(time.monotonic() - started, 6)
-    return _redacted(outcome, secrets, in_request)
+    return _redacted(outcome, secrets)
 
 
 async def _request(
@@ -487,19 +427,30 @@ async def _request(
         retryable = resp.status == 429 or resp.status >= 500
         reason = f" {resp.reason}" if resp.reason else ""
         outcome = Outcome.fail(
-            "http_error", f"{method} {url} -> {resp.status}{reason}", retryable=retryable, http=http
+            "http_error",
+            f"{method} {masked_url(url)} -> {resp.status}{reason}",
+            retryable=retryable,
+            http=http,
         )
         outcome.error = {**(outcome.error or {}), "status": resp.status}
         outcome.result = result
         return outcome
 
 
-def _redacted(outcome: Outcome, secrets: set[str], in_request: set[str]) -> Outcome:
-    """`secrets` (the credential's values) are masked everywhere, body included; `in_request` (written
-    into the URL by the playbook) in the error and ``outcome.http``."""
-    if in_request:
-        outcome.error = redact(outcome.error, in_request)
-        outcome.helpers = redact(outcome.helpers, in_request)
+def _described(exc: BaseException) -> str:
+    """An aiohttp exception as ``Type: text``, the URLs in its text masked (it may quote the request's)."""
+    return mask_urls(f"{type(exc).__name__}: {exc}")
+
+
+def _redacted(outcome: Outcome, secrets: set[str]) -> Outcome:
+    """The URLs of ``outcome.http`` masked by their structure (messages are written with masked URLs);
+    `secrets` (the credential's values) masked everywhere as text, body included."""
+    http = outcome.helpers.get("http")
+    if isinstance(http, dict):
+        if isinstance(http.get("url"), str):
+            http["url"] = masked_url(http["url"])
+        if isinstance(http.get("headers"), dict):
+            http["headers"] = {name: mask_urls(value) for name, value in http["headers"].items()}
     if not secrets:
         return outcome
     outcome.error = redact(outcome.error, secrets)

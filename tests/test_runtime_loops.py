@@ -294,6 +294,56 @@ async def test_in_with_an_undefined_name_fails_the_step_clearly(runtime: Runtime
     assert "not_there" in error["message"]
 
 
+WHOLE = "must be a whole number >= 1"
+
+
+@pytest.mark.parametrize("exec_", EXECS)
+@pytest.mark.parametrize(
+    ("mode", "value", "problem"),
+    [
+        ("parallel", "abc", WHOLE),
+        ("parallel", 2.5, WHOLE),
+        ("parallel", "2.0", WHOLE),
+        ("parallel", True, WHOLE),
+        ("parallel", None, WHOLE),
+        ("parallel", [2], WHOLE),
+        ("parallel", 0, "must be >= 1"),
+        ("parallel", "-1", "must be >= 1"),
+        ("sequential", "abc", WHOLE),
+    ],
+)
+async def test_a_templated_max_in_flight_that_is_not_a_whole_number_fails_the_step_clearly(
+    runtime: Runtime, tmp_path: Path, exec_: str, mode: str, value: object, problem: str
+) -> None:
+    # Before: "abc" failed a local loop with only "invalid literal for int() with base 10: 'abc'" (no
+    # step, no field) and a distributed one with another message; 2.5 ran 2 at a time, true 1, null all;
+    # a sequential distributed loop ignored the value. Both sides now read it with one function.
+    text = journaled_loop(mode=mode, exec_=exec_, max_in_flight='"{{ workload.mif }}"')
+
+    r = await run(runtime, text, payload(tmp_path, list(range(3)), mif=value))
+
+    assert r.status == "failed"
+    error = r.step_error("start")
+    assert error["kind"] == "loop_error"
+    assert error["message"] == f"step 'start' loop.spec.max_in_flight: max_in_flight {problem}, got {value!r}"
+    assert not r.named(E.LOOP_STARTED, E.LOOP_ITERATION_STARTED)
+
+
+@pytest.mark.parametrize("exec_", EXECS)
+@pytest.mark.parametrize("value", ["2", 2.0])
+async def test_a_templated_max_in_flight_may_be_a_whole_number_as_text_or_float(
+    runtime: Runtime, tmp_path: Path, exec_: str, value: object
+) -> None:
+    text = journaled_loop(mode="parallel", exec_=exec_, max_in_flight='"{{ workload.mif }}"', hold=0.25)
+
+    r = await run(runtime, text, payload(tmp_path, list(range(4)), mif=value))
+
+    assert r.status == "success", r.summary.error
+    (started,) = r.named(E.LOOP_STARTED)
+    assert started.payload["max_in_flight"] == 2
+    assert max_concurrency(journal(tmp_path / "journal.txt")) == 2
+
+
 # --- failure modes ---------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from noetl_stream.control.effects import Blob, Effects, LoopResults, _plain, ser
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState, JoinState, LoopRun, StepRun
+from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Step
 from noetl_stream.dsl.policy import admit, route
 from noetl_stream.dsl.scope import build_scope
@@ -276,23 +277,11 @@ class Run:
                 },
             )
             return
-        if step.loop.spec.mode == "sequential":
-            mif = 1
-        else:
-            try:
-                mif = int(mif_raw) if mif_raw is not None else len(items) or 1
-            except (TypeError, ValueError):
-                self.fail_run(
-                    run,
-                    {
-                        "kind": "loop_error",
-                        "message": f"{where}: max_in_flight must be a positive integer, got {mif_raw!r}",
-                    },
-                )
-                return
-            if mif < 1:
-                self.fail_run(run, {"kind": "loop_error", "message": f"{where}: max_in_flight must be >= 1"})
-                return
+        try:
+            mif = loop_max_in_flight(step.loop.spec, mif_raw, len(items), f"{where}.spec.max_in_flight")
+        except MaxInFlightError as exc:
+            self.fail_run(run, {"kind": "loop_error", "message": str(exc)})
+            return
         try:
             packed = pack(items)
         except TypeError as exc:

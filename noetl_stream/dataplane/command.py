@@ -21,6 +21,7 @@ from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
+from noetl_stream.dsl.inflight import loop_max_in_flight
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
@@ -349,9 +350,7 @@ class CommandRun:
             mif = render_value(loop.spec.max_in_flight, base.scope, f"{where}.spec.max_in_flight")
             if not isinstance(items, list):
                 raise RenderError(f"'in' must render to a list, got {type(items).__name__}", f"{where}.in")
-            max_in_flight = int(mif) if mif is not None else (len(items) or 1)
-            if max_in_flight < 1:
-                raise RenderError(f"max_in_flight must be >= 1, got {mif!r}", f"{where}.spec.max_in_flight")
+            max_in_flight = loop_max_in_flight(loop.spec, mif, len(items), f"{where}.spec.max_in_flight")
         except (RenderError, TypeError, ValueError) as exc:
             kind = (
                 "template_error"

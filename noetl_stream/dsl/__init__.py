@@ -2,6 +2,7 @@
 
 from noetl_stream.dsl.compiler import CompileResult, compile_playbook, load_playbook
 from noetl_stream.dsl.diagnostics import Diagnostic, PlaybookError
+from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.kinds import known_kinds, register_kind
 from noetl_stream.dsl.layering import deep_merge, effective_task_spec
 from noetl_stream.dsl.model import (
@@ -27,6 +28,7 @@ __all__ = [
     "Diagnostic",
     "Loop",
     "LoopSpec",
+    "MaxInFlightError",
     "Next",
     "Playbook",
     "PlaybookError",
@@ -45,6 +47,7 @@ __all__ = [
     "evaluate_when",
     "known_kinds",
     "load_playbook",
+    "loop_max_in_flight",
     "register_kind",
     "render_value",
     "route",

@@ -293,23 +293,52 @@ def _render_patches(
     return set_iter, set_ctx
 
 
+@dataclass
+class _Workbook:
+    """A ``kind: workbook`` task resolved: the template to run, its spec, its scope, the caller's args."""
+
+    task: Task
+    spec: dict[str, Any]
+    scope: dict[str, Any]
+    args: dict[str, Any]
+
+
 def _resolve_workbook(
     inp: PipelineInput, task: Task, spec: dict[str, Any], scope: dict[str, Any]
-) -> tuple[Task, dict[str, Any], dict[str, Any]] | Outcome:
-    """``kind: workbook`` runs a root workbook template with the caller's rendered ``args``."""
+) -> _Workbook | Outcome:
+    """``kind: workbook`` runs a root workbook template with the caller's rendered ``args`` as ``args``:
+    in the scope its fields render with, and as its tool's ``args`` (`_with_caller_args`)."""
     name = str(task.config.get("task") or task.name)
     template = inp.workbook.get(name)
     if template is None:
         return Outcome.fail("config_error", f"task '{task.name}': no workbook template '{name}'")
     try:
-        args = render_value(
+        rendered = render_value(
             task.config.get("args") or {}, scope, f"step '{inp.step.name}' task '{task.name}'.args"
         )
     except RenderError as exc:
         return Outcome.fail("template_error", str(exc))
+    args = rendered if isinstance(rendered, dict) else {"value": rendered}
     inner = dict(scope)
-    inner["args"] = args if isinstance(args, dict) else {"value": args}
-    return template, merge_layers(template.spec, spec), inner
+    inner["args"] = args
+    return _Workbook(template, merge_layers(template.spec, spec), inner, args)
+
+
+def _with_caller_args(config: dict[str, Any], caller_args: dict[str, Any]) -> dict[str, Any]:
+    """A workbook template's rendered config with the caller's args as its ``args``; the keys of the
+    template's own ``args`` (rendered with the caller's as ``args``) win. Already rendered values are
+    never rendered again. Own ``args`` that render to no mapping are left for its tool to report; a
+    caller without args leaves the config as the template wrote it."""
+    if not caller_args:
+        return config
+    own = config.get("args")
+    if own is None:
+        merged = dict(caller_args)
+    elif isinstance(own, dict):
+        merged = {**caller_args, **own}
+    else:
+        return config
+    return {**config, "args": merged}
 
 
 async def _run_task(
@@ -324,12 +353,13 @@ async def _run_task(
     started = time.monotonic()
     started_at = now_iso()
     label = task.name
+    caller_args: dict[str, Any] | None = None
     if task.kind == "workbook":
         resolved = _resolve_workbook(inp, task, spec, scope)
         if isinstance(resolved, Outcome):
             resolved.meta = _meta({}, inp, attempt, 0.0, started_at, started_at)
             return resolved
-        task, spec, scope = resolved
+        task, spec, scope, caller_args = resolved.task, resolved.spec, resolved.scope, resolved.args
     tool = TOOLS.get(task.kind)
     if tool is None:
         outcome = Outcome.fail("unsupported_kind", f"this worker cannot run tool kind '{task.kind}'")
@@ -339,6 +369,8 @@ async def _run_task(
         except RenderError as exc:
             outcome = Outcome.fail("template_error", str(exc))
         else:
+            if caller_args is not None:
+                config = _with_caller_args(config, caller_args)
             ctx = ToolContext(
                 execution_id=inp.execution_id,
                 step=inp.step.name,

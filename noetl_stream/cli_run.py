@@ -66,14 +66,20 @@ def _echo_execution_id(execution_id: str, as_json: bool) -> None:
     click.echo(msgspec.json.encode({"execution_id": execution_id}).decode() if as_json else execution_id)
 
 
-def _exit_with_outcome(summary: dict[str, Any], as_json: bool, progress: Progress | None) -> NoReturn:
-    """Print a finished execution's summary (JSON, or the progress's last lines) and exit like `run`."""
+def _print_outcome(summary: dict[str, Any], as_json: bool, progress: Progress | None) -> int:
+    """Print a finished execution's summary (JSON, or the progress's last lines), flushed; its exit code."""
     if as_json:
         _echo_json(summary)
     elif progress is not None:
         progress.finish(summary)
+    sys.stdout.flush()
     status = summary.get("status")
-    sys.exit(EXIT_OK if status == "success" else EXIT_INVALID if status == "rejected" else EXIT_FAILED)
+    return EXIT_OK if status == "success" else EXIT_INVALID if status == "rejected" else EXIT_FAILED
+
+
+def _exit_with_outcome(summary: dict[str, Any], as_json: bool, progress: Progress | None) -> NoReturn:
+    """Print a finished execution's summary and exit like `run`."""
+    sys.exit(_print_outcome(summary, as_json, progress))
 
 
 @main.command()
@@ -128,20 +134,23 @@ def run(
     progress = None if as_json else Progress()
     wait_s = _connect_wait_s()
 
-    async def go() -> object:
+    async def go() -> int:
         from noetl_stream.local import local_runtime
 
         async with local_runtime(nats_url, topology=topology, workers=workers, connect_wait_s=wait_s) as rt:
             on_event = progress.on_event if progress else None
-            return await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
+            summary = await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
+            # The outcome as soon as the execution ends: shutting the runtime down afterwards may wait
+            # for tasks it left running (a child abandoned at its child_timeout_s).
+            return _print_outcome(msgspec.to_builtins(summary), as_json, progress)
 
     try:
-        summary = _run_async(go(), nats_url)
+        code = _run_async(go(), nats_url)
     except BrokenPipeError:
         raise
     except (OSError, RuntimeError) as exc:  # the embedded nats-server could not start, ...
         _fail(str(exc), EXIT_FAILED)
-    _exit_with_outcome(msgspec.to_builtins(summary), as_json, progress)
+    sys.exit(code)
 
 
 def _checked_pool(value: str | None) -> str | None:

@@ -51,6 +51,21 @@ class Runtime:
 
 _RUNS = itertools.count(1)
 
+GRACE_S = 5.0
+"""How long shutting the runtime down waits for a worker's commands of executions still running."""
+
+ABANDONED_GRACE_S = 0.5
+"""The wait when every command still running on a worker belongs to an execution that ended (a child
+cancelled at its parent's ``child_timeout_s``): nothing waits for their results. Also the wait of an
+interrupted (Ctrl-C) run."""
+
+
+def _worker_grace(worker: Worker, grace_s: float) -> float:
+    """`grace_s` while `worker` runs a command of an execution that has not ended (its work is kept:
+    it finishes, or it is handed back); else `ABANDONED_GRACE_S`."""
+    running = worker.running_executions()
+    return grace_s if running.difference(worker.ended) else min(grace_s, ABANDONED_GRACE_S)
+
 
 @contextlib.asynccontextmanager
 async def local_runtime(
@@ -92,7 +107,7 @@ async def local_runtime(
             )
             await controller.start()
             runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)
-            grace_s = 5.0
+            grace_s = GRACE_S
             try:
                 for i in range(workers):
                     keychain = Keychain(nc.jetstream(), topology, keychain_key)
@@ -109,11 +124,11 @@ async def local_runtime(
                     runtime.workers.append(w)
                 yield runtime
             except (asyncio.CancelledError, KeyboardInterrupt):
-                grace_s = 0.5  # interrupted (Ctrl-C): the running tasks are abandoned, not waited for
+                grace_s = ABANDONED_GRACE_S  # interrupted (Ctrl-C): running tasks are abandoned
                 raise
             finally:
                 for w in runtime.workers:
-                    await w.shutdown(grace_s=grace_s)
+                    await w.shutdown(grace_s=_worker_grace(w, grace_s))
                 await controller.shutdown(grace_s=grace_s)
         finally:
             with contextlib.suppress(Exception):

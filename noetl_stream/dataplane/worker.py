@@ -81,6 +81,10 @@ class Worker:
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
+    def running_executions(self) -> set[str]:
+        """The executions whose commands this worker runs now."""
+        return {run.cmd.execution_id for run in self._active}
+
     async def start(self) -> None:
         if self._puller is not None:
             return

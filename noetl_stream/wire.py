@@ -194,6 +194,12 @@ _last_s = -1
 _last_prefix = ""
 
 
+def iso_at(epoch_s: float) -> str:
+    """`epoch_s` as UTC ISO-8601 with milliseconds, in `now_iso`'s format: the two compare as text."""
+    ms = int(epoch_s * 1000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S.', time.gmtime(ms // 1000))}{ms % 1000:03d}Z"
+
+
 def now_iso() -> str:
     """UTC now as ISO-8601 with milliseconds (``2026-11-22T02:23:54.185Z``); cached per millisecond, and
     the part up to the second cached per second (formatting a datetime costs more than the rest)."""

@@ -10,8 +10,11 @@ from helpers import playbook
 
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
+from noetl_stream.dataplane.worker import Worker
+from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime
+from noetl_stream.local import Runtime, local_runtime
+from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event
 
 
@@ -267,3 +270,25 @@ async def _child_requests(rt: Runtime, parent_id: str):  # type: ignore[no-untyp
                 yield 0, ev
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_command_queued_while_no_worker_ran_is_not_run_once_its_execution_was_cancelled(
+    nats_server: EmbeddedNats, topology: Topology, tmp_path: Path
+) -> None:
+    """No worker of the pool is up (scaled to zero, all restarting) when the execution is cancelled, so
+    none hears of it. The worker that starts later must not run the queued step: it looks up the end of
+    the execution of a command issued before it listened, and stops it before its first task."""
+    mark = tmp_path / "mark.txt"
+    text = playbook(SLOW_STEPS, workload={"mark": str(mark)})
+    async with local_runtime(nats_server.url, topology=topology, workers=0) as rt:
+        eid = await submit(rt.nc, topology, request_for(text, "slow.yaml"))
+        await _wait_for(rt, eid, E.STEP_SCHEDULED)
+        reply, error = await _request(rt, "cancel", {"execution_id": eid, "reason": "do not charge"})
+        assert error is None, reply
+        assert (await follow(rt.nc, topology, eid, timeout=15)).status == "cancelled"
+        async with Worker(rt.nc, topology, name="late") as late:
+            failed = await _wait_for(rt, eid, E.STEP_FAILED)
+            assert late.ended[eid] == "the execution ended (cancelled) before this step started"
+    assert failed.worker == "late" and failed.payload["error"]["kind"] == "cancelled", failed.payload
+    assert "before this step started" in failed.payload["error"]["message"]
+    assert not mark.exists()  # nothing of the step ran

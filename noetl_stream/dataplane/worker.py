@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import os
 import socket
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +23,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
@@ -32,11 +34,14 @@ from noetl_stream.logs import bound
 from noetl_stream.natsconn import ContinuousPuller, ack_soon, num_delivered
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import decode_command, decode_event
+from noetl_stream.wire import Command, decode_command, decode_event, iso_at
 
 log = structlog.get_logger(__name__)
 
 PROGRESS_EVERY_S = 0.1
+CLOCK_SKEW_S = 5.0
+"""How far the controller's clock (a command's ``issued_at``) may run ahead of a worker's: commands
+issued up to this long after the worker began to listen for ends are looked up too (`_ended_before`)."""
 
 
 class Worker:
@@ -68,6 +73,7 @@ class Worker:
         self._ended_sub: Any = None
         self.ended: OrderedDict[str, str] = OrderedDict()
         """Executions that ended (cancelled, failed, deadline) while commands of theirs may run here."""
+        self._listening_since = "~"  # (sorts after every ISO timestamp): until `start`, check them all
         self._stopped = asyncio.Event()
         self._log = log.bind(worker=self.name, pool=pool)
         # Commands running, for the progress scan: their message, start time and logging context.
@@ -98,6 +104,9 @@ class Worker:
         )
         subject = self.topology.event_subject("x", E.WORKFLOW_FINISHED).replace(".x.", ".*.", 1)
         self._ended_sub = await self.nc.subscribe(subject, cb=self._on_finished)
+        # Commands issued before this (plus the clocks' skew) may belong to executions that ended while
+        # no worker listened: `_handle` looks those up (`_ended_before`).
+        self._listening_since = iso_at(time.time() + CLOCK_SKEW_S)
         await self._puller.start()
         if self.services.children is None:
             self.services.children = ChildRunner(self.nc, self.topology, release_slot=self._release_slot)
@@ -121,9 +130,28 @@ class Worker:
         status = ev.payload.get("status")
         if status == "success":
             return
-        self.ended[ev.execution_id] = f"the execution ended ({status}) while this step was running"
+        self._end(ev.execution_id, f"the execution ended ({status}) while this step was running")
+
+    def _end(self, execution_id: str, reason: str) -> None:
+        self.ended[execution_id] = reason
         while len(self.ended) > 10_000:
             self.ended.popitem(last=False)
+
+    async def _ended_before(self, cmd: Command) -> None:
+        """A command issued before this worker listened for ends (a backlog: a pool scaled from zero, a
+        restart) may belong to an execution cancelled, failed or timed out meanwhile. Its stored end
+        says so; then the command stops at its first task boundary like any of an ended execution."""
+        subject = self.topology.stored_event_filter(cmd.execution_id, E.WORKFLOW_FINISHED)
+        try:
+            raw = await self.js.get_last_msg(self.topology.events_stream, subject)
+            status = decode_event(raw.data or b"").payload.get("status")
+        except NotFoundError:
+            return  # still running
+        except Exception as exc:  # NATS slow or down: run it (its events could not be written anyway)
+            self._log.warning("worker.end_check_failed", error=str(exc) or type(exc).__name__)
+            return
+        if status != "success":
+            self._end(cmd.execution_id, f"the execution ended ({status}) before this step started")
 
     async def run(self) -> None:
         await self.start()
@@ -154,6 +182,8 @@ class Worker:
             return
         ids = {"execution_id": cmd.execution_id, "step": cmd.step, "step_run_id": cmd.step_run_id}
         with bound(**ids, worker=self.name):  # on every log line about this command
+            if cmd.issued_at < self._listening_since and cmd.execution_id not in self.ended:
+                await self._ended_before(cmd)
             outbox = Outbox(self.js, self.topology)
             run = CommandRun(self, cmd, outbox, redelivered=num_delivered(msg) > 1)
             await self._supervise(msg, run)

@@ -14,6 +14,7 @@ from nats.aio.client import Client as NATS
 from noetl_stream.control.controller import Controller
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
+from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import Keychain
 from noetl_stream.kv.provision import ProvisionError, provision
 from noetl_stream.natsconn import connect
@@ -75,7 +76,13 @@ async def run_controller(
         ) as controller:
             api = ApiServer(controller, http[0], http[1], api_tokens) if http is not None else None
             if api is not None:
-                await api.start()
+                try:
+                    await api.start()
+                except OSError as exc:  # the port is taken, the address is not ours: the controller leaves
+                    await controller.shutdown(grace_s=grace_s)
+                    raise ConfigurationError(
+                        f"cannot serve the REST API on {api.host}:{api.port}: {exc.strerror or exc}"
+                    ) from None
             try:
                 await stop.wait()
                 log.info("controller.stopping", grace_s=grace_s)

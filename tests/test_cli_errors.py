@@ -219,3 +219,20 @@ async def test_retry_from_a_step_the_playbook_does_not_have_is_refused(
     proc = noetl("retry", summary.execution_id, "--from-step", "nowhere", "--nats", nats_server.url, env=env)
     line = one_error_line(proc, 2)
     assert f"execution {summary.execution_id} has no step 'nowhere' (steps: start, end)" in line
+
+
+def test_a_controller_whose_api_port_is_taken_says_so_and_leaves(nats_server: EmbeddedNats) -> None:
+    """Not a traceback after it had started: it stops and its last line is the error, naming the address
+    (exit 2, an installation problem)."""
+    prefix = "p" + uuid.uuid4().hex[:10]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ("controller", "--nats", nats_server.url, "--prefix", prefix, "--controller-id", "ctl-taken")
+        proc = noetl(*args, "--http", f"127.0.0.1:{port}", "--api-token", "t" * 32)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot serve the REST API on 127.0.0.1:{port}: "), last
+    assert "in use" in last, last

@@ -35,7 +35,9 @@ class Progress:
             self._line(f"  ✔ {step} done{extra}")
         elif name == E.STEP_FAILED:
             err = ev.payload.get("error") or {}
-            self._line(f"  ✘ {step} failed: {err.get('kind', 'error')}: {err.get('message', '')}")
+            kind, message = str(err.get("kind", "error")), str(err.get("message", ""))
+            said = message if message.startswith(f"{kind}: ") else f"{kind}: {message}"  # python's says it
+            self._line(f"  ✘ {step} failed: {said}")
         elif name == E.STEP_SKIPPED:
             self._line(f"  ⤼ {step} skipped ({ev.payload.get('reason', '')})")
         elif name == E.LOOP_STARTED:

@@ -40,7 +40,7 @@ class Tracker:
     """Folds an execution's events into what a user wants to see."""
 
     _STEP_STATUS = {
-        E.STEP_SCHEDULED: "running",
+        E.STEP_SCHEDULED: "scheduled",  # its command waits for a worker of its pool
         E.STEP_STARTED: "running",
         E.STEP_DONE: "done",
         E.LOOP_DONE: "done",
@@ -59,6 +59,13 @@ class Tracker:
     def apply(self, ev: Event) -> None:
         s = self.summary
         s.events += 1
+        if self.processed:
+            return  # what a task still running wrote after the end: the outcome stands as recorded
+        if ev.name == E.EXECUTION_REQUESTED:  # a retry resumes with the ctx of the execution it retries
+            resume = (ev.payload.get("request") or {}).get("resume")
+            ctx = resume.get("ctx") if isinstance(resume, dict) else None
+            if isinstance(ctx, dict):
+                s.ctx.update(ctx)
         if ev.step and ev.name in self._STEP_STATUS:
             step = s.steps.setdefault(ev.step, StepSummary())
             if ev.step_run_id:

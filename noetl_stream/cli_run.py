@@ -236,14 +236,18 @@ def retry(
     """Re-run a failed execution from its failed step(s), reusing the results of what succeeded."""
     from noetl_stream.client import RetryError, follow, retry_request
     from noetl_stream.client import submit as do_submit
+    from noetl_stream.progress import Progress
 
     topology = _topology(prefix)
+    progress = None if as_json else Progress()
 
     async def go(nc: Any) -> Any:
         request = await retry_request(nc, topology, execution_id, from_steps)
         _check_from_steps(request, execution_id, from_steps)
         new_id = await do_submit(nc, topology, request)
-        return await follow(nc, topology, new_id) if wait else new_id
+        if not wait:
+            return new_id
+        return await follow(nc, topology, new_id, progress.on_event if progress else None)
 
     try:
         out = _with_nats(nats_url, "noetl-retry", go)
@@ -253,7 +257,7 @@ def retry(
     if isinstance(out, str):
         _echo_execution_id(out, as_json)
         return
-    _exit_with_outcome(msgspec.to_builtins(out), True, None)  # JSON, with or without --json
+    _exit_with_outcome(msgspec.to_builtins(out), as_json, progress)  # as `submit --wait` does
 
 
 def _check_from_steps(request: Any, execution_id: str, from_steps: tuple[str, ...]) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
 from pathlib import Path
 
 from helpers import playbook
+from procs import NOETL_STREAM
 
 from noetl_stream.client import RetryError, follow, request_for, retry_request, submit
 from noetl_stream.local import Runtime
@@ -65,3 +69,21 @@ async def test_retry_refuses_an_execution_without_failures(runtime: Runtime, tmp
         runtime.nc, runtime.topology, await submit(runtime.nc, runtime.topology, request), timeout=20
     )
     assert again.status == "success" and again.result == 1
+
+
+async def test_retry_wait_prints_like_submit_wait(runtime: Runtime, tmp_path: Path) -> None:
+    """The timeline on stderr and the outcome's last lines; ``--json`` the summary on stdout."""
+    mark, flag = tmp_path / "mark.txt", tmp_path / "flag"
+    text = playbook(FLAKY, workload={"mark": str(mark), "flag": str(flag)})
+    first = await submit(runtime.nc, runtime.topology, request_for(text, "flaky.yaml"))
+    assert (await follow(runtime.nc, runtime.topology, first, timeout=20)).status == "failed"
+    flag.write_text("ok")
+    target = ("--nats", runtime.nc.connected_url.geturl() if runtime.nc.connected_url else "", "--prefix")
+    proc = await asyncio.create_subprocess_exec(
+        str(NOETL_STREAM), "retry", first, "--wait", *target, runtime.topology.prefix,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "  ✔ compute done" in err.decode().splitlines()
+    assert json.loads(out.decode()) == {"result": 21, "ctx": {}}  # as submit --wait, not the --json summary

@@ -138,24 +138,37 @@ def replay(
     execution_id: str, until: str | None, verify: bool, as_json: bool, nats_url: str, prefix: str
 ) -> None:
     """Rebuild an execution's state by folding its stored events with the controller's reducer."""
+    from noetl_stream import events as E
     from noetl_stream.control import replay as rp
     from noetl_stream.control.state import ExecutionState
+    from noetl_stream.kv.history import read_events
 
     topology = _topology(prefix)
     until_seq = int(until) if until is not None and until.isascii() and until.isdigit() else None
     until_time = _event_time(until) if until is not None and until_seq is None else None
 
-    async def go(nc: Any) -> tuple[ExecutionState | None, list[str]]:
+    async def go(nc: Any) -> tuple[ExecutionState | None, list[str], bool]:
         js = nc.jetstream()
         if verify:
-            diffs, live = await rp.verify(js, topology, execution_id)
-            return live, diffs
-        state = await rp.replay(js, topology, execution_id, until_seq=until_seq, until_time=until_time)
-        return state, []
+            diffs, state = await rp.verify(js, topology, execution_id)
+        else:
+            state = await rp.replay(js, topology, execution_id, until_seq=until_seq, until_time=until_time)
+            diffs = []
+        rejected = False
+        if state is None:  # a request rejected before it was recorded has a history, but no state
+            async for _ in read_events(js, topology, execution_id, names=(E.REQUEST_REJECTED,)):
+                rejected = True
+        return state, diffs, rejected
 
-    state, diffs = _with_nats(nats_url, "noetl-replay", go)
+    state, diffs, rejected = _with_nats(nats_url, "noetl-replay", go)
     if state is None:
-        click.echo(f"error: no events for execution {execution_id}", err=True)
+        why = (
+            "was rejected before it was recorded as a request (playbook.request.rejected): it has no state "
+            f"to replay; `noetl-stream status {execution_id}` shows why"
+            if rejected
+            else ("has no live snapshot to verify" if verify and diffs else "has no events")
+        )
+        click.echo(f"error: execution {execution_id} {why}", err=True)
         sys.exit(EXIT_INVALID)
     if verify:
         if diffs:

@@ -11,9 +11,11 @@ from helpers import playbook
 from procs import run_cli, topology_env
 
 from noetl_stream import events as E
+from noetl_stream.client import follow, submit
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.local import Runtime
 from noetl_stream.subjects import Topology
+from noetl_stream.wire import ExecutionRequest
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 
@@ -37,3 +39,20 @@ async def test_reading_a_history_with_a_non_event_prints_no_traceback(
         code, out, err = await run_cli(env, *args, timeout=30)
         assert "Traceback" not in err, f"{args}: exit {code}\n{err}"
         assert code == 0 or (code in (1, 2) and "\nerror: " in f"\n{err}"), f"{args}: exit {code}\n{out}{err}"
+
+
+async def test_replay_of_a_request_rejected_before_it_was_recorded_says_so(
+    runtime: Runtime, nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    """An unknown catalog path is rejected at intake: the execution has a history (the rejection) but no
+    request and no state. replay says that, not 'no events'."""
+    eid = "rejected-at-intake"
+    await submit(runtime.nc, topology, ExecutionRequest(path="no/such/playbook", execution_id=eid))
+    assert (await follow(runtime.nc, topology, eid, timeout=20)).status == "rejected"
+    env = {**os.environ, **topology_env(topology), "NOETL_NATS_URL": nats_server.url}
+    for args in (("replay", eid), ("replay", eid, "--verify")):
+        code, _, err = await run_cli(env, *args, timeout=30)
+        assert code == 2 and err.strip() == (
+            f"error: execution {eid} was rejected before it was recorded as a request "
+            f"(playbook.request.rejected): it has no state to replay; `noetl-stream status {eid}` shows why"
+        ), err

@@ -123,7 +123,7 @@ async def run_worker(
         )
         await worker.start()
         await stop.wait()
-        log.info("worker.stopping", grace_s=grace_s)
+        log.info("worker.stopping", worker=worker.name, pool=pool, grace_s=grace_s)
         await worker.shutdown(grace_s=grace_s)
     finally:
         await nc.drain()

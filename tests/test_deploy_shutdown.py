@@ -9,6 +9,7 @@ after the ack wait. Either way the execution completes exactly once.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -101,6 +102,8 @@ async def test_sigterm_with_enough_grace_finishes_the_running_task_and_acks_it(
 
     stopping = asyncio.create_task(sigterm(w1, timeout=30))
     await until(lambda: "worker.stopping" in w1.log_path.read_text(), 30, "w1 to stop pulling", procs)
+    (said,) = [line for line in w1.log_path.read_text().splitlines() if '"worker.stopping"' in line]
+    assert json.loads(said)["worker"] == "w1"  # which worker stops, among a pool's
     # w1 is finishing its task but takes nothing new: this one must wait for another worker.
     second = await submit(nc, topo, request_for(HOLD, "hold.yaml", {"path": str(later_runs), "hold": 0}))
     code, took = await stopping

@@ -445,3 +445,27 @@ async def test_a_client_that_goes_away_mid_stream_leaves_the_server_serving(
     async with aiohttp.ClientSession() as other, other.get(api.url + "/health") as resp:
         assert resp.status == 200
     await finish(api, runtime, execution_id)
+
+
+async def test_a_step_waiting_for_a_worker_shows_as_scheduled(api: Api, runtime: Runtime) -> None:
+    """Its command waits in the work queue (no worker serves its pool): the summary shows the step as
+    `scheduled`, as `status` and the graph do, not as if it did not exist."""
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop}
+          next:
+            arcs: [{step: g}]
+        - step: g
+          spec: {pool: nobody}
+          tool: {kind: noop}
+        """
+    )
+    eid = await start(api, {"playbook": text})
+    for _ in range(250):
+        status = await api.json("GET", f"/api/executions/{eid}")
+        if "g" in status.get("steps", {}):
+            break
+        await asyncio.sleep(0.02)
+    assert status["steps"] == {"start": "done", "g": "scheduled"}, status
+    await api.json("POST", f"/api/executions/{eid}/cancel", 202, json={"reason": "test over"})

@@ -46,6 +46,11 @@ class QueryError(ValueError):
     """A malformed query (bad id, filter or page)."""
 
 
+class _HeadRun(msgspec.Struct):
+    step: str
+    status: str = "scheduled"
+
+
 class _Head(msgspec.Struct):
     """The fields of a snapshot a summary needs (decoding skips the rest: results, loops, ...)."""
 
@@ -56,6 +61,7 @@ class _Head(msgspec.Struct):
     path: str = ""
     file: str = ""
     step_status: dict[str, str] = {}
+    runs: dict[str, _HeadRun] = {}
     error: dict[str, Any] | None = None
     parent_execution_id: str | None = None
     last_seq: int = 0
@@ -77,13 +83,22 @@ def summarize(
         file=state.file,
         content_hash=state.content_hash,
         paused=state.paused,
-        steps=dict(state.step_status),
+        steps=_steps(state),
         error=state.error,
         parent_execution_id=state.parent_execution_id,
         last_seq=state.last_seq,
         events_applied=state.events_applied,
         updated_at=updated_at,
     )
+
+
+def _steps(state: ExecutionState | _Head) -> dict[str, str]:
+    """How each step ended, and the runs in progress (``scheduled``: its command waits for a worker or
+    runs; ``looping``: a distributed loop; ``routing``), which a later status replaces."""
+    steps = dict(state.step_status)
+    for run in state.runs.values():
+        steps[run.step] = run.status
+    return steps
 
 
 def _iso(when: datetime.datetime | None) -> str | None:

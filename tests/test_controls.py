@@ -292,3 +292,46 @@ async def test_a_command_queued_while_no_worker_ran_is_not_run_once_its_executio
     assert failed.worker == "late" and failed.payload["error"]["kind"] == "cancelled", failed.payload
     assert "before this step started" in failed.payload["error"]["message"]
     assert not mark.exists()  # nothing of the step ran
+
+
+SLOW_LOOP = """
+- step: start
+  loop: {in: "{{ range(6) | list }}", iterator: i}
+  tool:
+    kind: python
+    args: {i: "{{ iter.i }}", mark: "{{ workload.mark }}"}
+    code: |
+      import time
+      time.sleep(0.3)
+      open(mark, "a").write(f"{i}\\n")
+      result = i
+"""
+
+
+async def test_a_worker_shutting_down_mid_loop_hands_the_rest_of_the_loop_back(
+    nats_server: EmbeddedNats, topology: Topology, tmp_path: Path
+) -> None:
+    """It finishes the iteration it runs and starts no other (a grace spent on new iterations is work
+    thrown away, or run twice, at its end); the command goes back to the pool and the next worker runs
+    only the iterations not recorded as done: each ran once, the loop's result is whole."""
+    mark = tmp_path / "mark.txt"
+    text = playbook(SLOW_LOOP, workload={"mark": str(mark)})
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        eid = await submit(rt.nc, topology, request_for(text, "loop.yaml"))
+        await _wait_for(rt, eid, E.LOOP_ITERATION_DONE)
+        (first,) = rt.workers
+        await first.shutdown(grace_s=10)
+        rt.workers.clear()
+        ran_first = mark.read_text().split()
+        async with Worker(rt.nc, topology, name="next"):
+            summary = await follow(rt.nc, topology, eid, timeout=30)
+        started = [
+            ev.worker
+            async for _, ev in read_events(
+                rt.nc.jetstream(), topology, eid, names=(E.LOOP_ITERATION_STARTED,)
+            )
+        ]
+    assert summary.status == "success" and summary.result == list(range(6)), summary
+    assert 1 <= len(ran_first) < 6, ran_first  # the first worker stopped early, not at the loop's end
+    assert sorted(mark.read_text().split()) == [str(i) for i in range(6)]  # each iteration ran once
+    assert started == ["local-0"] * len(ran_first) + ["next"] * (6 - len(ran_first))

@@ -19,7 +19,7 @@ from noetl_stream import events as E
 from noetl_stream import tracing
 from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
-from noetl_stream.dataplane.loops import Completed, LoopResult, iteration_scope, run_local_loop
+from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
 from noetl_stream.dsl.inflight import loop_max_in_flight
 from noetl_stream.dsl.model import Task
@@ -402,8 +402,11 @@ class CommandRun:
             on_task=lambda i: self.task_hook(f"{run_id}.{i}"),
             completed=completed,
             parent_iter=cmd.parent_iter,
+            hand_back=lambda: self.worker.stopping,
         )
         self.release_held()  # iterations a fail-fast stopped never settled: their tasks ran, write them
+        if res.handed_back:
+            raise HandedBack(f"{res.done + res.failed} of {res.total} iterations settled")
         summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
         if res.failed and step.failure_mode == "fail_fast":
             self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": res.first_error, **summary})

@@ -30,6 +30,11 @@ class Completed:
     ctx_patches: list[dict[str, Any]] = field(default_factory=list)
 
 
+class HandedBack(Exception):
+    """A local loop stopped starting iterations because its worker is shutting down: the command goes
+    back to the pool unsettled, and its next delivery skips the iterations recorded as done."""
+
+
 @dataclass
 class LoopResult:
     total: int
@@ -39,6 +44,8 @@ class LoopResult:
     errors: dict[int, dict[str, Any]] = field(default_factory=dict)
     ctx_patches: list[dict[str, Any]] = field(default_factory=list)
     stopped: bool = False
+    handed_back: bool = False
+    """The worker is shutting down: no iteration was started after it began (the rest are another's)."""
 
     @property
     def first_error(self) -> dict[str, Any] | None:
@@ -66,6 +73,7 @@ async def run_local_loop(
     on_task: Callable[[int], TaskEvent | None] | None = None,
     completed: dict[int, Completed] | None = None,
     parent_iter: dict[str, Any] | None = None,
+    hand_back: Callable[[], bool] | None = None,
 ) -> LoopResult:
     """Run the iterations; those in ``completed`` (a resumed command) are not run again. `parent_iter`:
     the outer iteration (``iter.parent``) when the execution is a child started from one."""
@@ -128,6 +136,10 @@ async def run_local_loop(
                 out.ctx_patches.extend(done_before.ctx_patches)
                 continue
             await sem.acquire()
+            if hand_back is not None and hand_back():  # shutting down: what is left goes to another worker
+                sem.release()
+                out.handed_back = True
+                break
             if (fail_fast and out.errors) or (base.stop_check is not None and base.stop_check() is not None):
                 sem.release()
                 out.stopped = True

@@ -28,6 +28,7 @@ from nats.js.errors import NotFoundError
 from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
 from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, CommandRun
+from noetl_stream.dataplane.loops import HandedBack
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
@@ -73,6 +74,8 @@ class Worker:
         self._ended_sub: Any = None
         self.ended: OrderedDict[str, str] = OrderedDict()
         """Executions that ended (cancelled, failed, deadline) while commands of theirs may run here."""
+        self.stopping = False
+        """`shutdown` began: local loops start no more iterations (`HandedBack`)."""
         self._listening_since = "~"  # (sorts after every ISO timestamp): until `start`, check them all
         self._stopped = asyncio.Event()
         self._log = log.bind(worker=self.name, pool=pool)
@@ -158,7 +161,9 @@ class Worker:
         await self._stopped.wait()
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
-        """Stop pulling; let running commands finish within ``grace_s`` (the rest are redelivered)."""
+        """Stop pulling; let running commands finish within ``grace_s`` (the rest are redelivered). A
+        local loop finishes the iterations it runs and hands the rest back."""
+        self.stopping = True
         if self._puller is not None:
             await self._puller.stop(timeout=grace_s)
             self._puller = None
@@ -186,7 +191,14 @@ class Worker:
                 await self._ended_before(cmd)
             outbox = Outbox(self.js, self.topology)
             run = CommandRun(self, cmd, outbox, redelivered=num_delivered(msg) > 1)
-            await self._supervise(msg, run)
+            try:
+                await self._supervise(msg, run)
+            except HandedBack as exc:  # shutting down mid-loop: another worker runs the rest
+                await run.publish_pending()
+                self._log.info("worker.loop_handed_back", settled=str(exc))
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+                return
             await run.publish_pending()
             ack_soon(msg)
 

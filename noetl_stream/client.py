@@ -83,6 +83,8 @@ class Tracker:
             s.error = ev.payload.get("error")
             s.duration_s = round(time.monotonic() - self._started, 6)
             self.finished = self.processed = True
+        elif ev.name in (E.WORKFLOW_PAUSED, E.WORKFLOW_RESUMED):  # the controller's, on pause and resume
+            s.status = "paused" if ev.name == E.WORKFLOW_PAUSED else "running"
         elif ev.name == E.REQUEST_REJECTED and not self.processed:
             # Final too: a rejected request never runs. Its `playbook.processed` comes right after it,
             # unless whoever wrote the rejection stopped in between (it is written when the request is

@@ -308,6 +308,14 @@ async def test_cancel_pause_and_resume_through_rest(api: Api, runtime: Runtime) 
     paused = await start(api, {"playbook": SLOW})
     reply = await api.json("POST", f"/api/executions/{paused}/pause", 202)
     assert reply == {"execution_id": paused, "accepted": "execution.pause.requested"}
+    for _ in range(250):  # the list filters on it (the status stays running; `paused` says it waits)
+        listed = await api.json("GET", "/api/executions?status=paused")
+        if listed["items"]:
+            break
+        await asyncio.sleep(0.02)
+    assert [(e["execution_id"], e["status"], e["paused"]) for e in listed["items"]] == [
+        (paused, "running", True)
+    ]
     await api.json("POST", f"/api/executions/{paused}/resume", 202, data=b"")
     assert (await finish(api, runtime, paused))["status"] == "success"
 

@@ -49,3 +49,11 @@ def test_a_retry_shows_the_ctx_it_resumed_with_and_what_it_added() -> None:
     t.apply(ev(E.EXECUTION_REQUESTED, request={"resume": {"execution_id": "old", "ctx": {"sq": 81}}}))
     t.apply(ev(E.CTX_PATCHED, patches=[{"more": 1}]))
     assert t.summary.ctx == {"sq": 81, "more": 1}
+
+
+def test_a_paused_execution_shows_as_paused_until_it_is_resumed() -> None:
+    t = Tracker("e")
+    t.apply(ev(E.WORKFLOW_PAUSED, None, "in_progress"))
+    assert t.summary.status == "paused"
+    t.apply(ev(E.WORKFLOW_RESUMED, None, "in_progress"))
+    assert t.summary.status == "running"

@@ -117,7 +117,8 @@ def _parse_time(value: str | None, what: str) -> datetime.datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
-STATUSES = ("pending", "running", "success", "failed", "cancelled", "rejected")
+STATUSES = ("pending", "running", "paused", "success", "failed", "cancelled", "rejected")
+"""What the list filters on: an execution's status, or ``paused`` (a running one that is paused)."""
 
 
 def check_page(offset: int, limit: int) -> None:
@@ -308,7 +309,9 @@ class Inspector:
             changed = self._changed_at(eid) or (rows[eid][0] if eid in rows else None) or None
             rows[eid] = (changed or "", summarize(state, "live", changed))
         items = [s for _, s in sorted(rows.values(), key=lambda r: r[0], reverse=True)]
-        if query.status is not None:
+        if query.status == "paused":
+            items = [s for s in items if s.paused]
+        elif query.status is not None:
             items = [s for s in items if s.status == query.status]
         if query.playbook is not None:
             items = [s for s in items if query.playbook in (s.path, s.name)]

@@ -13,7 +13,7 @@
 (() => {
   const TOKEN_KEY = "noetl-viewer-token";
   const TERMINAL = new Set(["success", "failed", "cancelled", "rejected"]);
-  const STATUSES = ["pending", "running", "success", "failed", "cancelled", "rejected"];
+  const STATUSES = ["pending", "running", "paused", "success", "failed", "cancelled", "rejected"];
   const NODE_W = 196;
   const NODE_H = 68;
   const COL_GAP = 84;

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.canonical import LEGACY
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, format_path
+from noetl_stream.dsl.graph import back_edges
+from noetl_stream.dsl.graph import path as walk
 from noetl_stream.dsl.model import Playbook
 from noetl_stream.dsl.rewrite import alias_literals, event_name_literals, status_literals, success_to_ok
 from noetl_stream.dsl.templates import check_syntax, has_template, undeclared_names
@@ -59,35 +61,19 @@ def check_cycles(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
         if isinstance(item, dict) and isinstance(name := item.get("step"), str)
     }
     reported: set[frozenset[str]] = set()
-    state: dict[str, int] = {}  # 1: on the walk's path, 2: done
-    for root in forced:
-        if root in state:
+    for u, v in sorted(back_edges(forced, forced)):  # each closes a cycle v -> ... -> u -> v
+        cycle = walk(forced, v, u)
+        if frozenset(cycle) in reported or u not in index:
             continue
-        path = [root]
-        todo = [iter(forced.get(root, ()))]
-        state[root] = 1
-        while todo:
-            nxt = next(todo[-1], None)
-            if nxt is None:
-                state[path.pop()] = 2
-                todo.pop()
-                continue
-            if state.get(nxt) == 1:
-                cycle = path[path.index(nxt) :]
-                if frozenset(cycle) not in reported and cycle[-1] in index:
-                    reported.add(frozenset(cycle))
-                    route = " -> ".join([*cycle, nxt])
-                    c.warn(
-                        ("workflow", index[cycle[-1]], "step"),
-                        f"steps {route} route to each other on every boundary (arcs without 'when', no "
-                        "admission rule): this cycle never ends; give one of its arcs a 'when' (or a step "
-                        "an admission rule), or bound the execution with executor.spec.deadline_s",
-                        code="endless-cycle",
-                    )
-            elif nxt not in state:
-                state[nxt] = 1
-                path.append(nxt)
-                todo.append(iter(forced.get(nxt, ())))
+        reported.add(frozenset(cycle))
+        route = " -> ".join([*cycle, v])
+        c.warn(
+            ("workflow", index[u], "step"),
+            f"steps {route} route to each other on every boundary (arcs without 'when', no admission "
+            "rule): this cycle never ends; give one of its arcs a 'when' (or a step an admission rule), "
+            "or bound the execution with executor.spec.deadline_s",
+            code="endless-cycle",
+        )
 
 
 def check_names(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:

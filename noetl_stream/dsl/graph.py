@@ -7,6 +7,8 @@ forward arc is a join: it runs once, when every forward predecessor has resolved
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
 import msgspec
 
 from noetl_stream.dsl.model import Playbook
@@ -37,30 +39,9 @@ def build_graph(playbook: Playbook) -> Graph:
                 targets.append(arc.step)
         arcs[s.name] = targets
 
-    back: set[tuple[str, str]] = set()
-    state: dict[str, int] = {}  # 1 = on stack, 2 = done
     roots = ["start"] if "start" in steps else []
     roots += [s.name for s in playbook.workflow if s.name != "start"]
-    for root in roots:
-        if root in state:
-            continue
-        stack: list[tuple[str, int]] = [(root, 0)]
-        state[root] = 1
-        while stack:
-            node, i = stack[-1]
-            targets = arcs.get(node, [])
-            if i < len(targets):
-                stack[-1] = (node, i + 1)
-                nxt = targets[i]
-                mark = state.get(nxt)
-                if mark == 1:
-                    back.add((node, nxt))
-                elif mark is None:
-                    state[nxt] = 1
-                    stack.append((nxt, 0))
-            else:
-                state[node] = 2
-                stack.pop()
+    back = back_edges(arcs, roots)
 
     successors = {n: tuple(t for t in ts if (n, t) not in back) for n, ts in arcs.items()}
     reachable = _reachable(arcs, "start") if "start" in steps else set(steps)
@@ -73,6 +54,52 @@ def build_graph(playbook: Playbook) -> Graph:
     predecessors = {n: tuple(p) for n, p in preds.items()}
     joins = frozenset(n for n, p in predecessors.items() if len(p) > 1)
     return Graph(successors=successors, predecessors=predecessors, back_edges=frozenset(back), joins=joins)
+
+
+def back_edges(arcs: Mapping[str, Sequence[str]], roots: Iterable[str]) -> set[tuple[str, str]]:
+    """The arcs ``u -> v`` that close a cycle (``v`` is on the depth-first walk's path to ``u``), walking
+    from each of `roots` in turn (self-loops included)."""
+    back: set[tuple[str, str]] = set()
+    state: dict[str, int] = {}  # 1 = on stack, 2 = done
+    for root in roots:
+        if root in state:
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        state[root] = 1
+        while stack:
+            node, i = stack[-1]
+            targets = arcs.get(node, ())
+            if i < len(targets):
+                stack[-1] = (node, i + 1)
+                nxt = targets[i]
+                mark = state.get(nxt)
+                if mark == 1:
+                    back.add((node, nxt))
+                elif mark is None:
+                    state[nxt] = 1
+                    stack.append((nxt, 0))
+            else:
+                state[node] = 2
+                stack.pop()
+    return back
+
+
+def path(arcs: Mapping[str, Sequence[str]], source: str, target: str) -> list[str]:
+    """A shortest walk from `source` to `target` along `arcs` (both ends included; [] when none)."""
+    came: dict[str, str | None] = {source: None}
+    todo = [source]
+    while todo:
+        node = todo.pop(0)
+        if node == target:
+            out = [node]
+            while (prev := came[out[-1]]) is not None:
+                out.append(prev)
+            return out[::-1]
+        for nxt in arcs.get(node, ()):
+            if nxt not in came:
+                came[nxt] = node
+                todo.append(nxt)
+    return []
 
 
 def _reachable(arcs: dict[str, list[str]], root: str) -> set[str]:

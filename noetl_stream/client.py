@@ -85,7 +85,7 @@ class Tracker:
             self.finished = self.processed = True
         elif ev.name in (E.WORKFLOW_PAUSED, E.WORKFLOW_RESUMED):  # the controller's, on pause and resume
             s.status = "paused" if ev.name == E.WORKFLOW_PAUSED else "running"
-        elif ev.name == E.REQUEST_REJECTED and not self.processed:
+        elif ev.name == E.REQUEST_REJECTED:  # (nothing is folded after playbook.processed)
             # Final too: a rejected request never runs. Its `playbook.processed` comes right after it,
             # unless whoever wrote the rejection stopped in between (it is written when the request is
             # submitted again): a reader does not wait for it for ever.

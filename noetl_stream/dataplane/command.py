@@ -21,7 +21,7 @@ from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
-from noetl_stream.dsl.inflight import loop_max_in_flight
+from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
@@ -348,18 +348,17 @@ class CommandRun:
         try:
             items = render_value(loop.in_, base.scope, f"{where}.in")
             mif = render_value(loop.spec.max_in_flight, base.scope, f"{where}.spec.max_in_flight")
-            if not isinstance(items, list):
-                raise RenderError(f"'in' must render to a list, got {type(items).__name__}", f"{where}.in")
+        except RenderError as exc:
+            self.fail({"kind": "template_error", "message": str(exc)})
+            return
+        if not isinstance(items, list):
+            message = f"{where}.in: 'in' must render to a list, got {type(items).__name__}"
+            self.fail({"kind": "loop_error", "message": message})
+            return
+        try:
             max_in_flight = loop_max_in_flight(loop.spec, mif, len(items), f"{where}.spec.max_in_flight")
-        except (RenderError, TypeError, ValueError) as exc:
-            kind = (
-                "template_error"
-                if isinstance(exc, RenderError) and "must" not in exc.message
-                else "loop_error"
-            )
-            self.event(
-                E.STEP_FAILED, "step", run_id, "error", run_id, {"error": {"kind": kind, "message": str(exc)}}
-            )
+        except MaxInFlightError as exc:
+            self.fail({"kind": "loop_error", "message": str(exc)})
             return
         parallel = loop.spec.mode == "parallel"
         # 003 §8: the loop's start, as the controller writes it for a distributed loop (one per loop run).

@@ -5,24 +5,9 @@ from __future__ import annotations
 import io
 
 import pytest
+from helpers import event
 
 from noetl_stream.progress import Progress
-from noetl_stream.wire import Event, now_iso
-
-
-def failed(kind: str, message: str) -> Event:
-    return Event(
-        event_id="e:b:step.failed",
-        execution_id="e",
-        name="step.failed",
-        source="worker",
-        entity_type="step",
-        entity_id="b",
-        status="error",
-        timestamp=now_iso(),
-        step="b",
-        payload={"error": {"kind": kind, "message": message}},
-    )
 
 
 @pytest.mark.parametrize(
@@ -34,5 +19,5 @@ def failed(kind: str, message: str) -> Event:
 )
 def test_a_failed_step_names_its_error_kind_once(kind: str, message: str, line: str) -> None:
     out = io.StringIO()
-    Progress(out).on_event(failed(kind, message))
+    Progress(out).on_event(event("step.failed", "b", "error", error={"kind": kind, "message": message}))
     assert out.getvalue() == line + "\n"

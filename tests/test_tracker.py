@@ -2,58 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
+from helpers import event
 
 from noetl_stream import events as E
 from noetl_stream.client import Tracker
-from noetl_stream.wire import Event, now_iso
-
-
-def ev(name: str, step: str | None = None, event_status: str = "success", **payload: Any) -> Event:
-    return Event(
-        event_id=f"e:{step}:{name}",
-        execution_id="e",
-        name=name,
-        source="server",
-        entity_type="step" if step else "playbook",
-        entity_id=step or "e",
-        status=event_status,  # type: ignore[arg-type]
-        timestamp=now_iso(),
-        step=step,
-        step_run_id=f"{step}-1" if step else None,
-        payload=payload,
-    )
 
 
 def test_a_step_whose_command_waits_shows_as_scheduled_then_running() -> None:
     t = Tracker("e")
-    t.apply(ev(E.STEP_SCHEDULED, "g", "in_progress"))
+    t.apply(event(E.STEP_SCHEDULED, "g", "in_progress"))
     assert t.summary.steps["g"].status == "scheduled"
-    t.apply(ev(E.STEP_STARTED, "g", "in_progress"))
+    t.apply(event(E.STEP_STARTED, "g", "in_progress"))
     assert t.summary.steps["g"].status == "running"
 
 
 def test_events_a_task_wrote_after_the_end_do_not_change_the_outcome() -> None:
     t = Tracker("e")
-    t.apply(ev(E.STEP_SCHEDULED, "charge", "in_progress"))
-    t.apply(ev(E.PLAYBOOK_PROCESSED, None, "error", **{"status": "cancelled"}))
-    t.apply(ev(E.STEP_STARTED, "charge", "in_progress"))
-    t.apply(ev(E.STEP_DONE, "charge"))
-    t.apply(ev(E.CTX_PATCHED, patches=[{"late": 1}]))
+    t.apply(event(E.STEP_SCHEDULED, "charge", "in_progress"))
+    t.apply(event(E.PLAYBOOK_PROCESSED, None, "error", **{"status": "cancelled"}))
+    t.apply(event(E.STEP_STARTED, "charge", "in_progress"))
+    t.apply(event(E.STEP_DONE, "charge"))
+    t.apply(event(E.CTX_PATCHED, patches=[{"late": 1}]))
     assert t.summary.status == "cancelled"
     assert t.summary.steps["charge"].status == "scheduled" and t.summary.ctx == {}
 
 
 def test_a_retry_shows_the_ctx_it_resumed_with_and_what_it_added() -> None:
     t = Tracker("e")
-    t.apply(ev(E.EXECUTION_REQUESTED, request={"resume": {"execution_id": "old", "ctx": {"sq": 81}}}))
-    t.apply(ev(E.CTX_PATCHED, patches=[{"more": 1}]))
+    t.apply(event(E.EXECUTION_REQUESTED, request={"resume": {"execution_id": "old", "ctx": {"sq": 81}}}))
+    t.apply(event(E.CTX_PATCHED, patches=[{"more": 1}]))
     assert t.summary.ctx == {"sq": 81, "more": 1}
 
 
 def test_a_paused_execution_shows_as_paused_until_it_is_resumed() -> None:
     t = Tracker("e")
-    t.apply(ev(E.WORKFLOW_PAUSED, None, "in_progress"))
+    t.apply(event(E.WORKFLOW_PAUSED, None, "in_progress"))
     assert t.summary.status == "paused"
-    t.apply(ev(E.WORKFLOW_RESUMED, None, "in_progress"))
+    t.apply(event(E.WORKFLOW_RESUMED, None, "in_progress"))
     assert t.summary.status == "running"

@@ -26,7 +26,9 @@ class Progress:
     def on_event(self, ev: Event) -> None:
         name, step = ev.name, ev.step or ""
         if name == E.STEP_STARTED:
-            self._line(f"  ▸ {step} started")
+            delivery = ev.payload.get("delivery")
+            again = f" again (delivery {delivery}, worker {ev.worker})" if delivery else ""
+            self._line(f"  ▸ {step} started{again}")
         elif name in (E.STEP_DONE, E.LOOP_DONE) and not ev.payload.get("router"):
             extra = ""
             if name == E.LOOP_DONE:

@@ -9,9 +9,12 @@ from typing import Any
 import msgspec
 import pytest
 from apiserver import Api, serve
+import helpers
 from helpers import playbook
 from viewer_support import GATE_BOOK, graph_when, open_gate, pipeline_book, start, steps
 
+from noetl_stream import events as E
+from noetl_stream.api.graph import fold_graph
 from noetl_stream.client import retry_request
 from noetl_stream.local import Runtime
 
@@ -223,3 +226,32 @@ def test_the_assets_ship_in_the_package() -> None:
 
     root = resources.files("noetl_stream.api").joinpath("viewer")
     assert sorted(p.name for p in root.iterdir()) == sorted(ASSETS)
+
+
+def test_a_redelivered_run_after_the_boundary_leaves_the_step_as_it_ended() -> None:
+    """Events of a redelivered command's second run, stored after the first run's boundary (ids of their
+    own), are ignored by the graph as by the controller; the arc the boundary took still counts."""
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop}
+          next:
+            arcs:
+              - step: end
+        - step: end
+          tool: {kind: noop}
+        """
+    )
+    evs = [
+        helpers.event(E.EXECUTION_REQUESTED, request={"playbook": text, "file": "p.yaml"}),
+        helpers.event(E.STEP_STARTED, "start", "in_progress"),
+        helpers.event(E.STEP_DONE, "start"),
+        helpers.event(E.NEXT_EVALUATED, "start", matched=["end"]),
+        helpers.event(E.STEP_STARTED, "start", "in_progress", delivery=2),
+        helpers.event(E.TASK_STARTED, "start", "in_progress"),
+        helpers.event(E.STEP_FAILED, "start", "error", error={"kind": "boom"}),
+    ]
+    g = fold_graph("e", enumerate(evs, 1))
+    node = next(s for s in g.steps if s.name == "start")
+    assert (node.status, node.runs, node.task_runs, node.error) == ("ok", 1, 0, None)
+    assert [a.taken for a in g.arcs if a.source == "start"] == [1]

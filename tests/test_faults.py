@@ -135,6 +135,12 @@ async def test_worker_killed_mid_task_command_is_redelivered_and_execution_compl
         )
     )
     await until(lambda: len(starts(runs)) == 1, 30, "the task to start in w1", procs)
+
+    async def recorded() -> bool:  # w1's step.started is stored (its progress watcher publishes it)
+        info = await js.stream_info(topo.events_stream, subjects_filter=f"{topo.prefix}.events.*.*.task.started")
+        return bool(info.state.subjects)
+
+    await until(recorded, 30, "w1's task.started to be stored", procs)
     first.kill()
     second = procs.worker("w2", concurrency=2)
 
@@ -148,6 +154,12 @@ async def test_worker_killed_mid_task_command_is_redelivered_and_execution_compl
     (done,) = [e for e in events if e.name == E.STEP_DONE]
     assert done.worker == "w2"
     assert [e.name for e in events].count(E.PLAYBOOK_PROCESSED) == 1
+    # Both runs are on record: the redelivery's events have ids of their own (not dropped as duplicates).
+    started = [e for e in events if e.name == E.STEP_STARTED and e.step_run_id == done.step_run_id]
+    assert [(e.worker, e.payload.get("delivery")) for e in started] == [("w1", None), ("w2", 2)]
+    assert len({e.event_id for e in started}) == 2
+    tasks = [e.worker for e in events if e.name == E.TASK_STARTED and e.step_run_id == done.step_run_id]
+    assert tasks == ["w1", "w2"]
     pending = await js.consumer_info(topo.commands_stream, topo.pool_consumer("default"))
     assert pending.num_ack_pending == 0 and pending.num_pending == 0
 

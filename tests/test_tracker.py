@@ -40,3 +40,14 @@ def test_a_paused_execution_shows_as_paused_until_it_is_resumed() -> None:
     assert t.summary.status == "paused"
     t.apply(event(E.WORKFLOW_RESUMED, None, "in_progress"))
     assert t.summary.status == "running"
+
+
+def test_a_redelivered_run_after_the_boundary_does_not_change_the_step() -> None:
+    """A worker wrote step.done and died before acking: the command is redelivered and its second run's
+    events (ids of their own) come after the boundary the controller already routed on."""
+    t = Tracker("e")
+    t.apply(event(E.STEP_STARTED, "g", "in_progress"))
+    t.apply(event(E.STEP_DONE, "g"))
+    t.apply(event(E.STEP_STARTED, "g", "in_progress", delivery=2))
+    t.apply(event(E.STEP_FAILED, "g", "error", error={"kind": "boom"}))
+    assert t.summary.steps["g"].status == "done" and t.summary.steps["g"].runs == 1

@@ -49,11 +49,16 @@ class CommandRun:
     """One delivery of a command: runs its step (pipeline, local loop or one distributed iteration) and
     collects the worker events it writes, each fitted under the size limits before it is published."""
 
-    def __init__(self, worker: Worker, cmd: Command, outbox: Outbox, redelivered: bool = False) -> None:
+    def __init__(self, worker: Worker, cmd: Command, outbox: Outbox, delivery: int = 1) -> None:
         self.worker = worker
         self.cmd = cmd
         self.outbox = outbox
-        self.redelivered = redelivered
+        self.delivery = delivery
+        """How many times JetStream delivered the command (1 the first time)."""
+        self.redelivered = delivery > 1
+        self._id_suffix = "" if delivery == 1 else f"~{delivery}"
+        """A redelivery's events get ids of their own, so its run is recorded next to the earlier one's
+        instead of being dropped as their duplicates (the reducer ignores a boundary of a run that ended)."""
         self.pending: list[Event] = []
         self.finished = False
         self.wake: asyncio.Event | None = None
@@ -84,7 +89,7 @@ class CommandRun:
             _log_failure(self.worker._log, name, payload)
         self.pending.append(
             Event(
-                event_id=event_id(cmd.execution_id, scope, name),
+                event_id=event_id(cmd.execution_id, scope + self._id_suffix, name),
                 execution_id=cmd.execution_id,
                 name=name,
                 source="worker",
@@ -281,7 +286,10 @@ class CommandRun:
         if cmd.iteration is not None:
             await self.distributed_iteration(base)
             return
-        self.event(E.STEP_STARTED, "step", run_id, "in_progress", run_id, {"pool": cmd.pool})
+        started: dict[str, Any] = {"pool": cmd.pool}
+        if self.redelivered:
+            started["delivery"] = self.delivery
+        self.event(E.STEP_STARTED, "step", run_id, "in_progress", run_id, started)
         if step.loop is not None:
             await self.local_loop(base)
             return

@@ -190,7 +190,7 @@ class Worker:
             if cmd.issued_at < self._listening_since and cmd.execution_id not in self.ended:
                 await self._ended_before(cmd)
             outbox = Outbox(self.js, self.topology)
-            run = CommandRun(self, cmd, outbox, redelivered=num_delivered(msg) > 1)
+            run = CommandRun(self, cmd, outbox, delivery=num_delivered(msg))
             try:
                 await self._supervise(msg, run)
             except HandedBack as exc:  # shutting down mid-loop: another worker runs the rest

@@ -6,10 +6,10 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+import helpers
 import msgspec
 import pytest
 from apiserver import Api, serve
-import helpers
 from helpers import playbook
 from viewer_support import GATE_BOOK, graph_when, open_gate, pipeline_book, start, steps
 

@@ -137,7 +137,9 @@ async def test_worker_killed_mid_task_command_is_redelivered_and_execution_compl
     await until(lambda: len(starts(runs)) == 1, 30, "the task to start in w1", procs)
 
     async def recorded() -> bool:  # w1's step.started is stored (its progress watcher publishes it)
-        info = await js.stream_info(topo.events_stream, subjects_filter=f"{topo.prefix}.events.*.*.task.started")
+        info = await js.stream_info(
+            topo.events_stream, subjects_filter=f"{topo.prefix}.events.*.*.task.started"
+        )
         return bool(info.state.subjects)
 
     await until(recorded, 30, "w1's task.started to be stored", procs)

@@ -90,6 +90,8 @@ def catalog_list(path: str | None, as_json: bool, nats_url: str, prefix: str) ->
     if as_json:
         _echo_json(entries)
         return
+    if not entries:  # on stderr, as `kubectl get` does: stdout stays a (empty) listing
+        click.echo(f"no playbooks registered under '{path}'" if path else "no playbooks registered", err=True)
     for e in entries:
         mark = "*" if e.latest else " "
         click.echo(

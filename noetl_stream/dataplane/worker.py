@@ -165,7 +165,13 @@ class Worker:
         local loop finishes the iterations it runs and hands the rest back."""
         self.stopping = True
         if self._puller is not None:
-            await self._puller.stop(timeout=grace_s)
+            # Just before the puller cancels what still runs at the end of the grace, name it: these
+            # commands are left unacknowledged and run again on another worker after AckWait.
+            expiry = asyncio.get_running_loop().call_later(max(grace_s - 0.05, 0.0), self._grace_expired)
+            try:
+                await self._puller.stop(timeout=grace_s)
+            finally:
+                expiry.cancel()
             self._puller = None
         if self._ended_sub is not None:
             with contextlib.suppress(Exception):
@@ -176,6 +182,17 @@ class Worker:
             self._scan = None
         await self.services.close()
         self._stopped.set()
+
+    def _grace_expired(self) -> None:
+        if self._active:
+            self._log.warning(
+                "worker.grace_expired",
+                hint="these commands are stopped unfinished and redelivered after AckWait (--grace)",
+                commands=[
+                    {"execution_id": r.cmd.execution_id, "step": r.cmd.step, "step_run_id": r.cmd.step_run_id}
+                    for r in self._active
+                ],
+            )
 
     # -- one command ------------------------------------------------------------------------------
     async def _handle(self, msg: Msg) -> None:

@@ -250,4 +250,8 @@ async def test_cli_register_list_show_delete(
     assert out.returncode == 1 and "has no version '2'" in out.stderr
     assert refused.returncode == 2 and "bad.yaml:" in refused.stderr
     out = await asyncio.to_thread(run, "list", "no/such")  # an empty listing, said on stderr
-    assert (out.returncode, out.stdout, out.stderr.strip()) == (0, "", "no playbooks registered under 'no/such'")
+    assert (out.returncode, out.stdout, out.stderr.strip()) == (
+        0,
+        "",
+        "no playbooks registered under 'no/such'",
+    )

@@ -138,7 +138,9 @@ async def test_sigterm_with_a_short_grace_hands_the_command_back_to_another_work
 
     code, _ = await sigterm(w1, timeout=30)
     assert code == 0, procs.logs()
-    (said,) = [json.loads(ln) for ln in w1.log_path.read_text().splitlines() if '"worker.grace_expired"' in ln]
+    (said,) = [
+        json.loads(ln) for ln in w1.log_path.read_text().splitlines() if '"worker.grace_expired"' in ln
+    ]
     assert [(c["execution_id"], c["step"]) for c in said["commands"]] == [(eid, "start")]  # what it left
     names = [e.name for e in await history(js, topo, eid)]
     assert E.STEP_DONE not in names and E.PLAYBOOK_PROCESSED not in names  # w1 gave up, did not finish

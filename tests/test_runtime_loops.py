@@ -132,8 +132,10 @@ async def test_every_loop_writes_loop_started_once_before_its_iterations(
     assert started.payload["pool"] == "default" and started.payload["mode"] == mode
     names = r.names()
     assert names.index(E.LOOP_STARTED) < names.index(E.LOOP_ITERATION_STARTED)
-    if exec_ == "local":
-        assert names.index(E.STEP_STARTED) < names.index(E.LOOP_STARTED)
+    # 001 §15.2's minimum set, whoever runs the loop: the controller records a distributed loop's start.
+    assert names.index(E.STEP_SCHEDULED) < names.index(E.STEP_STARTED) < names.index(E.LOOP_STARTED)
+    (step_started,) = r.named(E.STEP_STARTED)
+    assert step_started.source == started.source and step_started.step_run_id == started.step_run_id
     # The viewer and `noetl-stream events` know the loop's size while it runs.
     before = r.events[: r.events.index(started) + 1]
     (node,) = [s for s in fold_graph(r.summary.execution_id, enumerate(before)).steps if s.name == "start"]
@@ -155,7 +157,11 @@ async def test_distributed_loop_fans_iterations_out_as_commands(runtime: Runtime
     assert started.payload["exec"] == "distributed"
     assert started.payload["total"] == 3
     assert started.payload["max_in_flight"] == 2
-    assert not r.named("step.started")  # no single worker owns the step
+    (step_started,) = r.named("step.started")  # no single worker owns the step: the controller's
+    assert step_started.source == "server" and step_started.payload == {
+        "pool": "default",
+        "exec": "distributed",
+    }
     iterations = r.named("loop.iteration.done")
     assert sorted(e.payload["index"] for e in iterations) == [0, 1, 2]
     assert all(e.source == "worker" and e.worker for e in iterations)

@@ -254,7 +254,9 @@ class _Fold:
         if name == E.STEP_SCHEDULED:
             node.status, node.scheduled_at = "scheduled", ev.timestamp
         elif name in (E.STEP_STARTED, E.LOOP_STARTED):
-            if name == E.LOOP_STARTED:  # the controller's for a distributed loop (no step.started)
+            if (
+                name == E.LOOP_STARTED
+            ):  # a distributed loop recorded before the controller wrote its step.started
                 node.scheduled_at = node.scheduled_at or ev.timestamp
             node.status = "running"
             node.started_at = node.started_at or ev.timestamp

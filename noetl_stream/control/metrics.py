@@ -157,8 +157,11 @@ class Metrics:
     def _scheduled(self, ev: Event, state: ExecutionState | None) -> None:
         if ev.step_run_id is None or ev.step is None:
             return
+        runs = self._runs.setdefault(ev.execution_id, {})
+        if ev.step_run_id in runs:  # a distributed loop's loop.started after its step.scheduled
+            return
         kind = "loop" if ev.name == E.LOOP_STARTED else self._kind(state, ev.step)
-        self._runs.setdefault(ev.execution_id, {})[ev.step_run_id] = (time.monotonic(), kind)
+        runs[ev.step_run_id] = (time.monotonic(), kind)
 
     def _boundary(self, event: Event) -> None:
         runs = self._runs.get(event.execution_id)

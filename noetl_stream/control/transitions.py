@@ -209,9 +209,6 @@ class Run:
                 E.STEP_DONE, "step", run_id, "success", run_id, {"result": None, "router": True}, name, run_id
             )
             return
-        if step.loop is not None and step.loop.spec.exec == "distributed":
-            self.start_distributed_loop(step, run, scope)
-            return
         self.emit(
             E.STEP_SCHEDULED,
             "step",
@@ -222,6 +219,9 @@ class Run:
             name,
             run_id,
         )
+        if step.loop is not None and step.loop.spec.exec == "distributed":
+            self.start_distributed_loop(step, run, scope)
+            return
         self.fx.commands.append(self.command(step, run, None))
 
     def pool(self, step: Step) -> str:
@@ -304,6 +304,18 @@ class Run:
             self.fx.blobs.append(Blob(lr.items_key, packed))
         self.reducer.items.put(eid, run.run_id, packed)
         run.loop = lr
+        # No worker runs the step as a whole: the controller records its start (spec 002: the server may
+        # record step.started), then the loop's.
+        self.emit(
+            E.STEP_STARTED,
+            "step",
+            run.run_id,
+            "in_progress",
+            run.run_id,
+            {"pool": self.pool(step), "exec": "distributed"},
+            step.name,
+            run.run_id,
+        )
         self.emit(
             E.LOOP_STARTED,
             "loop",

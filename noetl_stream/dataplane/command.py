@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from noetl_stream import tracing
 from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
-from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
+from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline, task_run_id
 from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
@@ -66,6 +67,9 @@ class CommandRun:
         """Publishes progress and keeps the message alive while the command runs long (worker.py)."""
         self.trace = tracing.step_run(cmd, worker.name)  # None unless OpenTelemetry tracing is on
         self.trace_id = cmd.trace_id if self.trace is None else self.trace.trace_id
+        """What the events carry: the request's trace id, the trace's when tracing is on, else None."""
+        self._stored: dict[str, dict[str, Any]] = {}
+        """References of the large results this run stored, by checksum (`fit`: each is stored once)."""
         self._holding: dict[str, TaskEvents] = {}
         """Scopes whose first task events are held (``--task-events informative``), by scope id."""
 
@@ -148,20 +152,33 @@ class CommandRun:
         if data is None:
             data = encode(ev)
         limit = self.inline_limit
-        if len(data) <= limit or "result" not in ev.payload:
+        if len(data) <= limit or "result" not in ev.payload or ev.name not in _WITH_RESULT:
             return _fit(ev, data)
-        if ev.name in _BOUNDARY_WITH_RESULT:
-            key = f"{ev.execution_id}/{ev.entity_id}/result"
-            try:
-                ref = await self.worker.results.put(key, ev.payload["result"])
-            except Exception as exc:  # the object store is unavailable: fail clearly rather than lose it
-                return _fit(ev, data, f"could not store the large result ({len(data)} bytes): {exc}")
-            out = msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})
-        else:  # progress events (task.done) do not carry large values at all
+        try:
+            ref = await self.store_result(ev)
+        except Exception as exc:  # the object store is unavailable: fail clearly rather than lose it
+            reason = f"could not store the large result ({len(data)} bytes): {exc}"
+            if ev.name in _BOUNDARY_WITH_RESULT:
+                return _fit(ev, data, reason)
+            # task.done is progress: its step's boundary reports the failure (or stores the value)
             out = msgspec.structs.replace(
-                ev, payload={**ev.payload, "result": {"truncated": True, "size": len(data)}}
+                ev, payload={**ev.payload, "result": {"truncated": True, "size": len(data), "error": reason}}
             )
+            return _fit(out, encode(out))
+        out = msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})
         return _fit(out, encode(out))
+
+    async def store_result(self, ev: Event) -> dict[str, Any]:
+        """Store the event's result under ``<execution_id>/<entity id>[~<delivery>]/result`` and return its
+        reference; a value this run stored already (a task's result that is also its step's, or its
+        iteration's) is not stored again: its reference is returned."""
+        data = msgspec.json.encode(ev.payload["result"])
+        checksum = hashlib.sha256(data).hexdigest()
+        ref = self._stored.get(checksum)
+        if ref is None:
+            key = f"{ev.execution_id}/{ev.entity_id}{self._id_suffix}/result"
+            ref = self._stored[checksum] = await self.worker.results.put_encoded(key, data)
+        return ref
 
     def task_hook(self, scope_id: str) -> TaskEvents:
         """The pipeline's task-event callback for one scope (a step run or a loop iteration); the caller
@@ -251,7 +268,8 @@ class CommandRun:
             workbook=cmd.workbook,
             attachments=cmd.attachments,
             stop_check=lambda: self.worker.ended.get(cmd.execution_id),
-            trace_id=self.trace_id,
+            # outcome.meta.trace_id: the events' trace id, else the one the execution's trace has.
+            trace_id=self.trace_id or f"{tracing.trace_ids(cmd.execution_id)[0]:032x}",
             checkpoints=KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
             resume=self.redelivered,
             # A child started from a loop iteration: its steps without a loop read it as iter.parent too.
@@ -478,7 +496,7 @@ class TaskEvents:
         payload: dict[str, Any],
         at: tuple[str, int] | None,
     ) -> None:
-        task_run_id = f"{self.scope_id}.{task.name}.{run_no}"
+        run_id = task_run_id(self.scope_id, task.name, run_no)
         status = (
             "in_progress"
             if name == E.TASK_STARTED
@@ -487,11 +505,11 @@ class TaskEvents:
         self.run.event(
             name,
             "task",
-            task_run_id,
+            run_id,
             status,
-            task_run_id,
+            run_id,
             {"task": task.name, "kind": task.kind, "attempt": attempt, **payload},
-            task_run_id,
+            run_id,
             at,
         )
 
@@ -523,6 +541,8 @@ def _log_failure(logger: Any, name: str, payload: dict[str, Any]) -> None:
 
 
 _BOUNDARY_WITH_RESULT = frozenset({E.STEP_DONE, E.LOOP_DONE, E.LOOP_ITERATION_DONE})
+_WITH_RESULT = _BOUNDARY_WITH_RESULT | {E.TASK_DONE}
+"""Events whose large ``result`` goes to the object store (`CommandRun.fit`)."""
 
 
 def _fit(ev: Event, data: bytes, reason: str | None = None) -> tuple[Event, bytes]:

@@ -9,6 +9,7 @@ and are visible to the next task at once.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,12 @@ DEFAULT_MAX_TASK_RUNS = 10_000
 
 TaskEvent = Callable[[str, Task, int, int, dict[str, Any]], None]
 """``(event name, task, task run number, attempt, payload)``: the pipeline reports task boundaries."""
+
+
+def task_run_id(scope_id: str, task: str, run_no: int) -> str:
+    """The id of one task run (``<step_run_id>[.<iteration>].<task>.<run>``): its events' ``task_run_id``
+    and its ``outcome.meta.task_run_id``."""
+    return f"{scope_id}.{task}.{run_no}"
 
 
 @dataclass
@@ -64,6 +71,7 @@ class PipelineInput:
     workbook: dict[str, Task] = field(default_factory=dict)
     attachments: dict[str, str] = field(default_factory=dict)
     spec_cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Effective task specs, computed once per command (shared by the iterations of a local loop)."""
     checkpoints: CheckpointStore | None = None
     """Where runs save their place at each backward jump (pagination) and resume after a redelivery."""
     resume: bool = False
@@ -71,10 +79,9 @@ class PipelineInput:
     secrets: frozenset[str] = frozenset()
     """Resolved keychain values: redacted from everything the pipeline reports."""
     stop_check: Callable[[], str | None] | None = None
-    trace_id: str | None = None
-    """The execution's trace id (``outcome.meta.trace_id``)."""
     """Returns a reason when the execution has ended and the pipeline should stop (checked between tasks)."""
-    """Effective task specs, computed once per command (shared by the iterations of a local loop)."""
+    trace_id: str | None = None
+    """The execution's trace id (``outcome.meta.trace_id``; the worker always gives one, `CommandRun`)."""
 
 
 def _task_spec(inp: PipelineInput, task: Task) -> dict[str, Any]:
@@ -154,34 +161,33 @@ async def run_pipeline(
             if on_task is not None:
                 on_task("task.started", task, out.task_runs, attempt, {})
             spec = _task_spec(inp, task)
-            outcome = await _run_task(inp, task, spec, scope, attempt, prev, resources)
+            outcome = await _run_task(inp, task, spec, scope, attempt, prev, resources, out.task_runs)
             where = f"step '{step.name}' task '{task.name}' spec.policy"
             scope["outcome"] = outcome.as_scope()
             delay = 0.0
             try:
                 then, rule = decide(task.policy, outcome.status, scope, where)
                 patches = _render_patches(then, scope, where)
-                if then.do == "retry":
-                    delay = _delay(then, attempt, scope, where)  # may read outcome (e.g. Retry-After)
+                if then.do == "retry":  # may read outcome (e.g. Retry-After)
+                    delay = _delay(then, attempt, scope, f"{where}.rules[{rule}].then.delay")
             except RenderError as exc:
                 then, rule, patches = Then(do="fail"), None, (None, None)
-                outcome = Outcome.fail("template_error", str(exc))
+                meta, outcome = outcome.meta, Outcome.fail("template_error", str(exc))
+                outcome.meta = meta
             scope.pop("outcome", None)
             if outcome.secret:
                 secrets |= secret_strings(outcome.result)
             if on_task is not None:
+                meta = outcome.meta
                 payload: dict[str, Any] = {
                     "status": outcome.status,
                     "result": "***" if outcome.secret else outcome.result,
                     "error": outcome.error,
                     "do": then.do,
                     "rule": rule,
-                }
-                if "stdout" in outcome.meta or "stderr" in outcome.meta:
-                    payload["output"] = {
-                        "stdout": outcome.meta.get("stdout", ""),
-                        "stderr": outcome.meta.get("stderr", ""),
-                    }
+                }  # the run's ids and times are the envelope's (task_run_id, trace_id, timestamps)
+                if "stdout" in meta or "stderr" in meta:
+                    payload["output"] = {"stdout": meta.get("stdout", ""), "stderr": meta.get("stderr", "")}
                 on_task(
                     "task.done",
                     task,
@@ -276,13 +282,28 @@ def _error(outcome: Outcome, task: Task) -> dict[str, Any]:
 
 
 def _delay(then: Then, attempt: int, scope: dict[str, Any], where: str) -> float:
+    """Seconds to wait before the next run. A template ``delay`` renders to a number of seconds >= 0 (or
+    a numeric string, such as a header's value; null: the default delay); one that fails to render or
+    renders to anything else is a `RenderError` (the task fails with ``template_error``)."""
     base = then.delay
     if isinstance(base, str):
-        try:
-            base = float(render_value(base, scope, f"{where}.delay"))
-        except (RenderError, TypeError, ValueError):
-            base = None
+        value = render_value(base, scope, where)
+        base = None if value is None else _seconds(value)
+        if base is None and value is not None:
+            raise RenderError(f"'delay' must render to a number of seconds >= 0, got {value!r}", where)
     return backoff_delay(then, attempt, base)
+
+
+def _seconds(value: Any) -> float | None:
+    """`value` (a number or a numeric string) as a finite number of seconds >= 0, else None."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _render_patches(
@@ -349,15 +370,17 @@ async def _run_task(
     attempt: int,
     prev: Any,
     resources: dict[str, Any],
+    run_no: int,
 ) -> Outcome:
     started = time.monotonic()
     started_at = now_iso()
     label = task.name
+    run_id = task_run_id(inp.scope_id, label, run_no)
     caller_args: dict[str, Any] | None = None
     if task.kind == "workbook":
         resolved = _resolve_workbook(inp, task, spec, scope)
         if isinstance(resolved, Outcome):
-            resolved.meta = _meta({}, inp, attempt, 0.0, started_at, started_at)
+            resolved.meta = _meta({}, inp, run_id, attempt, 0.0, started_at, started_at)
             return resolved
         task, spec, scope, caller_args = resolved.task, resolved.spec, resolved.scope, resolved.args
     tool = TOOLS.get(task.kind)
@@ -404,22 +427,29 @@ async def _run_task(
     if outcome.status == "ok" and type(outcome.result) not in PLAIN_TYPES:
         outcome = _json_result(outcome, task, label)
     outcome.meta = _meta(
-        outcome.meta, inp, attempt, round(time.monotonic() - started, 6), started_at, now_iso()
+        outcome.meta, inp, run_id, attempt, round(time.monotonic() - started, 6), started_at, now_iso()
     )
     return outcome
 
 
 def _meta(
-    base: dict[str, Any], inp: PipelineInput, attempt: int, duration_s: float, started_at: str, ended_at: str
+    base: dict[str, Any],
+    inp: PipelineInput,
+    run_id: str,
+    attempt: int,
+    duration_s: float,
+    started_at: str,
+    ended_at: str,
 ) -> dict[str, Any]:
-    """``outcome.meta`` (001 §11): the tool's own keys, then attempt, duration, timestamps and the trace
-    id (one new mapping)."""
+    """``outcome.meta`` (001 §11): the tool's own keys, then attempt, duration, timestamps and the ids
+    of the run in traces and events, ``trace_id`` and ``task_run_id`` (one new mapping)."""
     meta: dict[str, Any] = {
         **base,
         "attempt": attempt,
         "duration_s": duration_s,
         "started_at": started_at,
         "ended_at": ended_at,
+        "task_run_id": run_id,
     }
     if inp.trace_id:
         meta["trace_id"] = inp.trace_id

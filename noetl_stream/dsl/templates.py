@@ -27,6 +27,18 @@ from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
 from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from noetl_stream.dsl import budget
+from noetl_stream.dsl.budget import (
+    FILTERS as SIZED_FILTERS,
+)
+from noetl_stream.dsl.budget import (
+    BudgetExceeded,
+    TemplateTooLarge,
+    check_binop,
+    check_format,
+    cpu_budget,
+    needs_timer,
+)
 from noetl_stream.errors import NoetlError
 from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 
@@ -65,7 +77,10 @@ class StrictChainableUndefined(ChainableUndefined):
 
 
 class Environment(ImmutableSandboxedEnvironment):
-    """The sandbox every template of a playbook runs in."""
+    """The sandbox every template of a playbook runs in, with bounds on what one operation may build
+    (`noetl_stream.dsl.budget`)."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})  # checked for size (and not folded at compile time)
 
     def __init__(self) -> None:
         super().__init__(
@@ -75,6 +90,17 @@ class Environment(ImmutableSandboxedEnvironment):
             extensions=["jinja2.ext.do", "jinja2.ext.loopcontrols"],
         )
         self.filters.update(_FILTERS)
+        self.filters.update(SIZED_FILTERS)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is not None and value.__name__ == "format":
+            check_format(value.__self__)
+        return wrapped
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, Mapping):
@@ -107,7 +133,7 @@ def has_template(text: str) -> bool:
 class Compiled:
     """A compiled template: ``render(scope)`` returns its value."""
 
-    __slots__ = ("_expr", "_reads", "_tmpl", "native", "source")
+    __slots__ = ("_expr", "_reads", "_tmpl", "guarded", "native", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -121,13 +147,23 @@ class Compiled:
             if inner is not None:
                 self._expr = ENV.compile_expression(inner, undefined_to_none=False)
                 self._reads = _reads_only(inner)
+                tree = ENV.parse(f"{{{{ {inner} }}}}")
             else:
                 self._tmpl = ENV.from_string(source)
+                tree = ENV.parse(source)
         except TemplateSyntaxError as exc:
             raise TemplateSyntaxProblem(exc.message or "syntax error", exc.lineno or 1) from None
+        self.guarded = needs_timer(tree)
+        """It can loop or call: it renders under the CPU-time budget (`cpu_budget`)."""
 
     def render(self, scope: Mapping[str, Any]) -> Any:
         """The value; raises ``NotJSONError`` for a native value without a JSON form."""
+        if self.guarded:
+            with cpu_budget():
+                return self._render(scope)
+        return self._render(scope)
+
+    def _render(self, scope: Mapping[str, Any]) -> Any:
         if self._expr is not None:
             value = self._expr(scope)
             t = type(value)
@@ -274,10 +310,22 @@ def render_value(value: Any, scope: Mapping[str, Any], where: str = "", _depth: 
             ) from None
         except TemplateError as exc:
             raise RenderError(str(exc), where) from None
-        except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as exc:
-            raise RenderError(f"{type(exc).__name__}: {exc}", where) from None
+        except TemplateTooLarge as exc:
+            raise RenderError(f"value too large for a template: {exc}", where) from None
+        except BudgetExceeded:
+            raise RenderError(
+                f"template ran out of its {budget.TEMPLATE_CPU_S:g} s of CPU time (a loop, or a value too large "
+                "for a template; compute it in a task)",
+                where,
+            ) from None
+        except MemoryError:
+            raise RenderError("template needs more memory than there is (a value too large)", where) from None
         except RecursionError:
             raise RenderError("template recursion too deep", where) from None
+        except NameError as exc:  # Jinja folds an overflowing constant (1e308 + 1e308) into the name 'inf'
+            raise RenderError(f"a number out of range or an unknown name ({exc})", where) from None
+        except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as exc:
+            raise RenderError(f"{type(exc).__name__}: {exc}", where) from None
     if _depth > MAX_RENDER_DEPTH:
         raise RenderError("value nested too deeply", where)
     if isinstance(value, dict):

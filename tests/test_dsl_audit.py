@@ -383,7 +383,7 @@ def test_the_v10_values_of_the_same_places_still_compile(text: str) -> None:
             steps(
                 """\
   - step: start
-    spec: {policy: {admit: {rules: [{when: "{{ _prev.ok }}", then: {allow: true}}]}}}
+    spec: {policy: {admit: {rules: [{when: "{{ _prev.ok }}", then: {allow: true}}, {else: {then: {allow: false}}}]}}}
     tool:
       kind: noop
       spec: {policy: {rules: [{when: "{{ event.name == 'step.done' }}", then: {do: fail}}]}}

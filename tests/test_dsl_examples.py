@@ -251,7 +251,10 @@ workflow:
 LEGACY_000 = "000_004_legacy_case.yaml"
 LEGACY_002 = "002_legacy_eval_step.yaml"
 ROUTER = "use a router object 'next: {spec: {mode: exclusive}, arcs: [{step: %s}]}'"
-LEGACY = " (enable legacy extensions to translate it)"
+LEGACY = (
+    " (enable legacy extensions to translate it): validate or run with --legacy, or declare "
+    "executor.spec.extensions: [legacy]"
+)
 V10 = "is not part of noetl.io/v2 (v10)"
 
 
@@ -283,8 +286,8 @@ def test_legacy_eval_example_is_rejected_with_the_canonical_replacements() -> No
     step = "step 'fetch_transform_store'"
     label_as_key = "uses the label-as-key shape; write it as '- name: %s' with 'kind: ...' (003 §7)"
     assert [d.format() for d in result.diagnostics] == [
-        f"{LEGACY_002}:1:1: a playbook is a mapping with apiVersion, kind, metadata and workflow; found a "
-        "list (a bare workflow? put it under 'workflow:') (at <root>)",
+        f"{LEGACY_002}:1:1: this document is a list of steps, not a playbook: a playbook is a mapping "
+        "with apiVersion, kind, metadata and workflow (put the steps under 'workflow:') (at <root>)",
         f"{LEGACY_002}:3:11: {step}: 'spec.next_mode' {V10}; use next.spec.mode{LEGACY} (at [0].spec.next_mode)",
         f"{LEGACY_002}:4:3: {step}: 'when' {V10}; use spec.policy.admit.rules{LEGACY} (at [0].when)",
         f"{LEGACY_002}:10:7: warning: {step}: task 'init' {label_as_key % 'init'} (at [0].tool[0].init)",

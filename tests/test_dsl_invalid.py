@@ -129,7 +129,7 @@ f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
   tool: {kind: noop}
 """,
         [
-            "bad.yaml:1:1: a playbook is a mapping with apiVersion, kind, metadata and workflow; found a list (a bare workflow? put it under 'workflow:') (at <root>)",
+            "bad.yaml:1:1: this document is a list of steps, not a playbook: a playbook is a mapping with apiVersion, kind, metadata and workflow (put the steps under 'workflow:') (at <root>)",
         ],
         id="root-is-a-list",
     ),
@@ -138,7 +138,7 @@ f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
 just text
 """,
         [
-            "bad.yaml:1:1: a playbook is a mapping with apiVersion, kind, metadata and workflow (at <root>)",
+            "bad.yaml:1:1: this document is a string, not a playbook: a playbook is a mapping with apiVersion, kind, metadata and workflow (at <root>)",
         ],
         id="root-is-a-scalar",
     ),
@@ -198,7 +198,7 @@ workflow:
     tool: {kind: noop}
 """,
         [
-            "bad.yaml:4:1: root 'vars' is not part of noetl.io/v2 (v10); use ctx (set_ctx in task policies) for mutable state and workload for inputs (enable legacy extensions to translate it) (at vars)",
+            "bad.yaml:4:1: root 'vars' is not part of noetl.io/v2 (v10); use ctx (set_ctx in task policies) for mutable state and workload for inputs (at vars)",
         ],
         id="root-vars-deprecated",
     ),
@@ -214,8 +214,8 @@ workflow:
 """,
         [
             "bad.yaml:1:1: missing 'metadata' (with 'name' and 'path') (at <root>)",
-            "bad.yaml:3:1: root 'name' is not part of noetl.io/v2 (v10); use metadata.name (enable legacy extensions to translate it) (at name)",
-            "bad.yaml:4:1: root 'path' is not part of noetl.io/v2 (v10); use metadata.path (enable legacy extensions to translate it) (at path)",
+            "bad.yaml:3:1: root 'name' is not part of noetl.io/v2 (v10); use metadata.name (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at name)",
+            "bad.yaml:4:1: root 'path' is not part of noetl.io/v2 (v10); use metadata.path (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at path)",
         ],
         id="root-name-and-path-of-older-drafts",
     ),
@@ -454,7 +454,7 @@ workflow:
     tool: {kind: noop}
 """),
         [
-            "bad.yaml:8:5: step 'start': 'when' is not part of noetl.io/v2 (v10); use spec.policy.admit.rules (enable legacy extensions to translate it) (at workflow[0].when)",
+            "bad.yaml:8:5: step 'start': 'when' is not part of noetl.io/v2 (v10); use spec.policy.admit.rules (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].when)",
         ],
         id="step-when-deprecated",
     ),
@@ -469,7 +469,7 @@ workflow:
             - step: start
 """),
         [
-            "bad.yaml:9:5: step 'start': 'case' is not part of noetl.io/v2 (v10); use task spec.policy.rules and next.arcs (enable legacy extensions to translate it) (at workflow[0].case)",
+            "bad.yaml:9:5: step 'start': 'case' is not part of noetl.io/v2 (v10); use task spec.policy.rules and next.arcs (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].case)",
         ],
         id="step-case-deprecated",
     ),
@@ -481,7 +481,7 @@ workflow:
       max_attempts: 3
 """),
         [
-            "bad.yaml:9:5: step 'start': 'retry' is not part of noetl.io/v2 (v10); use task spec.policy.rules with 'do: retry' (enable legacy extensions to translate it) (at workflow[0].retry)",
+            "bad.yaml:9:5: step 'start': 'retry' is not part of noetl.io/v2 (v10); use task spec.policy.rules with 'do: retry' (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].retry)",
         ],
         id="step-retry-deprecated",
     ),
@@ -493,7 +493,7 @@ workflow:
       tool: {kind: postgres, table: results}
 """),
         [
-            "bad.yaml:9:5: step 'start': 'sink' is not part of noetl.io/v2 (v10); store results with a task of a storage kind (e.g. postgres) in the pipeline (enable legacy extensions to translate it) (at workflow[0].sink)",
+            "bad.yaml:9:5: step 'start': 'sink' is not part of noetl.io/v2 (v10); store results with a task of a storage kind (e.g. postgres) in the pipeline (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].sink)",
         ],
         id="step-sink-deprecated",
     ),
@@ -505,7 +505,7 @@ workflow:
       user_id: "{{ result.id }}"
 """),
         [
-            "bad.yaml:9:5: step 'start': 'vars' is not part of noetl.io/v2 (v10); use set_ctx or set_iter in task spec.policy.rules (enable legacy extensions to translate it) (at workflow[0].vars)",
+            "bad.yaml:9:5: step 'start': 'vars' is not part of noetl.io/v2 (v10); use set_ctx or set_iter in task spec.policy.rules (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].vars)",
         ],
         id="step-vars-deprecated",
     ),
@@ -518,7 +518,7 @@ workflow:
           do: continue
 """),
         [
-            "bad.yaml:9:5: step 'start': 'eval' is not part of noetl.io/v2 (v10); use task spec.policy.rules (enable legacy extensions to translate it) (at workflow[0].eval)",
+            "bad.yaml:9:5: step 'start': 'eval' is not part of noetl.io/v2 (v10); use task spec.policy.rules (at workflow[0].eval)",
         ],
         id="step-eval-deprecated",
     ),
@@ -530,7 +530,7 @@ workflow:
     tool: {kind: noop}
 """),
         [
-            "bad.yaml:9:7: step 'start': 'spec.next_mode' is not part of noetl.io/v2 (v10); use next.spec.mode (enable legacy extensions to translate it) (at workflow[0].spec.next_mode)",
+            "bad.yaml:9:7: step 'start': 'spec.next_mode' is not part of noetl.io/v2 (v10); use next.spec.mode (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].spec.next_mode)",
         ],
         id="step-spec-next-mode-deprecated",
     ),
@@ -573,7 +573,7 @@ workflow:
     tool: {kind: noop}
 """),
         [
-            "bad.yaml:9:11: step 'start': 'next' as a string is not part of noetl.io/v2 (v10); use a router object 'next: {spec: {mode: exclusive}, arcs: [{step: finish}]}' (enable legacy extensions to translate it) (at workflow[0].next)",
+            "bad.yaml:9:11: step 'start': 'next' as a string is not part of noetl.io/v2 (v10); use a router object 'next: {spec: {mode: exclusive}, arcs: [{step: finish}]}' (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].next)",
         ],
         id="next-as-string",
     ),
@@ -588,7 +588,7 @@ workflow:
     tool: {kind: noop}
 """),
         [
-            "bad.yaml:10:7: step 'start': 'next' as a list is not part of noetl.io/v2 (v10); use a router object 'next: {spec: {mode: exclusive}, arcs: [{step: ...}]}' (enable legacy extensions to translate it) (at workflow[0].next)",
+            "bad.yaml:10:7: step 'start': 'next' as a list is not part of noetl.io/v2 (v10); use a router object 'next: {spec: {mode: exclusive}, arcs: [{step: ...}]}' (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].next)",
         ],
         id="next-as-list",
     ),
@@ -643,7 +643,7 @@ workflow:
           expr: "{{ ctx.again }}"
 """),
         [
-            "bad.yaml:12:11: step 'start': 'expr' is not part of noetl.io/v2 (v10); use 'when' (enable legacy extensions to translate it) (at workflow[0].next.arcs[0].expr)",
+            "bad.yaml:12:11: step 'start': 'expr' is not part of noetl.io/v2 (v10); use 'when' (at workflow[0].next.arcs[0].expr)",
         ],
         id="arc-expr-deprecated",
     ),

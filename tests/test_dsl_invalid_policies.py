@@ -271,9 +271,9 @@ CASES = [
                   then: {do: continue, set_vars: {page: 2}, set_shared: {n: 1}}
 """),
         [
-            "bad.yaml:14:17: step 'start' task 'fetch': 'expr' is not part of noetl.io/v2 (v10); use 'when' (enable legacy extensions to translate it) (at workflow[0].tool[0].spec.policy.rules[0].expr)",
-            "bad.yaml:17:40: step 'start' task 'fetch': 'set_vars' is not part of noetl.io/v2 (v10); use set_iter (iteration scope) or set_ctx (execution scope) (enable legacy extensions to translate it) (at workflow[0].tool[0].spec.policy.rules[1].else.then.set_vars)",
-            "bad.yaml:17:61: step 'start' task 'fetch': 'set_shared' is not part of noetl.io/v2 (v10); use set_ctx (enable legacy extensions to translate it) (at workflow[0].tool[0].spec.policy.rules[1].else.then.set_shared)",
+            "bad.yaml:14:17: step 'start' task 'fetch': 'expr' is not part of noetl.io/v2 (v10); use 'when' (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].tool[0].spec.policy.rules[0].expr)",
+            "bad.yaml:17:40: step 'start' task 'fetch': 'set_vars' is not part of noetl.io/v2 (v10); use set_iter (iteration scope) or set_ctx (execution scope) (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].tool[0].spec.policy.rules[1].else.then.set_vars)",
+            "bad.yaml:17:61: step 'start' task 'fetch': 'set_shared' is not part of noetl.io/v2 (v10); use set_ctx (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].tool[0].spec.policy.rules[1].else.then.set_shared)",
         ],
         id="rule-expr-and-set-vars",
     ),

@@ -90,7 +90,7 @@ CASES = [
             do: retry
 """),
         [
-            "bad.yaml:11:9: step 'start' task 'fetch': 'eval' is not part of noetl.io/v2 (v10); use spec.policy.rules (enable legacy extensions to translate it) (at workflow[0].tool[0].eval)",
+            "bad.yaml:11:9: step 'start' task 'fetch': 'eval' is not part of noetl.io/v2 (v10); use spec.policy.rules (enable legacy extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].tool[0].eval)",
         ],
         id="task-eval-deprecated",
     ),
@@ -103,7 +103,7 @@ CASES = [
         expr: "{{ true }}"
 """),
         [
-            "bad.yaml:11:9: step 'start' task 'fetch': 'expr' is not part of noetl.io/v2 (v10); use 'when' inside spec.policy.rules (enable legacy extensions to translate it) (at workflow[0].tool[0].expr)",
+            "bad.yaml:11:9: step 'start' task 'fetch': 'expr' is not part of noetl.io/v2 (v10); use 'when' inside spec.policy.rules (at workflow[0].tool[0].expr)",
         ],
         id="task-expr-deprecated",
     ),

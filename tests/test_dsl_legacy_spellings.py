@@ -40,8 +40,9 @@ def test_an_event_alias_in_a_canonical_playbook_is_an_error(alias: str, use: str
     assert_rejected_with(
         arc(f"{{{{ event.name == '{alias}' }}}}"),
         [
-            f"bad.yaml:9:39: step 'start': '{alias}' is a legacy event alias; use {use} (or enable legacy "
-            "extensions) (at workflow[0].next.arcs[0].when)"
+            f"bad.yaml:9:39: step 'start': '{alias}' is a legacy event alias; use {use} (enable legacy "
+            "extensions to translate it): validate or run with --legacy, or declare "
+            "executor.spec.extensions: [legacy] (at workflow[0].next.arcs[0].when)"
         ],
     )
 
@@ -99,7 +100,8 @@ def test_outcome_status_success_is_an_error_without_the_legacy_extension() -> No
         STATUS,
         [
             "bad.yaml:10:38: step 'start' task 'start_task': outcome.status is 'ok' or 'error' (001 §11); "
-            "'success' is the legacy (002) spelling (or enable legacy extensions) "
+            "'success' is the legacy (002) spelling (enable legacy extensions to translate it): validate or "
+            "run with --legacy, or declare executor.spec.extensions: [legacy] "
             "(at workflow[0].tool.spec.policy.rules[0].when)"
         ],
     )

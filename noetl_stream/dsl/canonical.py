@@ -1,7 +1,7 @@
-"""Authored data -> canonical data, before validation: legacy translation, sugar, dialect.
+"""Authored data -> canonical data, before validation: legacy translation, sugar, dialect, task labels.
 
 Each rewrite works on a private copy whose nodes remember where they were authored (``Origins``),
-so diagnostics keep pointing at the author's text. ``canonical_yaml`` prints the result (what
+so diagnostics keep pointing at the author's text. ``dump_yaml`` prints the result (what
 ``noetl-stream validate --show-canonical`` shows).
 """
 
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
-from noetl_stream.dsl import dialect, legacy, sugar
+from noetl_stream.dsl import dialect, labels, legacy, sugar
 from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.source import SourceMap
@@ -41,7 +41,7 @@ def expand(data: Any, smap: SourceMap, extensions: Iterable[str] = ()) -> Expand
     """The canonical form of ``data``; ``data`` itself is not changed."""
     exts = set(extensions) | declared_extensions(data)
     use_legacy = LEGACY in exts
-    if not (use_legacy or sugar.has_sugar(data) or dialect.has_dialect(data)):
+    if not (use_legacy or sugar.has_sugar(data) or dialect.has_dialect(data) or labels.has_labels(data)):
         return Expanded(data, smap, [], None)
     own, origins = Origins.of(data)
     diagnostics: list[Diagnostic] = []
@@ -49,6 +49,7 @@ def expand(data: Any, smap: SourceMap, extensions: Iterable[str] = ()) -> Expand
         diagnostics += legacy.translate(own, origins, smap)
     diagnostics += sugar.expand(own, origins, smap)
     diagnostics += dialect.normalize(own, origins, smap)
+    diagnostics += labels.normalize(own, origins, smap)
     return Expanded(own, origins.source_map(own, smap), diagnostics, origins)
 
 

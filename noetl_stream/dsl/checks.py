@@ -11,9 +11,15 @@ from noetl_stream.dsl.diagnostics import Diagnostic, Path, format_path
 from noetl_stream.dsl.graph import back_edges
 from noetl_stream.dsl.graph import path as walk
 from noetl_stream.dsl.model import Playbook
-from noetl_stream.dsl.rewrite import alias_literals, event_name_literals, status_literals, success_to_ok
+from noetl_stream.dsl.rewrite import (
+    alias_literals,
+    compared_literals,
+    event_name_literals,
+    status_literals,
+    success_to_ok,
+)
 from noetl_stream.dsl.templates import check_syntax, has_template, undeclared_names
-from noetl_stream.events import LEGACY_ALIASES
+from noetl_stream.events import BOUNDARY_EVENTS, LEGACY_ALIASES, LOOP_DONE, STEP_DONE, STEP_FAILED
 
 if TYPE_CHECKING:
     from noetl_stream.dsl.compiler import Compiler
@@ -150,6 +156,14 @@ def _who(path: Path, data: dict[str, Any]) -> str:
     return str(path[0]) if path else "playbook"
 
 
+def _step_name(path: Path, data: dict[str, Any]) -> str | None:
+    if len(path) < 2 or path[0] != "workflow" or not isinstance(path[1], int):
+        return None
+    item = (data.get("workflow") or [])[path[1]]
+    name = item.get("step") if isinstance(item, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def _task_label(tool: Any, key: Any, step: str) -> str | None:
     if isinstance(tool, list) and isinstance(key, int) and key < len(tool):
         item = tool[key]
@@ -173,7 +187,7 @@ def _legacy_fix(c: Compiler, what: str) -> str:
             f" (the legacy translation rewrites only comparisons with it: == '{what}', != '{what}' "
             "or in [...])"
         )
-    return " (or enable legacy extensions)"
+    return f"{V.LEGACY_HINT}{V.LEGACY_HOW}"
 
 
 _WHERE = {
@@ -213,6 +227,57 @@ def _site(path: Path) -> str | None:
     return None
 
 
+def _boundaries(playbook: Playbook) -> dict[str, tuple[str, ...]]:
+    """The names of the boundary events each step's arcs see (a step with a loop ends with loop.done)."""
+    return {
+        s.name: (LOOP_DONE, STEP_FAILED) if s.loop is not None else (STEP_DONE, STEP_FAILED)
+        for s in playbook.workflow
+    }
+
+
+def _admitted_on(playbook: Playbook, bounds: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The event names an admission rule of each step can see: the boundaries of the steps routing there
+    (all of them for a step no arc leads to)."""
+    seen: dict[str, set[str]] = {}
+    for s in playbook.workflow:
+        for arc in s.next.arcs if s.next is not None else ():
+            seen.setdefault(arc.step, set()).update(bounds[s.name])
+    order = (STEP_DONE, STEP_FAILED, LOOP_DONE)
+    return {
+        s.name: tuple(n for n in order if n in seen.get(s.name, BOUNDARY_EVENTS)) for s in playbook.workflow
+    }
+
+
+def _check_event_names(
+    c: Compiler, path: Path, text: str, who: str, site: str, names: tuple[str, ...], looped: bool
+) -> None:
+    """An error for each comparison of event.name with a name it never has at this site."""
+    tolerated = set(names) | ({STEP_DONE} if looped and site == "an arc" else set())  # see loop-boundary
+    reported: set[str] = set()
+    for op, literals in compared_literals(text, "event", "name"):
+        candidates = [n for n in literals if n not in LEGACY_ALIASES]  # aliases have their own message
+        if not candidates:
+            continue
+        hopeless = op in ("==", "!=") or not any(n in tolerated for n in literals)
+        for name in candidates:
+            if name in tolerated or name in reported or (name in BOUNDARY_EVENTS and not hopeless):
+                continue
+            reported.add(name)
+            it = " or ".join(repr(n) for n in names)
+            where = "this step's arcs" if site == "an arc" else "an admission rule of this step"
+            if name == LOOP_DONE and site == "an arc":
+                hint = " (loop.done ends a step with a loop; this one has none)"
+            elif name != name.lower():
+                hint = " (the CamelCase event names are 000's; v10 names are dotted and lower case)"
+            else:
+                hint = ""
+            c.error(
+                path,
+                f"{who}: event.name is never {name!r} in {where}: it is {it}{hint}",
+                code="unknown-event",
+            )
+
+
 def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
     """Every template parses; names it reads exist in some scope (a warning if not)."""
     workload_keys = set(playbook.workload)
@@ -230,6 +295,8 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
     looped = {
         i for i, item in enumerate(raw_steps) if isinstance(item, dict) and item.get("loop") is not None
     }
+    bounds = _boundaries(playbook)
+    admitted = _admitted_on(playbook, bounds)
     base = V.SCOPE_NAMES | V.JINJA_GLOBALS | workload_keys | step_names | set(playbook.workbook)
     roots: list[tuple[Path, Any]] = [(("workflow",), raw_steps), (("workbook",), data.get("workbook"))]
     reported: set[tuple[Path, str]] = set()  # a rewrite may copy a template (a looped step's moved arcs)
@@ -299,6 +366,17 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 )
             names = undeclared_names(text)
             site = _site(path)
+            owner = _step_name(path, data)
+            if site in ("an arc", "an admission rule") and owner in bounds and "event" in names:
+                _check_event_names(
+                    c,
+                    path,
+                    text,
+                    who,
+                    site,
+                    bounds[owner] if site == "an arc" else admitted[owner],
+                    path[1] in looped,
+                )
             if site is not None:
                 for name in sorted((names & _UNAVAILABLE[site]) - workload_keys):
                     c.warn(

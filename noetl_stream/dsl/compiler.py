@@ -44,6 +44,8 @@ class Compiler:
         self.diagnostics: list[Diagnostic] = []
         self.workbook_names: set[str] = set()
         """The root workbook's template names, once parsed (``kind: workbook`` tasks refer to them)."""
+        self.fragment = False
+        """The document is a list of steps, not a playbook (its steps are checked all the same)."""
 
     # -- reporting --------------------------------------------------------------
     def error(self, path: Path, message: str, *, at_key: bool = False, code: str = "invalid") -> None:
@@ -54,10 +56,16 @@ class Compiler:
             self.smap.diagnostic(path, message, severity="warning", at_key=at_key, code=code)
         )
 
-    @property
-    def legacy_hint(self) -> str:
-        """What to add after "not part of v10": how to get it translated, or that it cannot be."""
-        return V.LEGACY_UNTRANSLATED if LEGACY in self.extensions else V.LEGACY_HINT
+    def legacy_hint(self, translated: bool = True) -> str:
+        """What to add after "not part of v10": how to have the construct translated, when the legacy
+        extension ``translated`` it (at this place); that it cannot be, when the extension is on."""
+        if LEGACY in self.extensions:
+            return V.LEGACY_NOT_A_PLAYBOOK if translated and self.fragment else V.LEGACY_UNTRANSLATED
+        return V.LEGACY_HINT + V.LEGACY_HOW if translated else ""
+
+    def in_workflow(self, path: Path) -> bool:
+        """Whether ``path`` is inside a workflow step (where the legacy extension translates)."""
+        return bool(path) and (path[0] == "workflow" or (self.fragment and isinstance(path[0], int)))
 
     @staticmethod
     def is_template(value: Any) -> bool:
@@ -79,17 +87,24 @@ class Compiler:
 
     # -- root -------------------------------------------------------------------
     def compile(self, data: Any) -> Playbook | None:
-        if isinstance(data, list):
+        if not isinstance(data, dict):
+            listed = (
+                isinstance(data, list)
+                and bool(data)
+                and all(isinstance(i, dict) and "step" in i for i in data)
+            )
+            what = "a list of steps" if listed else f"a {V.type_name(data)}"
             self.error(
                 (),
-                "a playbook is a mapping with apiVersion, kind, metadata and workflow; found a list "
-                "(a bare workflow? put it under 'workflow:')",
+                f"this document is {what}, not a playbook: a playbook is a mapping with apiVersion, kind, "
+                "metadata and workflow"
+                + (" (put the steps under 'workflow:')" if listed else "")
+                + ("; the legacy extension translates only a playbook" if LEGACY in self.extensions else ""),
+                code="not-a-playbook",
             )
-            if all(isinstance(item, dict) and "step" in item for item in data):
+            if listed:
+                self.fragment = True
                 self._workflow(data, [], base=(), fragment=True)
-            return None
-        if not isinstance(data, dict):
-            self.error((), "a playbook is a mapping with apiVersion, kind, metadata and workflow")
             return None
         for k in data:
             if k in V.ROOT_KEYS:
@@ -97,7 +112,7 @@ class Compiler:
             if k in V.DEPRECATED_ROOT:
                 self.error(
                     (k,),
-                    f"root '{k}' {V.NOT_V10}; {V.DEPRECATED_ROOT[k]}{self.legacy_hint}",
+                    f"root '{k}' {V.NOT_V10}; {V.DEPRECATED_ROOT[k]}{self.legacy_hint(k in V.LEGACY_ROOT)}",
                     at_key=True,
                     code="deprecated",
                 )

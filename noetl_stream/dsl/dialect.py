@@ -28,6 +28,7 @@ from noetl_stream.dsl.rewrite import (
     Rewrite,
     SplitError,
     as_expression,
+    inner,
     reads,
     reads_attr,
     rewrite_value,
@@ -35,7 +36,6 @@ from noetl_stream.dsl.rewrite import (
     template,
 )
 from noetl_stream.dsl.source import SourceMap
-from noetl_stream.dsl.templates import has_template
 
 SCOPES = {"ctx": "set_ctx", "iter": "set_iter"}
 ERROR = "{{ outcome.status == 'error' }}"
@@ -361,8 +361,8 @@ def _copy(patches: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _condition(when: Any) -> bool:
-    """What the validator accepts as an arc's ``when``: a boolean or a template."""
-    return isinstance(when, bool) or (isinstance(when, str) and has_template(when))
+    """What the validator accepts as an arc's ``when``: a boolean or one template expression."""
+    return isinstance(when, bool) or inner(when) is not None
 
 
 def _and(*parts: str | None) -> str:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from jinja2 import TemplateSyntaxError
 
-from noetl_stream.dsl.templates import ENV, _single_expression, has_template, undeclared_names
+from noetl_stream.dsl.templates import ENV, _single_expression, check_syntax, has_template, undeclared_names
 from noetl_stream.events import LEGACY_ALIASES
 
 _CODE_OPEN = frozenset({"variable_begin", "block_begin"})
@@ -237,32 +237,49 @@ def success_to_ok(source: str) -> str:
 
 def status_literals(source: str, subject: str) -> list[str]:
     """The strings a template compares ``<subject>.status`` with (``==``, ``!=``, ``in [...]``)."""
-    if subject not in source or "status" not in source or not has_template(source):
+    return [name for _, names in compared_literals(source, subject, "status") for name in names]
+
+
+def compared_literals(source: str, subject: str, attr: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Each comparison of ``<subject>.<attr>`` with string literals in a template: its operator (``==``,
+    ``!=``, ``in``, ``not in``) and the literals (one, or the items of the list or tuple after ``in``)."""
+    if subject not in source or attr not in source or not has_template(source):
         return []
     tokens = tokenize(source)
     if tokens is None:
         return []
-    return [tokens[j].value[1:-1] for j in _status_compared(tokens, subject) if tokens[j].kind == "string"]
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for op, found in _compared(tokens, subject, attr):
+        names = tuple(tokens[j].value[1:-1] for j in found if tokens[j].kind == "string")
+        if names:
+            out.append((op, names))
+    return out
 
 
 def _status_compared(tokens: list[Tok], subject: str) -> list[int]:
-    """Indices of the tokens ``<subject>.status`` is compared with: the other side of ``==``/``!=``,
-    and every token of the list or tuple after ``in``/``not in``."""
-    found: list[int] = []
+    return [j for _, found in _compared(tokens, subject, "status") for j in found]
+
+
+def _compared(tokens: list[Tok], subject: str, attr: str) -> list[tuple[str, list[int]]]:
+    """Each comparison of ``<subject>.<attr>``: the operator and the indices of the tokens it is
+    compared with: the other side of ``==``/``!=``, every token of the list or tuple after
+    ``in``/``not in``."""
+    found: list[tuple[str, list[int]]] = []
     for i, t in enumerate(tokens):
         if not (t.code and t.kind == "name" and t.value == subject):
             continue
         d = _sig(tokens, i, 1)
         s = _sig(tokens, d, 1)
-        if not (_is(tokens, d, "operator", ".") and _is(tokens, s, "name", "status")):
+        if not (_is(tokens, d, "operator", ".") and _is(tokens, s, "name", attr)):
             continue
         op = _sig(tokens, s, 1)
         if _is(tokens, op, "operator", "==") or _is(tokens, op, "operator", "!="):
-            found.append(_sig(tokens, op, 1))
+            found.append((tokens[op].value, [_sig(tokens, op, 1)]))
         elif _is(tokens, op, "name", "in") or (
             _is(tokens, op, "name", "not") and _is(tokens, _sig(tokens, op, 1), "name", "in")
         ):
             j = _sig(tokens, op, 1) if tokens[op].value == "in" else _sig(tokens, _sig(tokens, op, 1), 1)
+            items: list[int] = []
             if _is(tokens, j, "operator", "[") or _is(tokens, j, "operator", "("):
                 depth = 0
                 while j < len(tokens):
@@ -272,12 +289,13 @@ def _status_compared(tokens: list[Tok], subject: str) -> list[int]:
                         depth -= 1
                         if depth == 0:
                             break
-                    found.append(j)
+                    items.append(j)
                     j += 1
+            found.append(("in" if tokens[op].value == "in" else "not in", items))
         prev = _sig(tokens, i, -1)
         if _is(tokens, prev, "operator", "==") or _is(tokens, prev, "operator", "!="):
-            found.append(_sig(tokens, prev, -1))
-    return [j for j in found if 0 <= j < len(tokens)]
+            found.append((tokens[prev].value, [_sig(tokens, prev, -1)]))
+    return [(op, [j for j in js if 0 <= j < len(tokens)]) for op, js in found]
 
 
 def _swap_success(out: list[Tok], i: int) -> None:
@@ -421,6 +439,32 @@ def as_expression(value: Any) -> str | None:
 
 def template(expr: str) -> str:
     return "{{ " + expr + " }}"
+
+
+def one_condition(value: str) -> str | None:
+    """A condition written as several ``{{ }}`` blocks with text around them, as one expression:
+    ``"{{ a }} and {{ b }}"`` -> ``"{{ a and b }}"``. None when that does not parse (or it has ``{% %}``)."""
+    tokens = tokenize(value)
+    if tokens is None:
+        return None
+    parts: list[str] = []
+    expr: list[Tok] | None = None
+    for t in tokens:
+        if t.kind == "block_begin":
+            return None
+        if t.kind == "variable_begin":
+            expr = []
+        elif t.kind == "variable_end":
+            parts.append(_wrap(join(expr or []).strip()))
+            expr = None
+        elif expr is not None:
+            expr.append(t)
+        elif t.value.strip():
+            parts.append(t.value.strip())
+    out = template(" ".join(parts))
+    if _single_expression(out) is None or check_syntax(out) is not None:
+        return None
+    return out
 
 
 def inner(value: Any) -> str | None:

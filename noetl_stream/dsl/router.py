@@ -20,7 +20,7 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
         c.error(
             path,
             f"{who}: 'next' as {shape} {V.NOT_V10}; use a router object "
-            f"'next: {{spec: {{mode: exclusive}}, arcs: [{{step: {hint}}}]}}'{c.legacy_hint}",
+            f"'next: {{spec: {{mode: exclusive}}, arcs: [{{step: {hint}}}]}}'{c.legacy_hint()}",
             code="deprecated",
         )
         return None
@@ -92,7 +92,7 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
             if k == "expr":
                 c.error(
                     (*apath, k),
-                    f"{who}: 'expr' {V.NOT_V10}; use 'when'{c.legacy_hint}",
+                    f"{who}: 'expr' {V.NOT_V10}; use 'when'{c.legacy_hint(translated=False)}",
                     at_key=True,
                     code="deprecated",
                 )

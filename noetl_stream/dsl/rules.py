@@ -7,18 +7,22 @@ from typing import TYPE_CHECKING, Any
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.model import Admit, AdmitRule, Rule, TaskPolicy, Then
+from noetl_stream.dsl.rewrite import one_condition
+from noetl_stream.dsl.templates import _single_expression, check_syntax
 
 if TYPE_CHECKING:
     from noetl_stream.dsl.compiler import Compiler
 
 
-def _split_rule(c: Compiler, raw: Any, path: Path, who: str) -> tuple[Any, Any, bool] | None:
-    """Return ``(when, then, is_else)`` of one rule, or report why it is not a rule."""
+def _split_rule(c: Compiler, raw: Any, path: Path, who: str, legacy: bool) -> tuple[Any, Any, bool] | None:
+    """Return ``(when, then, is_else)`` of one rule, or report why it is not a rule. ``legacy``: the
+    legacy extension translates the rules of this list."""
     if not isinstance(raw, dict):
         c.error(path, f"{who}: a rule must be a mapping with 'when' and 'then' (or 'else' and 'then')")
         return None
     if "expr" in raw:
-        c.error((*path, "expr"), f"{who}: 'expr' {V.NOT_V10}; use 'when'{c.legacy_hint}", at_key=True)
+        hint = c.legacy_hint(legacy)
+        c.error((*path, "expr"), f"{who}: 'expr' {V.NOT_V10}; use 'when'{hint}", at_key=True)
         return None
     extra = [k for k in raw if k not in V.RULE_KEYS]
     for k in extra:
@@ -64,9 +68,28 @@ def _split_rule(c: Compiler, raw: Any, path: Path, who: str) -> tuple[Any, Any, 
 
 
 def check_when(c: Compiler, when: Any, path: Path, who: str, what: str = "'when'") -> bool:
-    """A condition is a template (``"{{ ... }}"``) or a boolean; plain text would always be true."""
-    if isinstance(when, bool) or c.is_template(when):
+    """A condition is one template expression (``"{{ ... }}"``) or a boolean. Anything else renders
+    to text, which is true unless it is empty or spells false (``"False and False"`` is true)."""
+    if isinstance(when, bool):
         return True
+    if c.is_template(when):
+        if _single_expression(when) is not None or check_syntax(when) is not None:
+            return True  # a syntax error is reported (once, with its position) by the template checks
+        fix = one_condition(when)
+        c.error(
+            path,
+            f"{who}: {what} must be one '{{{{ ... }}}}' expression: "
+            + (
+                "a '{% ... %}' statement makes it render to text, which counts as true unless it is "
+                "empty or spells false; write "
+                if "{%" in when
+                else "text around or between expressions makes it render to a string (such as "
+                "'False and False'), which counts as true; write "
+            )
+            + (f'"{fix}"' if fix else 'the whole condition in one, e.g. "{{ workload.a and workload.b }}"'),
+            code="mixed-when",
+        )
+        return False
     if isinstance(when, str):
         c.error(
             path,
@@ -80,7 +103,9 @@ def check_when(c: Compiler, when: Any, path: Path, who: str, what: str = "'when'
     return False
 
 
-def _rule_list(c: Compiler, raw: Any, path: Path, who: str) -> list[tuple[Path, Any, Any, bool]]:
+def _rule_list(
+    c: Compiler, raw: Any, path: Path, who: str, legacy: bool
+) -> list[tuple[Path, Any, Any, bool]]:
     if not isinstance(raw, list):
         c.error(path, f"{who}: 'rules' must be a list")
         return []
@@ -88,7 +113,7 @@ def _rule_list(c: Compiler, raw: Any, path: Path, who: str) -> list[tuple[Path, 
     seen_else: int | None = None
     for i, item in enumerate(raw):
         rp = (*path, i)
-        parsed = _split_rule(c, item, rp, who)
+        parsed = _split_rule(c, item, rp, who, legacy)
         if seen_else is not None:
             c.error(rp, f"{who}: rule {i + 1} comes after 'else' (rule {seen_else + 1}) and can never match")
         if parsed is None:
@@ -116,7 +141,8 @@ def parse_task_policy(c: Compiler, raw: Any, path: Path, who: str, task_names: s
         c.error(path, f"{who}: spec.policy needs a 'rules:' list (003 §5.4)", at_key=True)
         return None
     rules: list[Rule] = []
-    for rp, when, then_raw, is_else in _rule_list(c, raw["rules"], (*path, "rules"), who):
+    rule_list = _rule_list(c, raw["rules"], (*path, "rules"), who, c.in_workflow(path))
+    for rp, when, then_raw, is_else in rule_list:
         then = _task_then(
             c,
             then_raw,
@@ -187,9 +213,8 @@ def _task_then(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]
     ok = True
     for k in raw:
         if k in V.DEPRECATED_THEN:
-            c.error(
-                (*path, k), f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_THEN[k]}{c.legacy_hint}", at_key=True
-            )
+            hint = c.legacy_hint(c.in_workflow(path))
+            c.error((*path, k), f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_THEN[k]}{hint}", at_key=True)
             ok = False
         elif k == "allow":
             c.error((*path, k), f"{who}: 'allow' is an admission action; task rules use 'do'", at_key=True)
@@ -286,7 +311,7 @@ def parse_admit(c: Compiler, raw: Any, path: Path, who: str) -> Admit | None:
         c.error(path, f"{who}: spec.policy.admit needs a 'rules:' list", at_key=True)
         return None
     rules: list[AdmitRule] = []
-    for rp, when, then, is_else in _rule_list(c, raw["rules"], (*path, "rules"), who):
+    for rp, when, then, is_else in _rule_list(c, raw["rules"], (*path, "rules"), who, False):
         tp = (
             (*rp, "else", "then")
             if is_else and isinstance((raw["rules"][rp[-1]] or {}).get("else"), dict)
@@ -316,4 +341,20 @@ def parse_admit(c: Compiler, raw: Any, path: Path, who: str) -> Admit | None:
             continue
         if not bad:
             rules.append(AdmitRule(allow=allow, when=when, is_else=is_else))
+    parsed_all = isinstance(raw["rules"], list) and len(rules) == len(raw["rules"])
+    if parsed_all and all(r.allow and not r.is_else for r in rules):  # no rules at all too
+        _admits_everything(c, (*path, "rules"), who, bool(rules))
     return Admit(rules=tuple(rules), mode=mode)
+
+
+def _admits_everything(c: Compiler, path: Path, who: str, has_rules: bool) -> None:
+    """Admission allows when no rule matches (``policy.admit``): rules that only allow, without an
+    ``else``, let every event through."""
+    what = "every admission rule allows and there is no 'else'" if has_rules else "admission has no rules"
+    c.warn(
+        path,
+        f"{who}: {what}: when no rule matches, the step is admitted, so this gate lets every event "
+        "through; add '- else: {then: {allow: false}}' to admit only what a rule matches",
+        at_key=True,
+        code="admit-all",
+    )

@@ -40,7 +40,7 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
         if k in V.DEPRECATED_STEP:
             c.error(
                 (*path, k),
-                f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_STEP[k]}{c.legacy_hint}",
+                f"{who}: '{k}' {V.NOT_V10}; {V.DEPRECATED_STEP[k]}{c.legacy_hint(k in V.LEGACY_STEP)}",
                 at_key=True,
                 code="deprecated",
             )
@@ -117,7 +117,7 @@ def _step_spec(
     if "next_mode" in spec:
         c.error(
             (*path, "next_mode"),
-            f"{who}: 'spec.next_mode' {V.NOT_V10}; use next.spec.mode{c.legacy_hint}",
+            f"{who}: 'spec.next_mode' {V.NOT_V10}; use next.spec.mode{c.legacy_hint()}",
             at_key=True,
             code="deprecated",
         )

@@ -95,7 +95,7 @@ class Sugar:
                 and len(item) == 1
                 and isinstance(next(iter(item.values())), dict)
             ):
-                out.append(item)  # label-as-key: the compiler normalizes it (and warns)
+                out.append(item)  # label-as-key: labels.py normalizes it (and warns)
             elif isinstance(item, dict) and "name" not in item:
                 name = f"task_{i}" if top else f"{prefix}task_{i}"
                 new = self.origins.mark({"name": name, **item}, ipath)

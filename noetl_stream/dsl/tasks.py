@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.kinds import COMMON_TASK_KEYS, kind_info, known_kinds
+from noetl_stream.dsl.labels import is_label_as_key, label_as_key_warning
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.rules import parse_task_policy
 
@@ -33,30 +34,72 @@ class _Item:
 
 
 def _label_as_key(c: Compiler, path: Path, raw: dict[str, Any], who: str) -> _Item:
+    """A label-as-key task the canonical rewrite (``labels.py``) left: in a bare list of steps, or one
+    whose body names it again."""
     label = next(iter(raw))
-    c.warn(
-        (*path, label),
-        f"{who}: task '{label}' uses the label-as-key shape; write it as "
-        f"'- name: {label}' with 'kind: ...' (003 §7)",
-        at_key=True,
-        code="label-as-key",
-    )
-    return _Item((*path, label), raw[label], str(label), (*path, label), True)
+    c.warn((*path, label), label_as_key_warning(who, label), at_key=True, code="label-as-key")
+    body = raw[label]
+    if "name" in body:
+        c.error(
+            (*path, label, "name"),
+            f"{who}: task '{label}' has a 'name' inside its label-as-key body; the label is the task's "
+            f"name: remove 'name: {body['name']}' (or write the task as '- name: ...' with 'kind: ...')",
+            at_key=True,
+            code="conflict",
+        )
+        return _Item((*path, label), None, str(label), (*path, label), True)
+    return _Item((*path, label), body, str(label), (*path, label), True)
 
 
-def _is_label_as_key(item: Any) -> bool:
-    return (
-        isinstance(item, dict)
-        and "kind" not in item
-        and len(item) == 1
-        and isinstance(next(iter(item.values())), dict)
-    )
+def _labels(item: dict[str, Any]) -> list[str]:
+    """The labels of label-as-key tasks in a list item that is not one such task: keys holding a task
+    body (``- fetch: {kind: ...}`` with ``spec:`` beside the label instead of under it, or two tasks)."""
+    if "kind" in item or "name" in item or len(item) < 2:
+        return []
+    keys = _task_keys()
+    return [k for k, v in item.items() if isinstance(v, dict) and "kind" in v and k not in keys]
 
 
-def _named(path: Path, raw: dict[str, Any], synthetic: str) -> _Item:
+def _task_keys() -> set[str]:
+    """Keys some task kind has (a mapping under one of them is a value, not a task)."""
+    keys = set(COMMON_TASK_KEYS)
+    for kind in known_kinds():
+        info = kind_info(kind)
+        keys |= (info.keys or set()) if info is not None else set()
+    return keys
+
+
+def _misplaced(c: Compiler, path: Path, item: dict[str, Any], labels: list[str], who: str) -> _Item:
+    label = labels[0]
+    if len(labels) > 1:
+        c.error(
+            (*path, labels[1]),
+            f"{who}: one list item holds the label-as-key tasks {', '.join(repr(x) for x in labels)}; "
+            f"each task is a list item of its own: '- {labels[1]}: ...'",
+            at_key=True,
+            code="label-as-key",
+        )
+    else:
+        for k in item:
+            if k != label:
+                c.error(
+                    (*path, k),
+                    f"{who}: '{k}' stands beside the label of task '{label}'; the keys of a label-as-key "
+                    f"task belong inside it: indent '{k}' under '{label}:' (or write '- name: {label}' "
+                    "with 'kind: ...' and its keys)",
+                    at_key=True,
+                    code="label-as-key",
+                )
+    return _Item((*path, label), None, label, (*path, label), True)
+
+
+def _named(c: Compiler, path: Path, raw: dict[str, Any], synthetic: str) -> _Item:
     if "name" in raw:
         body = {k: v for k, v in raw.items() if k != "name"}
-        return _Item(path, body, raw["name"], (*path, "name"), False)
+        lpath: Path = (*path, "name")
+        written = c.smap.authored(lpath)
+        label_at_key = written != lpath and written[-1:] != ("name",)  # a label-as-key task, rewritten
+        return _Item(path, body, raw["name"], lpath, label_at_key)
     return _Item(path, raw, synthetic, path, False)
 
 
@@ -65,9 +108,13 @@ def _items(c: Compiler, raw: Any, path: Path, who: str, step_name: str) -> list[
     shape_error = f"{who}: 'tool' must be a task (a mapping with 'kind') or a list of tasks"
     if isinstance(raw, dict):
         if "kind" in raw:
-            return [_named(path, raw, f"{step_name}_task")]
-        if _is_label_as_key(raw):
+            return [_named(c, path, raw, f"{step_name}_task")]
+        if is_label_as_key(raw):
             return [_label_as_key(c, path, raw, who)]
+        labels = _labels(raw)
+        if labels:
+            _misplaced(c, path, raw, labels, who)
+            return None
         c.error(path, f"{shape_error}; this mapping has no 'kind'", at_key=True)
         return None
     if isinstance(raw, list):
@@ -77,10 +124,12 @@ def _items(c: Compiler, raw: Any, path: Path, who: str, step_name: str) -> list[
         items: list[_Item] = []
         for i, item in enumerate(raw):
             ipath = (*path, i)
-            if _is_label_as_key(item):
+            if is_label_as_key(item):
                 items.append(_label_as_key(c, ipath, item, who))
+            elif isinstance(item, dict) and (labels := _labels(item)):
+                items.append(_misplaced(c, ipath, item, labels, who))
             elif isinstance(item, dict):
-                items.append(_named(ipath, item, f"task_{i}"))
+                items.append(_named(c, ipath, item, f"task_{i}"))
             else:
                 c.error(ipath, f"{who}: task {i} must be a mapping with 'kind', got {item!r}")
                 items.append(_Item(ipath, None, None, ipath, False))
@@ -193,9 +242,10 @@ def parse_task(
     allowed = None if info is None or info.keys is None else COMMON_TASK_KEYS | info.keys
     for k in raw:
         if k in V.DEPRECATED_TASK:
+            hint = c.legacy_hint(k in V.LEGACY_TASK and c.in_workflow(path))
             c.error(
                 (*path, k),
-                f"{twho}: '{k}' {V.NOT_V10}; {V.DEPRECATED_TASK[k]}{c.legacy_hint}",
+                f"{twho}: '{k}' {V.NOT_V10}; {V.DEPRECATED_TASK[k]}{hint}",
                 at_key=True,
                 code="deprecated",
             )

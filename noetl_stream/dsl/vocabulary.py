@@ -98,7 +98,12 @@ ITER_RESERVED: Final = frozenset({"index", "parent", "item_id"})
 EXTENSIONS: Final = ("legacy", "custom_kinds")
 
 LEGACY_HINT: Final = " (enable legacy extensions to translate it)"
+"""After a legacy construct the extension translates (``control/effects.py`` looks for it)."""
+LEGACY_HOW: Final = ": validate or run with --legacy, or declare executor.spec.extensions: [legacy]"
 LEGACY_UNTRANSLATED: Final = " (the legacy extension has no translation for this form)"
+LEGACY_NOT_A_PLAYBOOK: Final = (
+    " (the legacy extension translates it only in a playbook, not in a list of steps)"
+)
 NOT_V10: Final = "is not part of noetl.io/v2 (v10)"
 
 # Deprecated keys -> the canonical replacement, per place.
@@ -126,6 +131,12 @@ DEPRECATED_TASK: Final = {
     "vars": "use set_iter or set_ctx in spec.policy.rules",
     "when": "use spec.policy.rules (outcome control) or the step's spec.policy.admit (admission)",
 }
+# The deprecated keys above that the legacy extension translates (in workflow steps); the others have
+# no translation, so their messages do not suggest it.
+LEGACY_ROOT: Final = frozenset({"name", "path", "version", "description"})
+LEGACY_STEP: Final = frozenset({"when", "case", "retry", "sink", "vars"})
+LEGACY_TASK: Final = frozenset({"eval"})
+
 DEPRECATED_THEN: Final = {
     "set_vars": "use set_iter (iteration scope) or set_ctx (execution scope)",
     "set_shared": "use set_ctx",

@@ -7,7 +7,8 @@ Providers, chosen by the declaration's fields:
   anything else ``{value: <text>}``;
 * otherwise the encrypted credential store in NATS KV (``noetl-stream keychain set``).
 
-Resolved values are redacted from everything the step reports (events, results, errors, logs).
+Resolved values are redacted from everything the step reports (events, results, errors, logs), also
+in the forms a task may send them in (URL-encoded, a Basic authorization token: `secret_strings`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.errors import NoetlError
-from noetl_stream.kv.keychain import secret_values
+from noetl_stream.kv.keychain import secret_strings
 from noetl_stream.wire import KeychainDecl
 
 
@@ -30,7 +31,7 @@ class CredentialError(NoetlError):
 async def resolve_keychain(
     decls: list[KeychainDecl], services: WorkerServices | None
 ) -> tuple[dict[str, Any], set[str]]:
-    """``({name: fields}, secret strings)`` for the declarations; raises ``CredentialError``."""
+    """``({name: fields}, strings to redact)`` for the declarations; raises ``CredentialError``."""
     resolved: dict[str, Any] = {}
     secrets: set[str] = set()
     for decl in decls:
@@ -60,5 +61,5 @@ async def resolve_keychain(
             raise CredentialError(f"keychain entry '{decl.name}': {exc}") from None
         fields.setdefault("kind", decl.kind)
         resolved[decl.name] = fields
-        secrets |= secret_values(fields)
+        secrets |= secret_strings(fields)  # the values and the encoded forms a tool sends them in
     return resolved, secrets

@@ -16,17 +16,22 @@ Kinds the tools understand (fields in braces)::
     static / secret_manager  {value} or any fields  read with the `secrets` tool
 
 `redact` replaces secret values anywhere in a structure with ``"***"``; tools apply it to everything
-they report about a request made with a credential.
+they report about a request made with a credential. What it masks comes from `secret_strings`: each
+secret value also in the forms a tool sends it in (URL-encoded in a query, path, userinfo or form body,
+a JSON string's escapes, the token of an ``Authorization: Basic`` header), since a server echoes those.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import msgspec
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -47,6 +52,7 @@ __all__ = [
     "Keychain",
     "KeychainEntry",
     "KeychainKey",
+    "encoded_forms",
     "generate_key",
     "redact",
     "secret_strings",
@@ -63,6 +69,18 @@ NON_SECRET_FIELDS = frozenset(
 # Secrets shorter than this are only redacted where a whole string equals them: replacing every
 # occurrence of "ab" inside unrelated text would make events unreadable without protecting anything.
 MIN_SUBSTRING_SECRET = 4
+# How URL encoders write a value, as (quote function, characters left as they are): every reserved
+# character escaped; urllib's default; a form body or hand-built query (urlencode); a query value as
+# aiohttp (yarl) writes it; a path segment (RFC 3986 pchar); a URL's userinfo (user:password@).
+_URL_FORMS: tuple[tuple[Callable[..., str], str], ...] = (
+    (quote, ""),
+    (quote, "/"),
+    (quote_plus, ""),
+    (quote_plus, "/"),
+    (quote_plus, "/?:@!$'()*,"),
+    (quote, "/:@!$&'()*+,;="),
+    (quote, "!$&'()*+,;="),
+)
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 
 
@@ -297,11 +315,43 @@ def secret_values(fields: Mapping[str, Any]) -> set[str]:
     return out
 
 
+def encoded_forms(value: str) -> set[str]:
+    """`value` and the encoded forms a tool may send it in, so that a server echoing the request
+    (``/items?key=AK%2B%2Fx``) does not show it: URL-encoded (a query, a path, a URL's userinfo, a form
+    body: `_URL_FORMS`) and escaped in a JSON string (a ``json`` body; ``\"``, ``\\``, ``\u00e9``).
+
+    A value shorter than `MIN_SUBSTRING_SECRET` only as it is: `redact` masks it only where a whole
+    value equals it, and its encoded forms (longer) would be masked inside any text.
+    """
+    if len(value) < MIN_SUBSTRING_SECRET:
+        return {value}
+    json_forms = {msgspec.json.encode(value).decode()[1:-1], json.dumps(value)[1:-1]}
+    return {value} | json_forms | {encode(value, safe=safe) for encode, safe in _URL_FORMS}
+
+
+def _basic_tokens(fields: Mapping[str, Any]) -> set[str]:
+    """The token of the ``Authorization: Basic <token>`` header the fields' user name and password make
+    (with and without its ``=`` padding); none without a password. A short password gives a token of
+    at least 4 characters that reads as noise, so masking it inside any text garbles nothing."""
+    user = fields.get("username", fields.get("user"))
+    password = fields.get("password")
+    if isinstance(password, (int, float)) and not isinstance(password, bool):
+        password = str(password)
+    if not isinstance(user, str) or not isinstance(password, str) or not password:
+        return set()
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {token, token.rstrip("=")}
+
+
 def secret_strings(value: Any) -> set[str]:
-    """The strings to redact for a secret value: a mapping as in `secret_values`, else every leaf."""
-    if isinstance(value, Mapping):
-        return secret_values(value)
-    return secret_values({"value": value})
+    """The strings to redact for a secret value: a mapping's secret values as in `secret_values` (else
+    every leaf), each also in its URL-encoded forms (`encoded_forms`), and the token of the Basic
+    authorization header a mapping's user name and password make."""
+    fields = value if isinstance(value, Mapping) else {"value": value}
+    out = _basic_tokens(fields)
+    for secret in secret_values(fields):
+        out |= encoded_forms(secret)
+    return out
 
 
 def redact(obj: Any, secrets: Iterable[str]) -> Any:

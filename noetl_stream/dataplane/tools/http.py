@@ -24,11 +24,13 @@ retryable with ``outcome.http.status`` None; a certificate or TLS handshake fail
 URL that is not http(s) ``config_error`` (neither retryable). Redirects are followed, but a header that
 carries a credential (``auth``'s, or one named in `SENSITIVE_HEADERS`) is never sent to another origin
 than the task's URL. Credential values never appear in the outcome: headers
-that carry credentials are masked and every value of the credential used is redacted. In the URLs of
-error messages and ``outcome.http`` (the request's, a redirect's, those in response headers), the
-password of a URL's userinfo (``https://user:pw@host``) and the values of query parameters named like
-credentials (``access_token``, ``api_key``, ``sig``, ... `urlmask.SENSITIVE_PARAMS`) are masked by
-the URL's structure: the same text outside a URL (a status reason) stays as it is.
+that carry credentials are masked and every value of the credential used is redacted, also in the forms
+the request carried it (URL-encoded in the query, the Basic header's base64 token: `secret_strings`), so
+a server echoing the request shows ``***``. In the URLs of error messages and ``outcome.http`` (the
+request's, a redirect's, those in response headers), the password of a URL's userinfo
+(``https://user:pw@host``) and the values of query parameters named like credentials (``access_token``,
+``api_key``, ``sig``, ... `urlmask.SENSITIVE_PARAMS`, and the ``param`` of the ``api_key`` entry used)
+are masked by the URL's structure: the same text outside a URL (a status reason) stays as it is.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from noetl_stream.dataplane.outcome import Outcome, json_safe
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.dataplane.tools.urlmask import mask_urls, masked_url
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.kv.keychain import MASK, CredentialNotFoundError, redact, secret_values
+from noetl_stream.kv.keychain import MASK, CredentialNotFoundError, redact, secret_strings
 
 if TYPE_CHECKING:  # client middlewares: aiohttp >= 3.12
     from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
@@ -185,8 +187,9 @@ def _set_header(headers: dict[str, str], name: str, value: str) -> None:
 
 def _apply_auth(
     cred: Mapping[str, Any], name: str, headers: dict[str, str], params: list[tuple[str, str]]
-) -> str:
-    """Add the credential to the request; returns the name of the header it set (or "")."""
+) -> tuple[str, str]:
+    """Add the credential to the request; returns the (lower-case) names of the header and of the query
+    parameter it set (each "" if none)."""
     kind = str(cred.get("kind", ""))
 
     def field(key: str) -> str:
@@ -197,20 +200,20 @@ def _apply_auth(
 
     if kind in BEARER_KINDS:
         _set_header(headers, "Authorization", f"Bearer {field('token')}")
-        return "authorization"
+        return "authorization", ""
     if kind in BASIC_KINDS:
         raw = f"{field('username')}:{cred.get('password') or ''}".encode()
         _set_header(headers, "Authorization", "Basic " + base64.b64encode(raw).decode())
-        return "authorization"
+        return "authorization", ""
     if kind in API_KEY_KINDS:
         value = field("value")
         param = cred.get("param")
         if isinstance(param, str) and param:
             params.append((param, value))
-            return ""
+            return "", param.strip().lower()
         header = cred.get("header") or "X-API-Key"
         _set_header(headers, str(header), value)
-        return str(header).lower()
+        return str(header).lower(), ""
     raise _ConfigError(
         f"keychain entry '{name}' has kind '{kind}', which http auth does not use "
         f"(use one of {', '.join(BEARER_KINDS + BASIC_KINDS + API_KEY_KINDS)})"
@@ -285,6 +288,7 @@ def _decode(data: bytes, content_type: str, charset: str | None) -> tuple[Any, s
 async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     secrets: set[str] = set()
     sensitive = SENSITIVE_HEADERS
+    names: frozenset[str] = frozenset()  # query parameters masked in URLs besides urlmask's
     method = str(config.get("method") or "GET").upper()
     url = config.get("url")
     http: dict[str, Any] = {"status": None, "headers": {}, "url": url, "method": method, "retry_after": None}
@@ -301,31 +305,44 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             if not isinstance(auth, str):
                 raise _ConfigError("'auth' must name a keychain entry")
             cred = await ctx.credential(auth)
-            secrets = secret_values(cred)
-            header = _apply_auth(cred, auth, headers, params)
+            secrets = secret_strings(cred)
+            header, param = _apply_auth(cred, auth, headers, params)
             if header:
                 sensitive = sensitive | {header}
+            if param:
+                names = frozenset({param})
         guarded = [name for name in headers if name.lower() in sensitive]
         middlewares = _same_origin_only(url, guarded) if guarded else ()
     except _ConfigError as exc:
-        return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets)
+        return _redacted(Outcome.fail("config_error", str(exc), http=http), secrets, names)
     except KeyError as exc:
         msg = (
             str(exc)
             if isinstance(exc, CredentialNotFoundError)
             else f"no keychain entry {config.get('auth')!r}"
         )
-        return _redacted(Outcome.fail("credential_error", msg, http=http), secrets)
+        return _redacted(Outcome.fail("credential_error", msg, http=http), secrets, names)
     except ConfigurationError as exc:
-        return _redacted(Outcome.fail("credential_error", str(exc), http=http), secrets)
+        return _redacted(Outcome.fail("credential_error", str(exc), http=http), secrets, names)
 
-    shown = masked_url(url)  # the task's URL in messages
+    shown = masked_url(url, names)  # the task's URL in messages
     started = time.monotonic()
     try:
         if ctx.services is not None:
             session = await ctx.services.get_or_create(_SESSION_KEY, _new_session, _close_session)
             outcome = await _request(
-                session, method, url, params, headers, data, timeout, max_body, http, sensitive, middlewares
+                session,
+                method,
+                url,
+                shown,
+                params,
+                headers,
+                data,
+                timeout,
+                max_body,
+                http,
+                sensitive,
+                middlewares,
             )
         else:
             async with await _new_session() as session:
@@ -333,6 +350,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                     session,
                     method,
                     url,
+                    shown,
                     params,
                     headers,
                     data,
@@ -362,30 +380,33 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         target = exc.url if isinstance(exc, aiohttp.InvalidURL) else (exc.args or [url])[0]
         what = "a redirect to" if isinstance(exc, aiohttp.RedirectClientError) else "invalid url"
         outcome = Outcome.fail(
-            "config_error", f"{what} {masked_url(str(target))!r} (an http or https URL is needed)", http=http
+            "config_error",
+            f"{what} {masked_url(str(target), names)!r} (an http or https URL is needed)",
+            http=http,
         )
     except aiohttp.ClientSSLError as exc:  # a certificate or handshake failure: retrying does not fix it
-        outcome = Outcome.fail("tls_error", f"{method} {shown}: {_described(exc)}", http=http)
+        outcome = Outcome.fail("tls_error", f"{method} {shown}: {_described(exc, names)}", http=http)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         outcome = Outcome.fail(
-            "connection_error", f"{method} {shown}: {_described(exc)}", retryable=True, http=http
+            "connection_error", f"{method} {shown}: {_described(exc, names)}", retryable=True, http=http
         )
     except aiohttp.TooManyRedirects as exc:
         outcome = Outcome.fail(
             "http_client_error", f"{method} {shown}: too many redirects ({len(exc.history)})", http=http
         )
     except aiohttp.ClientError as exc:
-        outcome = Outcome.fail("http_client_error", f"{method} {shown}: {_described(exc)}", http=http)
+        outcome = Outcome.fail("http_client_error", f"{method} {shown}: {_described(exc, names)}", http=http)
     except ValueError as exc:  # e.g. a header value with a newline
-        outcome = Outcome.fail("config_error", f"{method} {shown}: {mask_urls(str(exc))}", http=http)
+        outcome = Outcome.fail("config_error", f"{method} {shown}: {mask_urls(str(exc), names)}", http=http)
     http["elapsed_s"] = round(time.monotonic() - started, 6)
-    return _redacted(outcome, secrets)
+    return _redacted(outcome, secrets, names)
 
 
 async def _request(
     session: aiohttp.ClientSession,
     method: str,
     url: str,
+    shown: str,
     params: list[tuple[str, str]],
     headers: dict[str, str],
     data: Any,
@@ -428,7 +449,7 @@ async def _request(
         reason = f" {resp.reason}" if resp.reason else ""
         outcome = Outcome.fail(
             "http_error",
-            f"{method} {masked_url(url)} -> {resp.status}{reason}",
+            f"{method} {shown} -> {resp.status}{reason}",
             retryable=retryable,
             http=http,
         )
@@ -437,20 +458,21 @@ async def _request(
         return outcome
 
 
-def _described(exc: BaseException) -> str:
+def _described(exc: BaseException, names: frozenset[str]) -> str:
     """An aiohttp exception as ``Type: text``, the URLs in its text masked (it may quote the request's)."""
-    return mask_urls(f"{type(exc).__name__}: {exc}")
+    return mask_urls(f"{type(exc).__name__}: {exc}", names)
 
 
-def _redacted(outcome: Outcome, secrets: set[str]) -> Outcome:
-    """The URLs of ``outcome.http`` masked by their structure (messages are written with masked URLs);
-    `secrets` (the credential's values) masked everywhere as text, body included."""
+def _redacted(outcome: Outcome, secrets: set[str], names: frozenset[str]) -> Outcome:
+    """The URLs of ``outcome.http`` masked by their structure, with `names` as credential parameters
+    (messages are written with masked URLs); `secrets` (the credential's values and their encoded
+    forms) masked everywhere as text, body included."""
     http = outcome.helpers.get("http")
     if isinstance(http, dict):
         if isinstance(http.get("url"), str):
-            http["url"] = masked_url(http["url"])
+            http["url"] = masked_url(http["url"], names)
         if isinstance(http.get("headers"), dict):
-            http["headers"] = {name: mask_urls(value) for name, value in http["headers"].items()}
+            http["headers"] = {name: mask_urls(value, names) for name, value in http["headers"].items()}
     if not secrets:
         return outcome
     outcome.error = redact(outcome.error, secrets)

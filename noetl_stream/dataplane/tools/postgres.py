@@ -25,7 +25,10 @@ Errors are ``pg_error`` with ``outcome.pg = {code, sqlstate, message}`` (plus ``
 ``constraint``, ``table`` when the server gives them). Retryable: serialization failure ``40001``,
 deadlock ``40P01``, connection errors (class ``08``; a refused connection is reported as ``08001``),
 server shutdown/startup (``57P01``-``57P03``) and ``53300`` (too many connections). A client-side
-timeout is ``timeout`` (retryable). Values of the credential never appear in the outcome. A ``query``
+timeout is ``timeout`` (retryable). Values of the credential never appear in the outcome, and a DSN
+that cannot be read is a ``config_error`` saying what is wrong in general terms (``invalid DSN: the port
+is not a number``), never quoting it: the parser's messages quote parts of it, such as the piece of a
+password with an unencoded ``/`` or ``:`` taken for the port. A ``query``
 result with two columns of one name (a join's two ``id`` columns) is a ``pg_error`` naming them, never
 a row that silently lost one value (checked on the first row: asyncpg gives the names with the rows).
 """
@@ -35,7 +38,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import msgspec
@@ -43,13 +46,30 @@ import msgspec
 from noetl_stream.dataplane.outcome import Outcome, json_safe
 from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_values
+from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
 
 CREDENTIAL_KINDS = ("postgres_credential", "postgres")
 ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300"})
 DEFAULT_POOL_SIZE = 10
 _CONNECT_KEYS = {"host": "host", "port": "port", "user": "user", "username": "user", "password": "password"}
+_ENCODE_HINT = " (percent-encode / : @ ? # [ ] in the user name and password)"
+# What asyncpg's (and urllib's) messages about a DSN they cannot read mean, by a phrase of the message;
+# the message itself may quote the DSN, so only these texts are shown.
+_DSN_PROBLEMS = (
+    ("invalid literal for int()", "the port is not a number" + _ENCODE_HINT),
+    ("port must be 0-65535", "the port is not in 0-65535"),
+    ("Port out of range", "the port is not in 0-65535"),
+    ("scheme is expected", 'the scheme is not "postgresql://" or "postgres://"'),
+    ("IPv6", "the host is not a valid [IPv6] address" + _ENCODE_HINT),
+    ("bad query field", "the query string is not name=value pairs" + _ENCODE_HINT),
+    ("could not match", "the number of ports does not match the number of hosts"),
+    ("`sslmode`", "sslmode is not one of disable, allow, prefer, require, verify-ca, verify-full"),
+    ("`sslnegotiation`", "sslnegotiation is not one of postgres, direct"),
+    ("TLS version", "ssl_min_protocol_version or ssl_max_protocol_version is not a TLS version"),
+    ("target_session_attrs", "target_session_attrs is not a session attribute asyncpg knows"),
+    ("gsslib", "gsslib is not gssapi or sspi"),
+)
 
 
 class _ConfigError(Exception):
@@ -180,8 +200,17 @@ def _dsn_secrets(dsn: str) -> set[str]:
     except ValueError:
         password = None
     if password:
-        out.add(password)
+        out |= secret_strings(password) | secret_strings(unquote(password))
     return out
+
+
+def _dsn_problem(exc: BaseException) -> str:
+    """What is wrong with a DSN that could not be read, in general terms, never its text."""
+    text = str(exc)
+    for phrase, problem in _DSN_PROBLEMS:
+        if phrase in text:
+            return problem
+    return "it cannot be read" + _ENCODE_HINT
 
 
 async def _pool(ctx: ToolContext, connect: dict[str, Any], connect_timeout: float | None) -> Any:
@@ -270,7 +299,7 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             if not isinstance(auth, str):
                 raise _ConfigError("'auth' must name a keychain entry")
             cred = await ctx.credential(auth)
-            secrets = secret_values(cred)
+            secrets = secret_strings(cred)
             connect = _connect_args(cred, auth)
         elif isinstance(dsn, str) and dsn:
             connect = {"dsn": dsn}
@@ -307,16 +336,16 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     except asyncpg.PostgresError as exc:
         outcome = _pg_error(exc, getattr(exc, "sqlstate", None))
     except asyncpg.ClientConfigurationError as exc:  # a dsn asyncpg cannot read (not a URL, ...)
-        outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
+        outcome = _settings_error(exc, "dsn" in connect)
     except DuplicateColumnsError as exc:
         outcome = _pg_error(exc, None)
     except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
         outcome = _pg_error(exc, None)
-    except ValueError as exc:
-        if connected:  # a value the statement's codecs refused (a string that is not JSON, bad UTF-8, ...)
-            outcome = _pg_error(exc, None)
-        else:  # a malformed dsn (bad port, bad IPv6 host) fails in parsing
-            outcome = Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
+    except (ValueError, OverflowError) as exc:
+        # Connected: a value the statement's codecs refused (a string that is not JSON, bad UTF-8, ...).
+        # Else settings refused before connecting: a malformed dsn (bad port, bad IPv6 host), a port
+        # past 65535 (the socket's OverflowError).
+        outcome = _pg_error(exc, None) if connected else _settings_error(exc, "dsn" in connect)
     except TimeoutError:
         phase, limit = ("statement", timeout) if connected else ("connect", connect_timeout)
         outcome = Outcome.fail(
@@ -333,6 +362,17 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             pg={"code": None, "sqlstate": None, "statements": len(stmts)},
         )
     return _redacted(outcome, secrets)
+
+
+def _settings_error(exc: BaseException, from_dsn: bool) -> Outcome:
+    """``config_error`` for connection settings asyncpg refused before connecting. A DSN's problem is
+    told in general terms (`_dsn_problem`): the parser quotes fragments of the DSN, and a DSN rendered
+    from a template with an unencoded password puts a piece of the password there."""
+    if from_dsn:
+        return Outcome.fail(
+            "config_error", f"postgres: invalid connection settings: invalid DSN: {_dsn_problem(exc)}"
+        )
+    return Outcome.fail("config_error", f"postgres: invalid connection settings: {exc}")
 
 
 def _redacted(outcome: Outcome, secrets: set[str]) -> Outcome:

@@ -2,7 +2,8 @@
 
 A URL can carry a credential in two places: the password of its userinfo (``https://user:pw@host``) and
 the values of query parameters named like credentials (``access_token``, ``key``, ``sig``, ...
-`SENSITIVE_PARAMS`), also in the fragment (``#access_token=...``, OAuth's implicit flow). `masked_url`
+`SENSITIVE_PARAMS`, plus the ``names`` a caller adds: the ``param`` of the ``api_key`` credential a
+request uses), also in the fragment (``#access_token=...``, OAuth's implicit flow). `masked_url`
 replaces exactly those parts of one URL with ``***``; `mask_urls` does so for every URL inside a text (an
 exception's message, a ``Link`` or ``Location`` header, a relative ``/path?key=...`` included).
 
@@ -14,6 +15,7 @@ keeps its exact text (no re-encoding), and a URL that is not valid (a port past 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from urllib.parse import unquote_plus
 
 from noetl_stream.kv.keychain import MASK
@@ -34,22 +36,23 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _PAIR = re.compile(r"(?<=[?&#])([^=&#?\s\"'<>]+)=([^&#\s\"'<>]*)")
 
 
-def _sensitive(name: str) -> bool:
-    return unquote_plus(name).strip().lower() in SENSITIVE_PARAMS
+def _sensitive(name: str, names: Collection[str]) -> bool:
+    key = unquote_plus(name).strip().lower()
+    return key in SENSITIVE_PARAMS or key in names
 
 
-def _pairs(part: str) -> str:
+def _pairs(part: str, names: Collection[str]) -> str:
     """A query string or fragment (``a=1&key=x``) with the values of credential-named pairs masked."""
     items = []
     for item in part.split("&"):
         name, eq, value = item.partition("=")
-        items.append(f"{name}={MASK}" if eq and value and _sensitive(name) else item)
+        items.append(f"{name}={MASK}" if eq and value and _sensitive(name, names) else item)
     return "&".join(items)
 
 
-def masked_url(url: str) -> str:
+def masked_url(url: str, names: Collection[str] = ()) -> str:
     """`url` with its userinfo password and the values of query (and fragment) parameters named like
-    credentials as ``***``; every other character as it was."""
+    credentials (or one of `names`, lower-case) as ``***``; every other character as it was."""
     rest, hash_, fragment = url.partition("#")
     rest, qmark, query = rest.partition("?")
     scheme = _SCHEME.match(rest)
@@ -60,23 +63,23 @@ def masked_url(url: str) -> str:
         if at and colon and password:
             rest = f"{scheme.group(0)}{user}:{MASK}@{host}{slash}{path}"
     if qmark:
-        query = _pairs(query)
+        query = _pairs(query, names)
     if hash_ and "=" in fragment:
-        fragment = _pairs(fragment)
+        fragment = _pairs(fragment, names)
     return f"{rest}{qmark}{query}{hash_}{fragment}"
 
 
-def _pair(match: re.Match[str]) -> str:
-    name, value = match.group(1), match.group(2)
-    return f"{name}={MASK}" if value and _sensitive(name) else match.group(0)
-
-
-def mask_urls(text: str) -> str:
+def mask_urls(text: str, names: Collection[str] = ()) -> str:
     """`text` with the credentials of every URL in it masked as in `masked_url`: those of URLs with a
     scheme (which end at white space, a quote or an angle bracket), and the values of credential-named
     ``name=value`` pairs after a ``?``, ``&`` or ``#`` (relative URLs: ``/items?key=...``)."""
+
+    def pair(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        return f"{name}={MASK}" if value and _sensitive(name, names) else match.group(0)
+
     if "://" in text:
-        text = _ABSOLUTE.sub(lambda m: masked_url(m.group(0)), text)
+        text = _ABSOLUTE.sub(lambda m: masked_url(m.group(0), names), text)
     if "=" in text:
-        text = _PAIR.sub(_pair, text)
+        text = _PAIR.sub(pair, text)
     return text

@@ -349,6 +349,14 @@ class Controller:
             # Raises only what says "load it first" (the batch is not acked and comes back); a reducer bug
             # fails the execution instead (`Reducer.apply`).
             state, fx = self.reducer.apply(state, event, seq)
+            if fx.ignored is not None:
+                log.info(
+                    "controller.event_ignored",
+                    event_name=event.name,
+                    event_id=event.event_id,
+                    step_run_id=event.step_run_id,
+                    reason=fx.ignored,
+                )
             if fx.error is not None:
                 log.error(
                     "controller.reducer_error", execution_id=eid, event_name=event.name, exc_info=fx.error

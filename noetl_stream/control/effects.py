@@ -49,6 +49,9 @@ class Effects:
     """By event id: the events of ``events`` whose result the controller fills in before publishing."""
     error: Exception | None = None
     """The reducer's own failure (a bug) that failed the execution with ``internal_error``: for the log."""
+    ignored: str | None = None
+    """Why the event changed nothing when that is worth a log line (a boundary of no running step run,
+    a malformed part of one): for the log (`Controller._fold`)."""
 
 
 LEGACY_ADVICE = (

@@ -430,12 +430,19 @@ class Run:
     def on_boundary(self, event: Event) -> None:
         run = self.state.runs.get(event.step_run_id or "")
         if run is None:
+            self.fx.ignored = self.no_run(event)
             return
         if run.loop is not None and not run.loop.finished:
             return  # a late duplicate: a distributed loop ends only through its own boundary
-        del self.state.runs[run.run_id]
         name = run.step
         step = self.plan.steps[name]
+        if event.step is not None and event.step != name:
+            self.fx.ignored = f"it names step '{event.step}', but step run '{run.run_id}' is of step '{name}'"
+            return
+        if event.name == E.LOOP_DONE and step.loop is None:
+            self.fx.ignored = f"loop.done for step '{name}', which has no loop"
+            return
+        del self.state.runs[run.run_id]
         failed = event.name == E.STEP_FAILED
         payload = event.payload
         self.apply_ctx_patches(event, run.run_id)
@@ -496,14 +503,28 @@ class Run:
                 if succ not in taken:
                     self.deliver(succ, pred=name, taken=False, args={}, cause=None)
 
+    def no_run(self, event: Event) -> str:
+        """Why a boundary or iteration names no running step run (for the log)."""
+        run_id = event.step_run_id or ""
+        step, _, n = run_id.rpartition("-")
+        if n.isdigit() and 0 < int(n) <= self.state.step_runs.get(step, 0):
+            return (
+                f"step run '{run_id}' has ended already (a redelivered command's second run, or a duplicate)"
+            )
+        return f"no step run '{run_id}' was ever scheduled in this execution"
+
     def apply_ctx_patches(self, event: Event, scope: str) -> None:
         patches = event.payload.get("ctx_patches")
         if not patches:
             return
+        if not isinstance(patches, list) or not all(isinstance(p, dict) for p in patches):
+            self.fx.ignored = (
+                f"its ctx_patches are not a list of mappings ({type(patches).__name__}): not applied"
+            )
+            return
         for patch in patches:
-            if isinstance(patch, dict):
-                self.state.ctx.update(patch)
-                self.state.ctx_revision += 1
+            self.state.ctx.update(patch)
+            self.state.ctx_revision += 1
         suffix = f".{event.payload['index']}" if "index" in event.payload else ""
         self.emit(
             E.CTX_PATCHED,

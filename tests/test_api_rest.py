@@ -19,6 +19,8 @@ from noetl_stream.client import follow
 from noetl_stream.kv.history import read_events
 from noetl_stream.local import Runtime
 
+JSON_BODY = {"Content-Type": "application/json"}  # raw bytes: say what they are
+
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
 
@@ -218,7 +220,7 @@ async def test_a_malformed_start_is_a_400_that_records_nothing(
     api: Api, runtime: Runtime, body: bytes, fragment: str
 ) -> None:
     before = (await runtime.nc.jetstream().stream_info(runtime.topology.events_stream)).state.messages
-    reply = await api.json("POST", "/api/executions", 400, data=body)
+    reply = await api.json("POST", "/api/executions", 400, data=body, headers=JSON_BODY)
     assert reply["error"] == "bad_request" and fragment in reply["detail"]
     after = (await runtime.nc.jetstream().stream_info(runtime.topology.events_stream)).state.messages
     assert after == before
@@ -276,7 +278,7 @@ async def test_refusals_are_4xx_with_error_and_detail(
 
 async def test_control_body_must_be_an_object_with_known_fields(api: Api, runtime: Runtime) -> None:
     execution_id = await start(api, {"playbook": HELLO})
-    await api.json("POST", f"/api/executions/{execution_id}/cancel", 400, data=b"[1]")
+    await api.json("POST", f"/api/executions/{execution_id}/cancel", 400, data=b"[1]", headers=JSON_BODY)
     await api.json("POST", f"/api/executions/{execution_id}/cancel", 400, json={"why": "x"})
     await follow(runtime.nc, runtime.topology, execution_id, timeout=30)
 

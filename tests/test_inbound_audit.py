@@ -28,6 +28,8 @@ from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.local import Runtime
 from noetl_stream.subjects import MAX_NEW_ID_LENGTH, MAX_TOKEN_LENGTH, SubjectError
 
+JSON_BODY = {"Content-Type": "application/json"}  # raw bytes: say what they are
+
 GOOD = playbook(
     """
     - step: start
@@ -213,7 +215,7 @@ async def test_a_request_whose_record_fits_only_without_its_headers_is_rejected(
 async def test_rest_answers_a_body_too_large_to_record_with_a_400(api: Api, runtime: Runtime) -> None:
     body = json.dumps({"playbook": GOOD, "payload": {"x": "x" * 2_000_000}}).encode()
 
-    reply = await api.json("POST", "/api/executions", 400, data=body)
+    reply = await api.json("POST", "/api/executions", 400, data=body, headers=JSON_BODY)
 
     assert reply["error"] == "bad_request" and "request too large" in reply["detail"]
     await assert_still_serving(runtime)
@@ -258,7 +260,7 @@ async def test_json_nested_too_deeply_is_rejected_by_execute(runtime: Runtime) -
 
 async def test_json_nested_too_deeply_is_a_400_from_rest(runtime: Runtime, api: Api) -> None:
     """... and was a 500 from REST."""
-    reply = await api.json("POST", "/api/executions", 400, data=NESTED)
+    reply = await api.json("POST", "/api/executions", 400, data=NESTED, headers=JSON_BODY)
 
     assert reply["error"] == "bad_request" and "nested too deeply" in reply["detail"]
 

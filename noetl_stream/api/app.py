@@ -17,7 +17,17 @@ import nats.js.errors as jse
 import structlog
 from aiohttp import web
 
-from noetl_stream.api.http import CONTEXT, ApiContext, ApiError, Handler, Route, error_response, reply
+from noetl_stream.api.http import (
+    CONTEXT,
+    ApiContext,
+    ApiError,
+    Handler,
+    Route,
+    body_types,
+    error_response,
+    reply,
+    require_body_type,
+)
 from noetl_stream.api.routes import ROUTES
 from noetl_stream.control.inspect import QueryError
 from noetl_stream.errors import ConfigurationError
@@ -114,8 +124,10 @@ def _auth(tokens: tuple[str, ...]) -> Any:
 
 
 def _strict(route: Route) -> Handler:
-    """The route's handler, refusing query parameters it does not document (a typo is not ignored)."""
+    """The route's handler, refusing query parameters it does not document (a typo is not ignored) and a
+    body of another content type than it takes (415: `require_body_type`)."""
     allowed = frozenset(p.name for p in route.params if p.where == "query")
+    accepted = body_types(route)
     handler = route.handler
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -123,6 +135,7 @@ def _strict(route: Route) -> Handler:
         if unknown:
             known = ", ".join(sorted(allowed)) or "none"
             raise ApiError(400, "bad_request", f"unknown query parameter(s) {unknown} (known: {known})")
+        require_body_type(request, accepted)
         return await handler(request)
 
     return handle

@@ -18,22 +18,30 @@ from noetl_stream.kv.catalog import Catalog
 from noetl_stream.kv.keychain import Keychain
 from noetl_stream.operations import ErrorReply
 from noetl_stream.subjects import SubjectError, Topology, check_token
+from noetl_stream.wire import decode_json
 
 __all__ = [
     "CONTEXT",
+    "YAML_TYPES",
     "ApiContext",
     "ApiError",
     "Param",
     "Route",
+    "body_types",
     "path_execution_id",
     "query_int",
     "read_json",
     "reply",
+    "require_body_type",
 ]
 
 S = TypeVar("S", bound=msgspec.Struct)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 JSON = "application/json"
+YAML = "application/yaml"
+YAML_TYPES = (YAML, "application/x-yaml", "text/yaml")
+"""What a playbook's text may be sent as (``POST /api/catalog``). Not ``text/plain``: a web page may send
+that, like a form's types, to any site without the browser asking it first (no CORS preflight)."""
 
 
 @dataclass
@@ -116,8 +124,8 @@ async def read_json(request: web.Request, type_: type[S], *, optional: bool = Fa
     if not raw.strip() and optional:
         raw = b"{}"
     try:
-        return msgspec.json.decode(raw, type=type_)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return decode_json(raw, type_)
+    except msgspec.DecodeError as exc:  # ValidationError, invalid UTF-8, JSON nested too deeply included
         raise ApiError(400, "bad_request", f"bad request body: {exc}") from None
 
 
@@ -154,3 +162,27 @@ class Route:
     stream: str | None = None
     """An alternative 200 content type (``text/event-stream``)."""
     tags: tuple[str, ...] = ()
+
+
+def body_types(route: Route) -> tuple[str, ...]:
+    """The content types `route`'s request body may be sent as (none if it takes no body)."""
+    if route.body is None:
+        return ()
+    text = YAML_TYPES if route.text_body == YAML else (route.text_body,) if route.text_body else ()
+    return (JSON, *text)
+
+
+def require_body_type(request: web.Request, accepted: tuple[str, ...]) -> None:
+    """Refuse (415) a body sent as anything but `accepted` (JSON: ``application/json``, with at most a
+    UTF-8 ``charset``). A web page may send ``text/plain`` or a form (``application/x-www-form-urlencoded``,
+    ``multipart/form-data``) to any site without the browser asking it first (no CORS preflight);
+    ``application/json`` it may not. A request without a body is not checked (nothing is read from it)."""
+    if not accepted or not request.body_exists:
+        return
+    charset = (request.charset or "utf-8").lower()
+    if request.content_type in accepted and charset in ("utf-8", "utf8"):
+        return
+    given = request.headers.get("Content-Type")
+    shown = "no content type" if given is None else f"content type {given[:100]!r}"
+    wanted = " or ".join(f"'Content-Type: {t}'" for t in accepted[:2])
+    raise ApiError(415, "unsupported_media_type", f"{shown} refused: send the body with {wanted} (UTF-8)")

@@ -26,6 +26,7 @@ _DESCRIPTIONS = {
     401: "Missing or wrong bearer token",
     404: "No such execution, playbook or entry",
     409: "Conflicts with what is stored: a version registered with other content, an execution that has finished",
+    415: "The body is not sent as a content type the route takes (application/json; a form or text/plain is refused)",
     422: "The playbook does not compile (the rejection is recorded under execution_id)",
     503: "NATS, a stream or the keychain key is unavailable",
 }
@@ -90,7 +91,7 @@ def _operation(route: Route) -> dict[str, Any]:
             }
         if route.operation_id == "ready":
             responses["503"] = {"description": "Not ready", "content": {JSON: {"schema": _ref(route.reply)}}}
-    for code in route.errors:
+    for code in (*route.errors, *((415,) if route.body is not None else ())):
         responses.setdefault(str(code), _error(_DESCRIPTIONS.get(code, "Refused")))
     if route.auth:
         responses["401"] = _error(_DESCRIPTIONS[401])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from nats.js.errors import BucketNotFoundError
 
-from noetl_stream.api.http import ApiError, context, read_json, reply
+from noetl_stream.api.http import YAML_TYPES, ApiError, context, read_json, reply
 from noetl_stream.control.endpoints import catalog_error
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.catalog import CatalogConflictError, CatalogError, CatalogNotFoundError
@@ -20,8 +20,6 @@ from noetl_stream.operations import (
     KeychainPut,
 )
 from noetl_stream.subjects import MAX_NEW_ID_LENGTH
-
-_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain")
 
 # -- catalog --------------------------------------------------------------------------------------
 
@@ -42,7 +40,7 @@ async def catalog_list(request: web.Request) -> web.StreamResponse:
 
 
 async def catalog_register(request: web.Request) -> web.StreamResponse:
-    if request.content_type in _YAML_TYPES:
+    if request.content_type in YAML_TYPES:  # else JSON (the app refused other types)
         try:
             text = (await request.read()).decode("utf-8")
         except UnicodeDecodeError:

@@ -38,6 +38,7 @@ from noetl_stream.operations import (
     ListExecutions,
 )
 from noetl_stream.subjects import Topology
+from noetl_stream.wire import decode_json
 
 __all__ = [
     "ENDPOINTS",
@@ -72,8 +73,8 @@ MAX_SEQ = 2**63 - 2
 
 def decode(raw: bytes, type_: type[Req]) -> Req:
     try:
-        return msgspec.json.decode(raw or b"{}", type=type_)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return decode_json(raw or b"{}", type_)
+    except msgspec.DecodeError as exc:  # ValidationError, invalid UTF-8, JSON nested too deeply included
         raise ApiError(400, "bad_request", f"bad request: {exc}") from None
 
 

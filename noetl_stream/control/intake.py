@@ -63,6 +63,7 @@ from noetl_stream.wire import (
     ExecutionRequest,
     control_event,
     decode_event,
+    decode_json,
     decode_request,
     derived_execution_id,
     encode,
@@ -109,10 +110,8 @@ def _parse_request(raw: bytes) -> ExecutionRequest:
         request = decode_request(raw)
     except msgspec.ValidationError as exc:
         raise RequestError(f"bad request: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except msgspec.DecodeError as exc:  # invalid UTF-8 and JSON nested too deeply included (`decode_error`)
         raise RequestError(f"request is not valid JSON: {exc}") from None
-    except RecursionError:  # msgspec's, for JSON nested deeper than it decodes
-        raise RequestError("bad request: the JSON is nested too deeply") from None
     if request.playbook is None and request.path is None:
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (a catalog path)")
     if request.playbook is not None and (request.path is not None or request.version is not None):
@@ -160,8 +159,8 @@ def _claimed_id(raw: bytes) -> str | None:
     """The ``execution_id`` a malformed request asked for, if it is a usable id (so its rejection is
     written where the client looks for it)."""
     try:  # only this field is decoded: another may be what is wrong (a number out of range, 1e999)
-        value = msgspec.json.decode(raw, type=_Claim).execution_id
-    except (msgspec.DecodeError, RecursionError):  # ValidationError included (not an object)
+        value = decode_json(raw, _Claim).execution_id
+    except msgspec.DecodeError:  # ValidationError included (not an object), and whatever is malformed
         return None
     if not isinstance(value, str):
         return None

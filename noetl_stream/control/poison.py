@@ -9,7 +9,6 @@ max_deliver_exceeded``, and removes the command from the work queue.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
@@ -22,7 +21,7 @@ from noetl_stream import events as E
 from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command, Event, decode_command, event_id, now_iso
+from noetl_stream.wire import Command, Event, decode_command, decode_json, event_id, now_iso
 
 log = structlog.get_logger(__name__)
 
@@ -83,10 +82,10 @@ class PoisonHandler:
 
     async def _handle(self, msg: Msg) -> None:
         try:
-            advisory = json.loads(msg.data)
+            advisory: Any = decode_json(msg.data, object)
             seq = int(advisory["stream_seq"])
             deliveries = int(advisory.get("deliveries") or 0)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:  # msgspec.DecodeError included
             log.error("controller.bad_advisory", error=str(exc))
             await msg.term()
             return
@@ -98,7 +97,7 @@ class PoisonHandler:
             return
         try:
             cmd = decode_command(raw.data or b"")
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except msgspec.DecodeError as exc:  # ValidationError, invalid UTF-8, nested too deeply included
             log.error("controller.poison_unreadable", seq=seq, error=str(exc))
             await self.js.delete_msg(stream, seq)
             await msg.ack()

@@ -32,7 +32,7 @@ from noetl_stream.errors import NoetlError, StateConflictError
 from noetl_stream.kv import scan
 from noetl_stream.operations import CatalogEntryInfo
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import content_hash
+from noetl_stream.wire import content_hash, decode_json
 
 log = structlog.get_logger(__name__)
 
@@ -192,7 +192,7 @@ class Catalog:
             return None, 0
         if not entry.value:
             return None, 0
-        return msgspec.json.decode(entry.value, type=type_), entry.revision or 0
+        return decode_json(entry.value, type_), entry.revision or 0  # msgspec.DecodeError if not one of ours
 
     async def _entry(self, path: str, version: str) -> _Stored | None:
         value, _ = await self._read(self._key(path, version), _Stored)

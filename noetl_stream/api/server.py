@@ -42,6 +42,7 @@ class ApiServer:
         self.host = host
         self.port = port
         self.metrics = Metrics(controller.topology, controller.reducer.plans)
+        self.metrics.holds = controller.holds_execution
         self.context = ApiContext(
             nc=controller.nc,
             topology=controller.topology,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import structlog
 from nats.js.client import JetStreamContext
@@ -55,6 +55,8 @@ class ExecutionCache:
         self.states: OrderedDict[str, ExecutionState] = OrderedDict()
         self.changed: dict[str, float] = {}
         """When each cached execution last changed (epoch seconds): the API's `updated_at`."""
+        self.on_resumed: Callable[[list[Event], ExecutionState | None], None] | None = None
+        """Called with the effects a resume published (the controller's observer: metrics)."""
         self.replays = asyncio.Semaphore(16)
         """Replays read history with ephemeral consumers: bound them (JetStream caps consumers per stream)."""
 
@@ -164,6 +166,8 @@ class ExecutionCache:
             stamp=stamp,
             results=self.results,
         )
+        if out.events and self.on_resumed is not None:
+            self.on_resumed(out.events, out.state)
         if out.replayed:
             log.info(
                 "controller.resumed",

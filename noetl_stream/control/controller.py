@@ -98,8 +98,10 @@ class Controller:
         self.intake = Intake(
             nc, topology, self.states, self.cache.changed, extensions=extensions, plans=self.reducer.plans
         )
-        self.observer: Callable[[Event, list[Event], ExecutionState | None], None] | None = None
-        """Called with each folded input event and the events the reducer wrote for it (metrics)."""
+        self.observer: Callable[[Event | None, list[Event], ExecutionState | None], None] | None = None
+        """Called with each folded input event and the events the reducer wrote for it (metrics); with
+        None and the effects a resume published (`ExecutionCache.on_resumed`)."""
+        self.cache.on_resumed = self._observe_resumed
         self.poison = PoisonHandler(nc, topology)
         self.deadlines = Deadlines(
             self.js,
@@ -163,6 +165,14 @@ class Controller:
         """Ours, and by our clock nobody else can hold it yet (a stalled loop or failing renewals
         make this false before the watchdog has released the partition)."""
         return partition in self._fences and (self.leases is None or self.leases.valid(partition))
+
+    def _observe_resumed(self, written: list[Event], state: ExecutionState | None) -> None:
+        if self.observer is not None:
+            self.observer(None, written, state)
+
+    def holds_execution(self, eid: str) -> bool:
+        """Whether this controller holds the partition of execution `eid` (metrics count only those)."""
+        return self._holds(self.topology.partition_of(eid))
 
     def _check_holds(self, eid: str) -> None:
         if not self._holds(self.topology.partition_of(eid)):

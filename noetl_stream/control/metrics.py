@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -65,7 +66,12 @@ class Metrics:
             ["playbook", "status"],
             registry=r,
         )
-        self.running = Gauge("noetl_executions_running", "Executions started and not finished", registry=r)
+        self.running = Gauge(
+            "noetl_executions_running",
+            "Executions started and not finished, of the partitions this controller holds",
+            registry=r,
+        )
+        self.running.set_function(self._count_running)
         self.step_seconds = Histogram(
             "noetl_step_duration_seconds",
             "Step runs from scheduling to their boundary event, by kind (tool kind, loop or router)",
@@ -121,17 +127,30 @@ class Metrics:
         self._runs: dict[str, dict[str, tuple[float, str]]] = {}
         self._kinds: dict[tuple[str, str], str] = {}
         self._playbooks: dict[str, str] = {}
+        self._running: set[str] = set()
+        """Executions seen running in a fold here; counted while their partition is held here."""
+        self.holds: Callable[[str], bool] = lambda execution_id: True
+        """Whether this controller holds an execution's partition (the API server sets it)."""
         self._tasks: dict[tuple[str, str, int], float] = {}
         self._last_seq: tuple[float, int] | None = None
         self._subs: list[Subscription] = []
 
     # -- the controller's fold loop ---------------------------------------------------------------
-    def observe(self, event: Event, written: list[Event], state: ExecutionState | None) -> None:
-        """Called once per folded input event with the events the reducer wrote for it."""
-        self._folded += 1
+    def observe(self, event: Event | None, written: list[Event], state: ExecutionState | None) -> None:
+        """Called once per folded input event with the events the reducer wrote for it; with None and
+        what a resume published (an execution taken over, or a controller restarted)."""
+        if event is not None:
+            self._folded += 1
         self._written += len(written)
         try:
-            if event.name in _BOUNDARIES:
+            if state is not None:  # running is what the folds say, wherever the execution started
+                if state.terminal:
+                    self._running.discard(state.execution_id)
+                elif state.status != "rejected":
+                    self._running.add(state.execution_id)
+            if event is None:
+                pass
+            elif event.name in _BOUNDARIES:
                 self._boundary(event)
             elif (
                 event.name == E.EXECUTION_REQUESTED
@@ -148,7 +167,6 @@ class Metrics:
                     playbook = str(ev.payload.get("path") or ev.entity_id)
                     self._playbooks[ev.execution_id] = playbook
                     self.started.labels(playbook).inc()
-                    self.running.inc()
                 elif name == E.PLAYBOOK_PROCESSED:
                     self._processed(ev, state)
         except Exception as exc:  # metrics must never break folding
@@ -172,11 +190,17 @@ class Metrics:
     def _processed(self, ev: Event, state: ExecutionState | None) -> None:
         playbook = self._playbooks.pop(ev.execution_id, None)
         status = str(ev.payload.get("status") or ("success" if ev.status == "success" else "failed"))
-        if playbook is not None:
-            self.running.dec()
+        self._running.discard(ev.execution_id)
         label = playbook or (state.path or state.file if state is not None else "") or ev.entity_id
         self.finished.labels(label, status).inc()
         self._runs.pop(ev.execution_id, None)
+
+    def _count_running(self) -> float:
+        """At scrape: the running executions whose partition is held here (one a controller handed over
+        is counted by its new owner; this one forgets it)."""
+        held = {eid for eid in self._running if self.holds(eid)}
+        self._running = held
+        return float(len(held))
 
     def _kind(self, state: ExecutionState | None, step: str) -> str:
         if state is None or self.plans is None:

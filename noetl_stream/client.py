@@ -67,7 +67,8 @@ class Tracker:
         if self.processed:
             return  # what a task still running wrote after the end: the outcome stands as recorded
         if ev.name == E.EXECUTION_REQUESTED:  # a retry resumes with the ctx of the execution it retries
-            resume = (ev.payload.get("request") or {}).get("resume")
+            request = ev.payload.get("request")
+            resume = request.get("resume") if isinstance(request, dict) else None
             ctx = resume.get("ctx") if isinstance(resume, dict) else None
             if isinstance(ctx, dict):
                 s.ctx.update(ctx)

@@ -205,6 +205,14 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
             f"{self.prefix}.events.{{{{wildcard(1)}}}}.{{{{partition({self.partitions},1)}}}}.>",
         )
 
+    def stored_event_names(self, subject: str) -> tuple[str, str] | None:
+        """(execution id, event name) of an events-stream subject as stored
+        (``noetl.events.<id>.<partition>.<name>``), or None if it is not one."""
+        tokens = subject.split(".")
+        if len(tokens) < 5 or tokens[0] != self.prefix or tokens[1] != "events":
+            return None
+        return tokens[2], ".".join(tokens[4:])
+
     def stored_event_filter(self, execution_id: str, event_name: str) -> str:
         """One execution's events of one name, as stored: ``noetl.events.<id>.*.step.done``."""
         check_token(execution_id, "execution id")

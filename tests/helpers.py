@@ -93,7 +93,7 @@ def requested(eid: str, text: str, file: str = "t.yaml") -> Event:
         entity_id=file,
         status="in_progress",
         timestamp=now_iso(),
-        payload={"request": msgspec.to_builtins(request_for(text, file))},
+        payload={"request": msgspec.to_builtins(request_for(text, file, execution_id=eid))},
     )
 
 

@@ -223,7 +223,8 @@ class _Fold:
     def execution(self, ev: Event) -> None:
         g = self.graph
         if ev.name == E.EXECUTION_REQUESTED and self.request is None:
-            self.request = ev.payload.get("request") or {}
+            request = ev.payload.get("request")
+            self.request = request if isinstance(request, dict) else {}  # the controller rejects the rest
             g.started_at = ev.timestamp
             self.plan(self.request)
         elif ev.name in (E.REQUEST_EVALUATED, E.WORKFLOW_STARTED) and g.status == "pending":

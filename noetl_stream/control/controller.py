@@ -276,6 +276,15 @@ class Controller:
             await msg.term()
             return
         eid = event.execution_id
+        named = self.topology.stored_event_names(msg.subject)
+        if named is not None and named != (eid, event.name):  # the subject is what consumers filter on
+            log.error(
+                "controller.bad_event",
+                subject=msg.subject,
+                error=f"the message is event {event.name!r} of execution {eid!r}, not what its subject names",
+            )
+            await msg.term()
+            return
         if (
             event.name in ITERATION_RESULTS
             and (state := self.states.get(eid)) is not None
@@ -340,10 +349,12 @@ class Controller:
         cached = eid in self.states
         state = await self.cache.load(eid, new)
         if state is None and first.name == E.EXECUTION_REQUESTED and "rejected" not in first.payload:
-            request = first.payload.get("request") or {}  # compiled off the loop when long (intake did)
-            text, file = request.get("playbook"), request.get("file") or request.get("path") or "<playbook>"
-            if isinstance(text, str):
-                await self.reducer.plans.load_off_loop(text, file, request.get("extensions") or ())
+            request = first.payload.get("request")  # compiled off the loop when long (intake did)
+            if isinstance(request, dict) and isinstance(text := request.get("playbook"), str):
+                file = request.get("file") or request.get("path") or "<playbook>"
+                exts = request.get("extensions")
+                extensions = [e for e in exts if isinstance(e, str)] if isinstance(exts, list) else ()
+                await self.reducer.plans.load_off_loop(text, str(file), extensions)
         if state is not None and not state.terminal:
             await self.cache.ensure_plan(state)  # the plan cache may have evicted it
             await self.cache.ensure_items(state)

@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
+
 from noetl_stream import events as E
 from noetl_stream.control.effects import (
     Effects,
@@ -217,9 +219,11 @@ class Reducer:
     def _start(self, event: Event, fx: Effects) -> ExecutionState:
         eid = event.execution_id
         raw = event.payload.get("request") or {}
-        request = ExecutionRequest(
-            **{k: v for k, v in raw.items() if k in ExecutionRequest.__struct_fields__}
-        )
+        request, problem = _recorded_request(raw, eid)
+        if problem is not None:  # not written by an intake (which checked it): a forged or corrupt record
+            state = ExecutionState(execution_id=eid, file="<playbook>", trace_id=event.trace_id)
+            self._reject(state, fx, {"kind": "bad_request", "message": problem})
+            return state
         state = ExecutionState(
             execution_id=eid,
             file=request.file or request.path or "<playbook>",
@@ -314,6 +318,21 @@ class Reducer:
 
 
 ITERATION_RESULTS = frozenset({E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED})
+
+
+def _recorded_request(raw: Any, execution_id: str) -> tuple[ExecutionRequest, str | None]:
+    """The request recorded with ``playbook.execution.requested``, type-checked, or why it is unusable."""
+    empty = ExecutionRequest()
+    if not isinstance(raw, dict):
+        return empty, f"the recorded request is a {type(raw).__name__}, not a mapping"
+    fields = {k: v for k, v in raw.items() if k in ExecutionRequest.__struct_fields__}
+    try:
+        request = msgspec.convert(fields, ExecutionRequest)
+    except msgspec.ValidationError as exc:
+        return empty, f"bad request: {exc}"
+    if request.execution_id is not None and request.execution_id != execution_id:
+        return empty, f"the recorded request is for execution {request.execution_id!r}, not {execution_id!r}"
+    return request, None
 
 
 def folds(state: ExecutionState, event: Event) -> bool:

@@ -25,7 +25,7 @@ from noetl_stream.control.effects import LoopResults
 from noetl_stream.kv.history import scan
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode
+from noetl_stream.wire import Event, encode, guarded
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +49,7 @@ class _Iteration(msgspec.Struct):
     step_run_id: str | None = None
 
 
-_decoder = msgspec.json.Decoder(_Iteration)
+_decode = guarded(msgspec.json.Decoder(_Iteration).decode)
 
 
 async def assemble(
@@ -67,9 +67,10 @@ async def assemble(
     def take(data: bytes) -> bool:
         nonlocal settled
         try:
-            it = _decoder.decode(data)
-        except msgspec.DecodeError:  # not an iteration event: the controller never applied it either
-            return True
+            it = _decode(data)
+            bytes(it.payload.result).decode()  # a result is skipped, not checked, by the decoder
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return True  # not an iteration event (or not valid UTF-8): the controller never applied it either
         index = it.payload.index
         if it.step_run_id != spec.step_run_id or not isinstance(index, int) or not 0 <= index < total:
             return True

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 import structlog
+from apiserver import serve
 from helpers import playbook
 
 from noetl_stream import events as E
@@ -89,3 +90,13 @@ async def test_an_event_whose_body_is_not_what_its_subject_names_is_refused(
     (bad,) = [line for line in captured if line["event"] == "controller.bad_event"]
     assert "not what its subject names" in bad["error"] and ".decoy." in bad["subject"]
     assert [ev async for ev in read_events(runtime.nc.jetstream(), topology, "victim-x")] == []
+
+
+async def test_status_of_an_execution_whose_only_record_is_unreadable_is_a_404(runtime: Runtime) -> None:
+    raw = msgspec.json.encode(requested("unreadable-x", {"playbook": "PLAYBOOK"}))
+    raw = raw.replace(b'"PLAYBOOK"', b'"\xff\xfe"')
+    topology = runtime.topology
+    await runtime.nc.jetstream().publish(topology.event_subject("unreadable-x", E.PLAYBOOK_PROCESSED), raw)
+    async with serve(runtime) as api:
+        reply = await api.json("GET", "/api/executions/unreadable-x", 404)
+    assert reply["error"] == "not_found"

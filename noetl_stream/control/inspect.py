@@ -200,7 +200,11 @@ class Inspector:
             return None
         if not msg.data:
             return None
-        return msgspec.to_builtins(decode_event(msg.data))  # type: ignore[no-any-return]
+        try:
+            return msgspec.to_builtins(decode_event(msg.data))  # type: ignore[no-any-return]
+        except msgspec.DecodeError:  # not written by a runtime (the controller refused it too)
+            log.warning("inspect.bad_event", execution_id=execution_id, event_name=name)
+            return None
 
     async def exists(self, execution_id: str) -> bool:
         if self.check_id(execution_id) in self.live:

@@ -313,10 +313,13 @@ class Catalog:
             return stored.text
         assert stored.object_key is not None
         result = await (await self._store()).get(stored.object_key)
-        data = result.data or b""
-        if content_hash(data.decode("utf-8")) != stored.content_hash:
+        try:
+            text = (result.data or b"").decode("utf-8")
+        except UnicodeDecodeError:
+            raise CatalogError(f"{stored.path}@{stored.version}: stored text is not valid UTF-8") from None
+        if content_hash(text) != stored.content_hash:
             raise CatalogError(f"{stored.path}@{stored.version}: stored text does not match its sha256")
-        return data.decode("utf-8")
+        return text
 
     async def resolve(self, path: str, version: str | None = None) -> tuple[CatalogEntryInfo, str]:
         """The entry and text of ``path`` at ``version`` (default ``latest``); `CatalogNotFoundError`."""

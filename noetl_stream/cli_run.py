@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -140,6 +141,11 @@ def run(
         async with local_runtime(nats_url, topology=topology, workers=workers, connect_wait_s=wait_s) as rt:
             on_event = progress.on_event if progress else None
             summary = await rt.run_playbook(text, str(file), data, on_event, extensions=extensions)
+            if nats_url is None and summary.result is not None:  # the server goes away with the process:
+                from noetl_stream.kv.results import ResultStore  # print the value, not a dead reference
+
+                with contextlib.suppress(Exception):  # (unreadable: the reference says what it was)
+                    summary.result = await ResultStore(rt.nc.jetstream(), topology).resolve(summary.result)
             # The outcome as soon as the execution ends: shutting the runtime down afterwards may wait
             # for tasks it left running (a child abandoned at its child_timeout_s).
             return _print_outcome(msgspec.to_builtins(summary), as_json, progress)

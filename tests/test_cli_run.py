@@ -132,6 +132,25 @@ def test_run_with_an_embedded_server_prints_one_json_object(hello: Path) -> None
     assert out["error"] is None
 
 
+def test_run_with_an_embedded_server_prints_a_large_result_not_its_reference(tmp_path: Path) -> None:
+    """Above the inline limit a result travels by reference to the embedded server's object store, which
+    is gone once `run` exits: it prints the value."""
+    book = tmp_path / "big.yaml"
+    book.write_text(
+        playbook(
+            """
+            - step: start
+              tool: {kind: python, code: "result = {'blob': 'x' * 300000}"}
+            """,
+            name="big",
+        )
+    )
+    proc = noetl("run", str(book), "--json")
+
+    assert proc.returncode == 0, proc.stderr
+    assert parse(proc)["result"] == {"blob": "x" * 300000}
+
+
 @pytest.fixture
 async def default_topology_cleanup(nats_server: EmbeddedNats) -> AsyncIterator[Topology]:
     """`noetl-stream run --nats` uses the default prefix: remove its streams from the shared server."""

@@ -479,3 +479,23 @@ async def test_a_step_waiting_for_a_worker_shows_as_scheduled(api: Api, runtime:
         await asyncio.sleep(0.02)
     assert status["steps"] == {"start": "done", "g": "scheduled"}, status
     await api.json("POST", f"/api/executions/{eid}/cancel", 202, json={"reason": "test over"})
+
+
+async def test_stopping_the_server_ends_its_event_streams(api: Api, runtime: Runtime, tmp_path: Path) -> None:
+    """A client following a running execution does not hold the controller's shutdown: the server ends
+    the stream (the client sees it end and reconnects with Last-Event-ID), instead of waiting out the
+    shutdown timeout (5 s) for the client to leave."""
+    from viewer_support import GATE_BOOK, open_gate, start
+
+    gate = tmp_path / "gate"
+    execution_id = await start(api, GATE_BOOK, {"gate": str(gate)})
+    async with api.request("GET", f"/api/executions/{execution_id}/events?follow=1") as resp:
+        assert resp.status == 200
+        await resp.content.readuntil(b"\n\n")  # the stream is open: its first event arrived
+        assert len(api.server.context.streams) == 1
+        await asyncio.wait_for(api.server.stop(), 4.0)  # well before aiohttp's own 5 s
+        assert not api.server.context.streams
+        rest = await asyncio.wait_for(resp.content.read(), 10)
+        assert b"playbook.processed" not in rest  # ended by the server, not by the execution
+    open_gate(gate)
+    await follow(runtime.nc, runtime.topology, execution_id, timeout=30)

@@ -120,6 +120,7 @@ async def _follow(request: web.Request, execution_id: str, after: int) -> web.St
     except NotFoundError:
         pass
     queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+    ctx_.streams.add(queue)  # a stopping server ends the stream: the client reconnects with Last-Event-ID
 
     async def on_msg(msg: object) -> None:
         meta = msg.metadata  # type: ignore[attr-defined]
@@ -143,6 +144,8 @@ async def _follow(request: web.Request, execution_id: str, after: int) -> web.St
             except TimeoutError:
                 await response.write(b": keepalive\n\n")
                 continue
+            if seq < 0:  # END_OF_STREAM
+                break
             try:
                 name = decode_event(data).name
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -154,6 +157,8 @@ async def _follow(request: web.Request, execution_id: str, after: int) -> web.St
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         raise
+    finally:
+        ctx_.streams.discard(queue)
     await sub.unsubscribe()
     await response.write_eof()
     return response

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -54,6 +55,10 @@ class ApiContext:
     tokens: tuple[str, ...]
     metrics: Metrics | None = None
     keychain: Keychain | None = None
+    streams: set[asyncio.Queue[tuple[int, bytes]]] = field(default_factory=set)
+    """The queues of the handlers streaming server-sent events (``?follow=1``): when the server stops it
+    puts `END_OF_STREAM` in each, and they end their streams, instead of the server waiting for their
+    clients to go away."""
 
     @property
     def inspector(self) -> Inspector:
@@ -63,6 +68,9 @@ class ApiContext:
     def catalog(self) -> Catalog:
         return self.intake.catalog
 
+
+END_OF_STREAM = (-1, b"")
+"""What a stopping server puts in an event stream's queue (`ApiContext.streams`)."""
 
 CONTEXT = web.AppKey("noetl_api_context", ApiContext)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import structlog
 from aiohttp import web
 
 from noetl_stream.api.app import build_app
-from noetl_stream.api.http import ApiContext
+from noetl_stream.api.http import END_OF_STREAM, ApiContext
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.metrics import Metrics
 from noetl_stream.errors import ConfigurationError
@@ -77,6 +78,12 @@ class ApiServer:
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
+        for queue in list(self.context.streams):  # they would hold the shutdown until their clients leave
+            queue.put_nowait(END_OF_STREAM)
+        for _ in range(100):  # each ends its stream (unsubscribes, writes its end) in a moment
+            if not self.context.streams:
+                break
+            await asyncio.sleep(0.02)
         if runner is not None:
             await runner.cleanup()
         await self.metrics.stop()

@@ -16,7 +16,7 @@ from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import Keychain
-from noetl_stream.kv.provision import ProvisionError, provision
+from noetl_stream.kv.provision import ProvisionError, provision, provisioned_topology
 from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
 
@@ -24,12 +24,17 @@ log = structlog.get_logger(__name__)
 
 
 async def provision_at_start(nc: NATS, topology: Topology, pools: tuple[str, ...]) -> None:
-    """Check (and create) the JetStream objects, retrying what passes by itself: a clustered stream
-    electing a leader after its node died, a reconnect. A refusal (`ProvisionError`) is final."""
+    """Check the JetStream objects and create the missing ones, retrying what passes by itself: a
+    clustered stream electing a leader after its node died, a reconnect. A refusal (`ProvisionError`)
+    is final.
+
+    Existing objects keep the installation's settings (`provision` with ``keep_existing``): a process
+    whose ``NOETL_*`` settings differ warns (``provision.settings_differ``) and starts, using the
+    installation's where it depends on them (`run_worker`); `noetl-stream provision` changes them."""
     delay = 0.2
     for attempt in itertools.count(1):
         try:
-            await provision(nc.jetstream(), topology, pools, keep_replicas=True)
+            await provision(nc.jetstream(), topology, pools, keep_existing=True)
             return
         except ProvisionError as exc:
             if not isinstance(exc.__cause__, (nats.errors.TimeoutError, TimeoutError)) or attempt >= 20:
@@ -109,6 +114,9 @@ async def run_worker(
     nc = await connect(url, name=f"noetl-worker-{pool}", connect_wait_s=None)
     try:
         await provision_at_start(nc, topology, (pool,))
+        # The pool consumer's ack wait as the server has it (ours may differ): long commands are kept
+        # alive at a third of it.
+        topology = await provisioned_topology(nc.jetstream(), topology, pool=pool)
         stop = asyncio.Event()
         _stop_on_signals(stop)
         keychain = Keychain(nc.jetstream(), topology)  # key from NOETL_KEYCHAIN_KEY(_FILE), when needed

@@ -69,6 +69,9 @@ class _Head(msgspec.Struct):
 
 _decode_head = msgspec.json.Decoder(_Head).decode
 
+_STREAM_NOT_FOUND = 10059
+"""JSStreamNotFoundErr, as opposed to a message that is not in the stream."""
+
 _LIST_BATCH = 256
 """Object metas fetched at once."""
 _SCAN_BATCH = 64
@@ -137,12 +140,16 @@ async def prune(
     now: datetime.datetime | None = None,
 ) -> PruneReport:
     """Delete the results store's objects nothing can read any more (see the module); only objects last
-    written more than `older_than_s` ago are considered."""
+    written more than `older_than_s` ago are considered.
+
+    An installation that is not on the server (a wrong prefix, never provisioned, a bucket or stream
+    deleted) raises what nats-py raises for it (``BucketNotFoundError``, ``NotFoundError``), which the
+    CLI reports like every other command's (exit 2, "run `noetl-stream provision`"): before anything
+    is read, since without the snapshots or the histories nothing can be known unread."""
     report = PruneReport(dry_run=dry_run)
-    try:
-        await js.object_store(topology.results_store)
-    except NotFoundError:  # no bucket
-        return report
+    await js.object_store(topology.results_store)
+    await js.key_value(topology.executions_bucket)
+    await js.stream_info(topology.events_stream)
     now = now or datetime.datetime.now(datetime.UTC)
     cutoff = now - datetime.timedelta(seconds=older_than_s)
     snapshot_cutoff = now - datetime.timedelta(seconds=max(older_than_s, SNAPSHOT_OBJECT_GRACE_S))
@@ -316,7 +323,9 @@ async def _in_history(js: JetStreamContext, topology: Topology, eid: str) -> boo
         try:
             await js.get_last_msg(topology.events_stream, topology.stored_event_filter(eid, name))
             return True
-        except NotFoundError:
+        except NotFoundError as exc:
+            if exc.err_code == _STREAM_NOT_FOUND:  # the events stream is gone: no history is known gone
+                raise
             continue
     return False
 

@@ -23,16 +23,24 @@ can turn it on, not off again). A server that does not keep the setting (older t
 `ProvisionError`.
 
 Every stream, KV bucket and the object store get `Topology.replicas` replicas (3 on a 3-node
-cluster); consumers inherit their stream's. ``keep_replicas=True`` (what controllers and workers
-use at start) creates missing objects with that count but leaves the replicas of existing ones as
-they are: changing them is the job of ``noetl-stream provision --replicas N``, not of a process
-that happens to start without ``NOETL_REPLICAS``.
+cluster); consumers inherit their stream's.
+
+``keep_existing=True`` is what controllers and workers do at start: they create what is missing, with
+their own settings, but an existing object keeps the settings an installation chooses (`SETTINGS`:
+replicas, storage, retention, ack wait, deliveries, pending limit; and the partition count and lease
+TTL, `provisioned_topology`). One process started with other ``NOETL_*`` values must not rewrite
+the installation for every other process (30 days of events cut to an hour at once). Each existing
+object whose settings differ from the process's gets one ``provision.settings_differ`` warning naming
+them, the installation's value and the process's. Changing them is the job of ``noetl-stream
+provision`` (no `keep_existing`). What the code itself requires of an object (its subjects, retention
+policy, ``allow_msg_ttl`` ...) is still brought up to date at start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,6 +56,7 @@ from nats.js.manager import JetStreamManager
 from noetl_stream.subjects import Topology, TopologyError, check_pool
 
 __all__ = [
+    "SETTINGS",
     "ConsumerSpec",
     "ProvisionError",
     "ProvisionReport",
@@ -82,6 +91,19 @@ def _transient(e: APIError) -> bool:
 
 # Duration fields travel as integer nanoseconds; float round trips may differ by a few ns.
 _DURATIONS = frozenset({"max_age", "duplicate_window", "ack_wait", "idle_heartbeat", "inactive_threshold"})
+
+SETTINGS = {
+    "stream": ("num_replicas", "storage", "max_age", "duplicate_window"),
+    "consumer": ("ack_wait", "max_deliver", "max_ack_pending"),
+}
+"""The config fields an installation chooses (``NOETL_REPLICAS``, ``NOETL_STORAGE``,
+``NOETL_EVENTS_MAX_AGE_S``, ``NOETL_COMMAND_ACK_WAIT_S``, ``NOETL_COMMAND_MAX_DELIVER``, ``provision``
+options), of streams (KV buckets and the object store included) and of consumers: what
+``keep_existing`` leaves as the server has it."""
+_FIX = (
+    "this process uses the installation's settings; to change them on purpose, run `noetl-stream provision` "
+    "with the new settings (as a NATS user that may change JetStream objects)"
+)
 
 
 class ProvisionError(TopologyError):
@@ -353,13 +375,24 @@ async def events_max_age_s(js: JetStreamManager, topology: Topology, missing: fl
     return float(info.config.max_age or 0)
 
 
-async def provisioned_topology(js: JetStreamManager, topology: Topology) -> Topology:
-    """`topology` with the partition count and lease TTL the server already has, where it has them."""
+async def provisioned_topology(js: JetStreamManager, topology: Topology, pool: str | None = None) -> Topology:
+    """`topology` with the partition count and lease TTL the server already has, where it has them; with
+    `pool`, also the command ack wait and deliveries of its consumer (a worker keeps a long command alive
+    at a third of the ack wait the server applies, not of its own setting's)."""
     changes: dict[str, object] = {}
+    if pool is not None:
+        try:
+            consumer = await js.consumer_info(topology.commands_stream, topology.pool_consumer(pool))
+            if consumer.config.ack_wait:
+                changes["command_ack_wait_s"] = float(consumer.config.ack_wait)
+            if consumer.config.max_deliver and consumer.config.max_deliver > 0:
+                changes["command_max_deliver"] = consumer.config.max_deliver
+        except NotFoundError:
+            pass
     try:
         info = await js.stream_info(topology.events_stream)
     except NotFoundError:
-        return topology
+        return msgspec.structs.replace(topology, **changes) if changes else topology
     transform = info.config.subject_transform
     match = _PARTITION_RE.search(transform.dest or "") if transform is not None else None
     if match is not None:
@@ -399,17 +432,64 @@ def _check_kept(cfg: api.StreamConfig, info: api.StreamInfo, label: str) -> None
         )
 
 
-def _with_replicas(cfg: api.StreamConfig, replicas: object) -> api.StreamConfig:
-    """`cfg` with the replica count an existing stream has (an update must not change it)."""
-    if not isinstance(replicas, int):
-        return cfg
-    return dataclasses.replace(cfg, num_replicas=replicas)
+_Config = TypeVar("_Config", api.StreamConfig, api.ConsumerConfig)
+
+
+def _shown(value: object) -> object:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+_Differences = dict[str, dict[str, object]]
+"""Settings that differ, by name: ``{"existing": <the server's>, "this_process": <ours>}``."""
+
+
+def _keeping(
+    label: str,
+    desired: _Config,
+    existing: _Config,
+    settings: tuple[str, ...],
+    adopted: _Differences | None = None,
+) -> _Config:
+    """`desired` with the `settings` an `existing` object has where they differ. One warning names them,
+    with the differences `adopted` already (the partition count, the lease TTL)."""
+    wanted = desired.as_dict()
+    differing = _drift(desired, existing.as_dict(), ignore=frozenset(wanted).difference(settings))
+    said = dict(adopted or {})
+    for key in differing:
+        said[key] = {
+            "existing": _shown(getattr(existing, key)),
+            "this_process": _shown(getattr(desired, key)),
+        }
+    if said:
+        log.warning("provision.settings_differ", object=label, settings=said, fix=_FIX)
+    return dataclasses.replace(desired, **{key: getattr(existing, key) for key in differing})
+
+
+def _adopted(mine: Topology, installed: Topology) -> dict[str, _Differences]:
+    """What `provisioned_topology` took from the server instead of `mine`, by object label."""
+    out: dict[str, _Differences] = {}
+    if mine.partitions != installed.partitions:
+        out[f"stream:{mine.events_stream}"] = {
+            "partitions": {"existing": installed.partitions, "this_process": mine.partitions}
+        }
+    if abs(mine.lease_ttl_s - installed.lease_ttl_s) > 1e-6:
+        out[f"kv:{mine.leases_bucket}"] = {
+            "max_age": {"existing": installed.lease_ttl_s, "this_process": mine.lease_ttl_s}
+        }
+    return out
 
 
 class _Provisioner:
-    def __init__(self, js: JetStreamManager, *, keep_replicas: bool = False) -> None:
+    def __init__(
+        self,
+        js: JetStreamManager,
+        *,
+        keep_existing: bool = False,
+        adopted: dict[str, _Differences] | None = None,
+    ) -> None:
         self.js = js
-        self._ignore = frozenset({"num_replicas"}) if keep_replicas else frozenset()
+        self.keep_existing = keep_existing
+        self._adopted = adopted or {}
         self.created: list[str] = []
         self.updated: list[str] = []
         self.unchanged: list[str] = []
@@ -421,10 +501,9 @@ class _Provisioner:
             _check_kept(cfg, await self._call(label, "create", lambda: self.js.add_stream(cfg)), label)
             self.created.append(label)
             return
-        actual = info.config.as_dict()
-        if _drift(cfg, actual, ignore=self._ignore):
-            if self._ignore:
-                cfg = _with_replicas(cfg, actual.get("num_replicas"))
+        if self.keep_existing:
+            cfg = _keeping(label, cfg, info.config, SETTINGS["stream"], self._adopted.get(label))
+        if _drift(cfg, info.config.as_dict(), ignore=frozenset()):
             _check_kept(cfg, await self._call(label, "update", lambda: self.js.update_stream(cfg)), label)
             self.updated.append(label)
         else:
@@ -438,9 +517,12 @@ class _Provisioner:
             await self._call(label, "create", lambda: self.js.add_consumer(spec.stream, spec.config))
             self.created.append(label)
             return
-        if _drift(spec.config, info.config.as_dict(), ignore=frozenset()):
+        cfg = spec.config
+        if self.keep_existing:
+            cfg = _keeping(label, cfg, info.config, SETTINGS["consumer"])
+        if _drift(cfg, info.config.as_dict(), ignore=frozenset()):
             # Consumer create without an action is create-or-update on the server.
-            await self._call(label, "update", lambda: self.js.add_consumer(spec.stream, spec.config))
+            await self._call(label, "update", lambda: self.js.add_consumer(spec.stream, cfg))
             self.updated.append(label)
         else:
             self.unchanged.append(label)
@@ -475,18 +557,25 @@ async def provision(
     pools: Iterable[str] = ("default",),
     *,
     pool_max_ack_pending: int = DEFAULT_POOL_MAX_ACK_PENDING,
+    keep_existing: bool = False,
     keep_replicas: bool = False,
 ) -> ProvisionReport:
     """Create or update the streams, consumers, KV buckets and object store of `topology`.
 
-    With `keep_replicas` (how the controller and workers provision at start), existing objects keep
-    their replica count, and an installation keeps its partition count and lease TTL: a process
-    started with other defaults must not repartition the events stream under running controllers.
+    With `keep_existing` (how the controller and workers provision at start), missing objects are
+    created, existing ones keep their `SETTINGS` (each one whose settings differ from `topology`'s is
+    named in a warning), and an installation keeps its partition count and lease TTL: a process
+    started with other settings must not change them for the whole installation. `keep_replicas` is
+    this option's former name (it kept only the replica count).
     """
-    if keep_replicas:
-        topology = await provisioned_topology(js, topology)
+    keep_existing = keep_existing or keep_replicas
+    adopted: dict[str, _Differences] = {}
+    if keep_existing:
+        installed = await provisioned_topology(js, topology)
+        adopted = _adopted(topology, installed)
+        topology = installed
     specs = consumer_configs(topology, pools, pool_max_ack_pending=pool_max_ack_pending)
-    p = _Provisioner(js, keep_replicas=keep_replicas)
+    p = _Provisioner(js, keep_existing=keep_existing, adopted=adopted)
     for cfg in stream_configs(topology):
         await p.stream(cfg, f"stream:{cfg.name}")
     for spec in specs:

@@ -21,12 +21,13 @@ from nats.js.errors import (
     InvalidKeyError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoStreamResponseError,
     NotFoundError,
 )
 from nats.js.kv import VALID_KEY_RE, KeyValue
 from nats.js.object_store import ObjectStore
 
-from noetl_stream.errors import StateConflictError
+from noetl_stream.errors import StateConflictError, StoreMissingError
 from noetl_stream.jspublish import (
     EXPECTED_LAST_SUBJECT_SEQUENCE,
     WRONG_LAST_SEQUENCE,
@@ -53,6 +54,12 @@ class _PointerValue(msgspec.Struct, frozen=True, rename={"snapshot": "$snapshot"
 
 
 _decode_pointer = msgspec.json.Decoder(_PointerValue).decode
+
+
+def _missing(what: str, bucket: str) -> StoreMissingError:
+    return StoreMissingError(
+        f"the {what} bucket {bucket!r} is not on the server (deleted?): `noetl-stream provision` creates it again"
+    )
 
 
 def pointed_object(value: bytes) -> str | None:
@@ -121,13 +128,17 @@ class SnapshotStore(Generic[S]):
         (``Nats-TTL``; the bucket allows per-message TTLs).
 
         Raises ``StateConflictError`` when someone else wrote since (a controller that lost ownership
-        of the execution cannot overwrite the owner's snapshot).
+        of the execution cannot overwrite the owner's snapshot), ``StoreMissingError`` naming the bucket
+        when the executions bucket (or, for a large state, the results bucket) is not on the server.
         """
         data = msgspec.json.encode(state)
         name = None
         if len(data) > self.inline_limit:
             name = f"snapshots/{execution_id}/{uuid.uuid4().hex}"
-            await (await self._object_store()).put(name, data)
+            try:
+                await (await self._object_store()).put(name, data)
+            except NotFoundError:  # no bucket (BucketNotFoundError), or its stream gone since
+                raise _missing("results", self._objects_bucket) from None
             pointer = _Pointer(
                 object=name, size=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest()
             )
@@ -160,6 +171,8 @@ class SnapshotStore(Generic[S]):
                     subject, data, headers={EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}, msg_ttl=ttl_s
                 )
                 return ack.seq
+            except NoStreamResponseError:  # no stream stores the key's subject: the bucket is gone
+                raise _missing("executions", self._bucket) from None
             except APIError as err:
                 if err.err_code not in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_PENDING):
                     raise

@@ -7,6 +7,7 @@ topology from ``--prefix`` and ``NOETL_*``. The commands live in ``cli_*.py`` ne
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -26,6 +27,73 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+"""The schemes the NATS client connects with (``HOST[:PORT]`` alone is ``nats://``, as it reads it)."""
+_HOST = re.compile(r"[a-z0-9_.-]+")  # a name or an IPv4 address, as `urlsplit` gives it (lower case)
+
+
+def _masked(url: str) -> str:
+    """`url` with the user, password or token before its host replaced by ``***`` (with or without a
+    scheme: ``u:pw@host`` is a URL the client takes too)."""
+    start = url.find("://")
+    start = 0 if start < 0 else start + 3
+    end = next((i for i in range(start, len(url)) if url[i] in "/?#"), len(url))
+    at = url.rfind("@", start, end)
+    return url if at < 0 else f"{url[:start]}***{url[at:]}"
+
+
+def _nats_url_problem(url: str) -> str | None:
+    """What makes `url` (one of ``--nats``'s) a URL the NATS client cannot connect to, or None."""
+    from urllib.parse import urlsplit
+
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme not in NATS_SCHEMES:
+        return f"the scheme must be {', '.join(NATS_SCHEMES[:-1])} or {NATS_SCHEMES[-1]}, not {scheme!r}"
+    try:
+        host = urlsplit(url if sep else f"nats://{url}").hostname
+    except ValueError as exc:  # an unbalanced '[' of an IPv6 address
+        return str(exc)
+    if not host:
+        return "it names no host"
+    if ":" in host:  # [IPv6]
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+    elif not _HOST.fullmatch(host):
+        return f"{host!r} is not a host name or address"
+    return None
+
+
+def checked_nats_url(value: str | None) -> str | None:
+    """`value` (``--nats`` / ``NOETL_NATS_URL``) if every comma-separated URL in it is one the NATS client
+    can connect to (`NATS_SCHEMES`, a host; websocket and plain URLs not mixed). Otherwise exit 2 with one
+    line naming the bad URL, credentials masked, and the form expected: before anything connects (the
+    client read ``http://host:4222`` as the host ``http`` and answered "Name or service not known")."""
+    if value is None:
+        return None
+    urls = [u.strip() for u in value.split(",") if u.strip()]
+    expected = "expected nats://HOST:PORT (or tls://, ws://, wss://), several comma-separated for a cluster"
+    if not urls:
+        _fail(f"no NATS URL in --nats / NOETL_NATS_URL: {expected}", EXIT_INVALID)
+    for url in urls:
+        problem = _nats_url_problem(url)
+        if problem is not None:
+            _fail(
+                f"invalid NATS URL {_masked(url)!r} (--nats / NOETL_NATS_URL): {problem}; {expected}",
+                EXIT_INVALID,
+            )
+    if len({url.partition("://")[0] in ("ws", "wss") for url in urls}) > 1:
+        shown = ", ".join(_masked(url) for url in urls)
+        _fail(
+            f"invalid NATS URLs {shown!r} (--nats / NOETL_NATS_URL): websocket (ws://, wss://) and "
+            "nats:// or tls:// URLs cannot be mixed; the nodes of a cluster are reached one way",
+            EXIT_INVALID,
+        )
+    return value
+
 
 nats_option = click.option(
     "--nats",
@@ -33,6 +101,7 @@ nats_option = click.option(
     envvar="NOETL_NATS_URL",
     default=DEFAULT_NATS_URL,
     show_default=True,
+    callback=lambda _ctx, _param, value: checked_nats_url(value),
     help="NATS server URL, or several comma-separated (the nodes of a cluster) (env NOETL_NATS_URL).",
 )
 prefix_option = click.option(
@@ -77,7 +146,32 @@ def _topology(prefix: str, **overrides: Any) -> Topology:
         raise click.BadParameter(str(exc), param_hint="--prefix / NOETL_* settings") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+SHARED_OPTION_TYPES: dict[str, tuple[click.ParamType[Any, Any], click.ParamType[Any, Any]]] = {
+    "grace": (click.FLOAT, click.FloatRange(min=0)),
+    "concurrency": (click.INT, click.IntRange(min=1)),
+    "log_level": (click.STRING, click.Choice(LOG_LEVELS, case_sensitive=False)),
+}
+"""Options several commands declare, by parameter name: (the type click infers for one declared with a
+default and no type, the type it takes). A zero ``--concurrency``, a negative ``--grace`` or an unknown
+``--log-level`` (any case) is then a usage error, exit 2, before the command connects: they were a
+traceback after connecting, or taken as they were."""
+
+
+class _Commands(click.Group):
+    """`main`'s class: a command registered on it gets the types of `SHARED_OPTION_TYPES` for those of
+    its options that it declares with a default and no type of their own."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        for param in cmd.params:
+            shared = SHARED_OPTION_TYPES.get(param.name or "")
+            if shared is not None and isinstance(param, click.Option) and param.type is shared[0]:
+                param.type = shared[1]
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="noetl-stream")
 def main() -> None:
     """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""
@@ -150,15 +244,32 @@ def _run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:
     from noetl_stream.loop import run_event_loop
 
     try:
+        _check_event_loop()
         return run_event_loop(coro)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:
         raise  # stdout closed (`| head`): click exits quietly, no error line
     except ConfigurationError as exc:
+        coro.close()  # if it never started: no "coroutine was never awaited" warning
         _fail(str(exc), EXIT_INVALID)
     except (ConnectionError, nats.errors.Error) as exc:
         _fail(*_nats_failure(exc, nats_url))
+
+
+EVENT_LOOPS = ("uvloop", "asyncio")
+"""The values of ``NOETL_EVENT_LOOP`` (`noetl_stream.loop.run_event_loop`; ``uvloop`` falls back to
+asyncio's loop when uvloop is not installed)."""
+
+
+def _check_event_loop() -> None:
+    """Refuse a ``NOETL_EVENT_LOOP`` that is not one of `EVENT_LOOPS` (any other value used to run
+    asyncio's loop without a word)."""
+    import os
+
+    value = os.environ.get("NOETL_EVENT_LOOP")
+    if value and value not in EVENT_LOOPS:
+        raise ConfigurationError(f"NOETL_EVENT_LOOP={value!r}: expected {' or '.join(EVENT_LOOPS)}")
 
 
 def _fail(message: str, code: int) -> NoReturn:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 import msgspec
@@ -19,6 +20,11 @@ from noetl_stream.cli import (
     nats_option,
     prefix_option,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
+    from noetl_stream.wire import Event
 
 
 @main.command()
@@ -68,7 +74,6 @@ def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefi
     from noetl_stream.client import follow
     from noetl_stream.kv.history import read_events
     from noetl_stream.timeline import Timeline
-    from noetl_stream.wire import Event
 
     topology = _topology(prefix)
     timeline = Timeline()
@@ -147,7 +152,7 @@ def replay(
     until_seq = int(until) if until is not None and until.isascii() and until.isdigit() else None
     until_time = _event_time(until) if until is not None and until_seq is None else None
 
-    async def go(nc: Any) -> tuple[ExecutionState | None, list[str], bool]:
+    async def go(nc: Any) -> tuple[ExecutionState | None, list[str], bool, tuple[int, str] | None]:
         js = nc.jetstream()
         if verify:
             diffs, state = await rp.verify(js, topology, execution_id)
@@ -155,19 +160,36 @@ def replay(
             state = await rp.replay(js, topology, execution_id, until_seq=until_seq, until_time=until_time)
             diffs = []
         rejected = False
+        first: tuple[int, str] | None = None
         if state is None:  # a request rejected before it was recorded has a history, but no state
             async for _ in read_events(js, topology, execution_id, names=(E.REQUEST_REJECTED,)):
                 rejected = True
-        return state, diffs, rejected
+            if until is not None and not verify and not rejected:  # maybe it begins after --until
+                inputs = read_events(js, topology, execution_id, names=E.CONTROLLER_INPUT_EVENTS)
+                # (an async generator: closed at once, its consumer deleted, when left early)
+                async with contextlib.aclosing(
+                    cast("AsyncGenerator[tuple[int, Event], None]", inputs)
+                ) as folded:
+                    async for seq, ev in folded:
+                        first = seq, ev.timestamp
+                        break
+        return state, diffs, rejected, first
 
-    state, diffs, rejected = _with_nats(nats_url, "noetl-replay", go)
+    state, diffs, rejected, first = _with_nats(nats_url, "noetl-replay", go)
     if state is None:
-        why = (
-            "was rejected before it was recorded as a request (playbook.request.rejected): it has no state "
-            f"to replay; `noetl-stream status {execution_id}` shows why"
-            if rejected
-            else ("has no live snapshot to verify" if verify and diffs else "has no events")
-        )
+        if rejected:
+            why = (
+                "was rejected before it was recorded as a request (playbook.request.rejected): it has no "
+                f"state to replay; `noetl-stream status {execution_id}` shows why"
+            )
+        elif first is not None:  # it used to say "has no events"
+            seq, at = first
+            why = (
+                f"has no events up to --until {until}: that is before its first event, "
+                f"stream sequence {seq} (at {at})"
+            )
+        else:
+            why = "has no live snapshot to verify" if verify and diffs else "has no events"
         click.echo(f"error: execution {execution_id} {why}", err=True)
         sys.exit(EXIT_INVALID)
     if verify:
@@ -212,7 +234,7 @@ def executions(
     prefix: str,
 ) -> None:
     """List executions from the controller's snapshots, newest update first."""
-    from noetl_stream.control.inspect import Inspector, QueryError
+    from noetl_stream.control.inspect import Inspector, QueryError, check_page
     from noetl_stream.operations import ListExecutions
 
     query = ListExecutions(status=status, playbook=playbook, since=since, limit=limit, offset=offset)
@@ -222,6 +244,7 @@ def executions(
         return await Inspector(nc.jetstream(), topology).executions(query)
 
     try:
+        check_page(offset, limit)  # before connecting (the rest of the query is checked with the list)
         page = _with_nats(nats_url, "noetl-executions", action)
     except QueryError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -229,10 +252,28 @@ def executions(
     if as_json:
         _echo_json(page)
         return
+    if not page.items:  # on stderr, as `catalog list` does: stdout stays an (empty) listing
+        click.echo(_no_executions(status, playbook, since, offset, page.total), err=True)
     for s in page.items:
         click.echo(f"{s.execution_id}\t{s.status:<9}\t{s.path or s.file}\t{s.updated_at or ''}")
     if page.total > page.offset + len(page.items):
         click.echo(f"... {page.total - page.offset - len(page.items)} more (--offset)", err=True)
+
+
+def _no_executions(
+    status: str | None, playbook: str | None, since: str | None, offset: int, total: int
+) -> str:
+    """What ``executions`` says when its page is empty: the filters it applied, or that the page is past
+    the end of the list."""
+    filters = [
+        f"{name} {value!r}"
+        for name, value in (("status", status), ("playbook", playbook), ("updated since", since))
+        if value is not None
+    ]
+    said = f"no executions with {', '.join(filters)}" if filters else "no executions"
+    if total:
+        return f"{said} at --offset {offset}: {total} in all"
+    return said
 
 
 @main.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 import msgspec
 
+from noetl_stream import events as E
 from noetl_stream.cli import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -21,6 +23,7 @@ from noetl_stream.cli import (
     _run_async,
     _topology,
     _with_nats,
+    checked_nats_url,
     main,
     nats_option,
     prefix_option,
@@ -28,7 +31,10 @@ from noetl_stream.cli import (
 from noetl_stream.dsl import compile_playbook
 
 if TYPE_CHECKING:
+    from noetl_stream.client import RunSummary
     from noetl_stream.progress import Progress
+    from noetl_stream.subjects import Topology
+    from noetl_stream.wire import Event
 
 
 def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, object]:
@@ -94,6 +100,7 @@ def _exit_with_outcome(summary: dict[str, Any], as_json: bool, progress: Progres
     "nats_url",
     envvar="NOETL_NATS_URL",
     default=None,
+    callback=lambda _ctx, _param, value: checked_nats_url(value),
     help="NATS URL (default: start an embedded nats-server).",
 )
 @click.option(
@@ -168,6 +175,48 @@ def _checked_pool(value: str | None) -> str | None:
         raise click.BadParameter(str(exc)) from None
 
 
+UNCLAIMED_HINT_AFTER_S = 5.0
+"""``submit --wait`` (and ``retry --wait``) says that no controller has taken the request after this long."""
+
+
+async def _follow_submitted(
+    nc: Any, topology: Topology, execution_id: str, progress: Progress | None
+) -> RunSummary:
+    """Follow an execution just submitted to its end, as `follow` does, saying on stderr (stdout is the
+    outcome) which execution it waits for and, if no controller has written any of its events (the
+    first is ``playbook.execution.requested``) after `UNCLAIMED_HINT_AFTER_S`, that none has taken it
+    (it waited in silence for ever); it goes on waiting."""
+    from noetl_stream.client import follow
+
+    click.echo(f"execution {execution_id} submitted: waiting for it to end", err=True)
+    recorded = asyncio.Event()
+
+    def seen(ev: Event) -> None:
+        recorded.set()
+        if progress is not None:
+            progress.on_event(ev)
+
+    async def hint() -> None:
+        try:
+            async with asyncio.timeout(UNCLAIMED_HINT_AFTER_S):
+                await recorded.wait()
+        except TimeoutError:
+            click.echo(
+                f"no controller has taken execution {execution_id} yet (no {E.EXECUTION_REQUESTED} after "
+                f"{UNCLAIMED_HINT_AFTER_S:g}s): is a controller running for prefix '{topology.prefix}' on "
+                "this NATS? Still waiting (Ctrl-C stops waiting, not the execution)",
+                err=True,
+            )
+
+    # Not a TaskGroup: it would wrap `follow`'s NATS errors in an ExceptionGroup the edge does not map.
+    waiting = asyncio.create_task(hint())
+    try:
+        return await follow(nc, topology, execution_id, seen)
+    finally:
+        waiting.cancel()
+        await asyncio.wait([waiting])
+
+
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--payload", help="Workload overrides: a JSON object, or @file.json.")
@@ -199,7 +248,7 @@ def submit(
     pool: str | None = None,
 ) -> None:
     """Publish an execution request onto the request subject; print the execution id."""
-    from noetl_stream.client import follow, request_for
+    from noetl_stream.client import request_for
     from noetl_stream.client import submit as do_submit
     from noetl_stream.progress import Progress
 
@@ -215,7 +264,7 @@ def submit(
         eid = await do_submit(nc, topology, request)
         if not wait:
             return eid
-        return await follow(nc, topology, eid, progress.on_event if progress else None)
+        return await _follow_submitted(nc, topology, eid, progress)
 
     out = _with_nats(nats_url, "noetl-submit", go)
     if isinstance(out, str):
@@ -240,7 +289,7 @@ def retry(
     execution_id: str, from_steps: tuple[str, ...], wait: bool, as_json: bool, nats_url: str, prefix: str
 ) -> None:
     """Re-run a failed execution from its failed step(s), reusing the results of what succeeded."""
-    from noetl_stream.client import RetryError, follow, retry_request
+    from noetl_stream.client import RetryError, retry_request
     from noetl_stream.client import submit as do_submit
     from noetl_stream.progress import Progress
 
@@ -253,7 +302,7 @@ def retry(
         new_id = await do_submit(nc, topology, request)
         if not wait:
             return new_id
-        return await follow(nc, topology, new_id, progress.on_event if progress else None)
+        return await _follow_submitted(nc, topology, new_id, progress)
 
     try:
         out = _with_nats(nats_url, "noetl-retry", go)

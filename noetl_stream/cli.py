@@ -147,31 +147,13 @@ def _topology(prefix: str, **overrides: Any) -> Topology:
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-SHARED_OPTION_TYPES: dict[str, tuple[click.ParamType[Any, Any], click.ParamType[Any, Any]]] = {
-    "grace": (click.FLOAT, click.FloatRange(min=0)),
-    "concurrency": (click.INT, click.IntRange(min=1)),
-    "log_level": (click.STRING, click.Choice(LOG_LEVELS, case_sensitive=False)),
-}
-"""Options several commands declare, by parameter name: (the type click infers for one declared with a
-default and no type, the type it takes). A zero ``--concurrency``, a negative ``--grace`` or an unknown
-``--log-level`` (any case) is then a usage error, exit 2, before the command connects: they were a
-traceback after connecting, or taken as they were."""
+LOG_LEVEL = click.Choice(LOG_LEVELS, case_sensitive=False)
+"""``--log-level`` of the long-running commands: an unknown level is a usage error (exit 2)."""
+GRACE = click.FloatRange(min=0)
+CONCURRENCY = click.IntRange(min=1)
 
 
-class _Commands(click.Group):
-    """`main`'s class: a command registered on it gets the types of `SHARED_OPTION_TYPES` for those of
-    its options that it declares with a default and no type of their own."""
-
-    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        for param in cmd.params:
-            shared = SHARED_OPTION_TYPES.get(param.name or "")
-            if shared is not None and isinstance(param, click.Option) and param.type is shared[0]:
-                param.type = shared[1]
-        super().add_command(cmd, name)
-
-
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="noetl-stream")
 def main() -> None:
     """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""

@@ -8,7 +8,10 @@ from typing import Any
 import click
 
 from noetl_stream.cli import (
+    CONCURRENCY,
     EXIT_INVALID,
+    GRACE,
+    LOG_LEVEL,
     _echo_json,
     _run_async,
     _topology,
@@ -30,8 +33,14 @@ from noetl_stream.cli import (
     show_default=True,
     help="Worker pools to provision consumers for (repeat).",
 )
-@click.option("--grace", default=30.0, show_default=True, help="Seconds to finish in-flight work on SIGTERM.")
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--grace",
+    default=30.0,
+    show_default=True,
+    type=GRACE,
+    help="Seconds to finish in-flight work on SIGTERM.",
+)
+@click.option("--log-level", default="info", show_default=True, type=LOG_LEVEL)
 @click.option(
     "--http", "http", default=None, metavar="HOST:PORT", help="Serve the REST API and /metrics here."
 )
@@ -95,12 +104,22 @@ def controller(
 @nats_option
 @prefix_option
 @click.option("--pool", default="default", show_default=True, help="The pool whose commands to run.")
-@click.option("--concurrency", default=16, show_default=True, help="Commands run at once by this process.")
+@click.option(
+    "--concurrency",
+    default=16,
+    show_default=True,
+    type=CONCURRENCY,
+    help="Commands run at once by this process.",
+)
 @click.option("--name", default=None, help="Worker name in events (default host-pid).")
 @click.option(
-    "--grace", default=30.0, show_default=True, help="Seconds to finish in-flight commands on SIGTERM."
+    "--grace",
+    default=30.0,
+    show_default=True,
+    type=GRACE,
+    help="Seconds to finish in-flight commands on SIGTERM.",
 )
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True, type=LOG_LEVEL)
 @click.option(
     "--task-events",
     type=click.Choice(["all", "informative"]),

@@ -71,29 +71,14 @@ def _keychain_fields(fields: tuple[str, ...], from_json: str | None) -> tuple[di
     return data, kind
 
 
-GENERIC_KINDS = ("static", "secret_manager")
-"""Kinds whose fields are read as they are (the ``secrets`` tool, ``{{ keychain.<name> }}``): any fields."""
-
-
 def _check_entry(name: str, kind: str, fields: dict[str, Any]) -> None:
-    """Exit 2 with one line if no tool could use the entry: a kind none knows, or without a field its kind
-    needs. It used to be stored, and the mistake showed as a task's credential_error. What a kind needs
-    is what the tool that reads it checks: http's `_apply_auth` and postgres's `_connect_args` are run
-    on the entry here, so that the two cannot disagree."""
-    from noetl_stream.dataplane.tools import http, postgres
+    """Exit 2 with one line if no tool could use the entry (`check_credential`)."""
+    from noetl_stream.dataplane.credentials import BadCredentialError, check_credential
 
-    http_kinds = http.BEARER_KINDS + http.BASIC_KINDS + http.API_KEY_KINDS
-    cred = {**fields, "kind": kind}
     try:
-        if kind in http_kinds:
-            http._apply_auth(cred, name, {}, [])
-        elif kind in postgres.CREDENTIAL_KINDS:
-            postgres._connect_args(cred, name)
-        elif kind not in GENERIC_KINDS:
-            known = ", ".join(sorted({*http_kinds, *postgres.CREDENTIAL_KINDS, *GENERIC_KINDS}))
-            _fail(f"unknown keychain entry kind {kind!r}: use one of {known}", EXIT_INVALID)
-    except (http._ConfigError, postgres._ConfigError) as exc:
-        _fail(f"{exc} (its fields: {', '.join(sorted(fields))})", EXIT_INVALID)
+        check_credential(name, kind, fields)
+    except BadCredentialError as exc:
+        _fail(str(exc), EXIT_INVALID)
 
 
 @keychain.command("set")

@@ -60,7 +60,7 @@ async def test_no_route_returns_a_keychain_value(nats_server: EmbeddedNats, topo
             "/api/keychain/db",
             json={
                 "kind": "postgres_credential",
-                "fields": {"user": "app", "password": PASSWORD, "port": 5432},
+                "fields": {"host": "db.internal", "user": "app", "password": PASSWORD, "port": 5432},
             },
         )
         bodies.append(json.dumps(put))

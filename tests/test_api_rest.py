@@ -499,3 +499,24 @@ async def test_stopping_the_server_ends_its_event_streams(api: Api, runtime: Run
         assert b"playbook.processed" not in rest  # ended by the server, not by the execution
     open_gate(gate)
     await follow(runtime.nc, runtime.topology, execution_id, timeout=30)
+
+
+async def test_a_keychain_entry_no_tool_could_use_is_refused(nats_server: Any, topology: Any) -> None:
+    """As `keychain set` does: a kind no tool knows, or an entry without what its kind needs, is a 400
+    and nothing is stored (it used to surface as a task's credential_error)."""
+    from noetl_stream.kv.keychain import KeychainKey, generate_key
+    from noetl_stream.local import local_runtime
+
+    key = KeychainKey([generate_key()])
+    async with (
+        local_runtime(nats_server.url, topology=topology, keychain_key=key) as rt,
+        serve(rt, key) as api,
+    ):
+        for body, said in (
+            ({"kind": "nosuchkind", "fields": {"a": "b"}}, "unknown keychain entry kind 'nosuchkind'"),
+            ({"kind": "bearer", "fields": {"notoken": "b"}}, "(its fields: notoken)"),
+        ):
+            reply = await api.json("PUT", "/api/keychain/k", 400, json=body)
+            assert reply["error"] == "bad_request" and said in reply["detail"], reply
+        await api.json("GET", "/api/keychain/k", 404)
+        assert await api.json("PUT", "/api/keychain/k", json={"kind": "bearer", "fields": {"token": "t"}})

@@ -123,6 +123,12 @@ async def keychain_put(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "bad_request", "give a 'kind' and at least one field")
     if "kind" in body.fields:
         raise ApiError(400, "bad_request", "'kind' is not a field name (use the entry's kind)")
+    from noetl_stream.dataplane.credentials import BadCredentialError, check_credential
+
+    try:
+        check_credential(name, body.kind, body.fields)
+    except BadCredentialError as exc:  # stored, it would fail the first task that reads it
+        raise ApiError(400, "bad_request", str(exc)) from None
     try:
         await _keychain(request).put(name, body.kind, body.fields)
     except ConfigurationError as exc:

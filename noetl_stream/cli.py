@@ -50,8 +50,10 @@ def _nats_url_problem(url: str) -> str | None:
     if sep and scheme not in NATS_SCHEMES:
         return f"the scheme must be {', '.join(NATS_SCHEMES[:-1])} or {NATS_SCHEMES[-1]}, not {scheme!r}"
     try:
-        host = urlsplit(url if sep else f"nats://{url}").hostname
-    except ValueError as exc:  # an unbalanced '[' of an IPv6 address
+        parts = urlsplit(url if sep else f"nats://{url}")
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises for a port that is not a number from 0 to 65535
+    except ValueError as exc:  # an unbalanced '[' of an IPv6 address, a port out of range
         return str(exc)
     if not host:
         return "it names no host"

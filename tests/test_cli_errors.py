@@ -84,7 +84,7 @@ def test_a_connect_wait_that_is_not_a_positive_number_is_refused(wait: str) -> N
 )
 def test_an_invalid_nats_url_is_an_error_line_not_a_traceback(command: list[str]) -> None:
     proc = noetl(*command, "--nats", "nats://127.0.0.1:99999")
-    assert "invalid connect url" in one_error_line(proc, 1)
+    assert "invalid NATS URL 'nats://127.0.0.1:99999'" in one_error_line(proc, 2)  # before connecting
 
 
 @pytest.mark.parametrize(

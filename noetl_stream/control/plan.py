@@ -21,16 +21,18 @@ class Plan:
     workbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Workbook templates each step uses."""
     playbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    keychain_readers: frozenset[str] = frozenset()
-    """Steps whose templates read ``keychain``."""
     """Child playbook paths each step runs (literal paths only)."""
+    keychain_readers: frozenset[str] = frozenset()
+    """Steps whose templates read ``keychain`` or whose tasks name a declared entry in ``auth``: their
+    commands carry the playbook's keychain declarations (the worker resolves them)."""
 
     @classmethod
     def build(cls, playbook: Playbook, text: str, content_hash: str, default_pool: str = "default") -> Plan:
         steps = {s.name: s for s in playbook.workflow}
         all_reads = {s.name: names_read_by_step(s) for s in playbook.workflow}
         reads = {name: names & steps.keys() for name, names in all_reads.items()}
-        keychain_readers = frozenset(name for name, names in all_reads.items() if "keychain" in names)
+        readers = {name for name, names in all_reads.items() if "keychain" in names}
+        declared = {k.name for k in playbook.keychain}
         pool = str(playbook.executor.spec.get("pool") or default_pool)
         workbook_refs: dict[str, tuple[str, ...]] = {}
         playbook_refs: dict[str, tuple[str, ...]] = {}
@@ -38,13 +40,15 @@ class Plan:
             wb = [str(t.config.get("task") or t.name) for t in s.tasks if t.kind == "workbook"]
             workbook_refs[s.name] = tuple(n for n in wb if n in playbook.workbook)
             tasks = list(s.tasks) + [playbook.workbook[n] for n in workbook_refs[s.name]]
+            if any(t.config.get("auth") in declared for t in tasks if isinstance(t.config.get("auth"), str)):
+                readers.add(s.name)  # `auth: <declared entry>`: the worker resolves it like a template's
             playbook_refs[s.name] = tuple(
                 str(t.config["path"])
                 for t in tasks
                 if t.kind == "playbook" and isinstance(t.config.get("path"), str)
             )
         return cls(
-            keychain_readers=keychain_readers,
+            keychain_readers=frozenset(readers),
             workbook_refs=workbook_refs,
             playbook_refs=playbook_refs,
             playbook=playbook,

@@ -283,7 +283,10 @@ class CommandRun:
                 self.fail({"kind": "credential_error", "retryable": False, "message": str(exc)})
                 return
             scope["keychain"] = resolved
-            base = replace(base, secrets=frozenset(secrets))
+            # `auth: <name>` of a task resolves the step's declarations first, as templates do.
+            base = replace(
+                base, secrets=frozenset(secrets), services=self.worker.services.declaring(resolved)
+            )
         if step.input:
             # The step's own inputs (dialect `input:`), rendered once per step run before anything else.
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import ipaddress
+import re
 import uuid
 from typing import Any, Literal
 
@@ -83,11 +84,46 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
         }
     if kind == "BitString" and hasattr(value, "as_string"):  # asyncpg's bit / varbit
         return str(value.as_string())
+    if kind in ("Path", "Polygon") and hasattr(value, "points"):  # asyncpg's path / polygon
+        # (point, box, lseg, line and circle are tuples: lists above)
+        return {
+            "points": json_safe(list(value.points), _depth + 1),
+            "closed": bool(getattr(value, "is_closed", True)),
+        }
     return _repr(value)
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
+
+
 def _repr(value: Any) -> str:
+    """The value's repr, without the memory address of a default one (``<x.Y object>``): a result is
+    the same every time it is computed."""
     try:
-        return repr(value)
+        text = repr(value)
     except Exception:  # user code's own __repr__ may raise
         return f"<{type(value).__name__} object>"
+    return _ADDRESS.sub(">", text)
+
+
+INFINITE_DATETIMES: tuple[tuple[Any, str], ...] = (
+    (datetime.datetime.max, "infinity"),
+    (datetime.datetime.min, "-infinity"),
+    (datetime.date.max, "infinity"),
+    (datetime.date.min, "-infinity"),
+)
+"""What DuckDB gives for ``infinity``/``-infinity`` timestamps and dates: these very objects."""
+
+
+def sql_infinity(value: Any, sentinels: tuple[tuple[Any, str], ...], _depth: int = 0) -> Any:
+    """A database value with the objects its driver gives for ``infinity``/``-infinity`` timestamps and
+    dates (`sentinels`) as those words, not ``9999-12-31T23:59:59.999999`` or ``0001-01-01``. They are
+    told by identity: the driver returns these very objects, while a real ``9999-12-31`` is a new one.
+    Lists (arrays) are walked."""
+    if isinstance(value, list):
+        return [sql_infinity(v, sentinels, _depth + 1) for v in value] if _depth < 100 else value
+    if isinstance(value, datetime.date):
+        for sentinel, word in sentinels:
+            if value is sentinel:
+                return word
+    return value

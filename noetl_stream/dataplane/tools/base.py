@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,26 @@ class WorkerServices:
                 if closer is not None:
                     self._closers.append(lambda: closer(item))
         return item
+
+    def declaring(self, entries: Mapping[str, Mapping[str, Any]]) -> WorkerServices:
+        """These services for one step run whose credential resolver gives `entries` (the step's own
+        resolved ``keychain`` declarations: ``env:``/``file:`` entries of the worker, or entries read
+        from the store) before the store: ``auth: <name>`` uses what ``{{ keychain.<name> }}`` shows.
+        The view shares this object's pools and session and is never closed itself."""
+        if not entries:
+            return self
+        view = copy.copy(self)
+        store = self.credentials
+
+        async def resolve(name: str) -> dict[str, Any]:
+            if name in entries:
+                return dict(entries[name])
+            if store is None:
+                raise KeyError(name)
+            return await store(name)
+
+        view.credentials = resolve
+        return view
 
     async def close(self) -> None:
         closers, self._closers = self._closers, []

@@ -32,7 +32,7 @@ from typing import Any
 
 import duckdb
 
-from noetl_stream.dataplane.outcome import Outcome, json_safe
+from noetl_stream.dataplane.outcome import INFINITE_DATETIMES, Outcome, json_safe, sql_infinity
 from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
 
 _RESOURCE = "duckdb.memory"
@@ -84,7 +84,10 @@ def _run(conn: Any, sql: str, params: Any, attach: list[str]) -> Any:
             return {"status": "ok"}
         columns = [d[0] for d in cur.description]
         check_columns(columns)
-        return [dict(zip(columns, row, strict=False)) for row in cur.fetchall()]
+        return [
+            {c: sql_infinity(v, INFINITE_DATETIMES) for c, v in zip(columns, row, strict=False)}
+            for row in cur.fetchall()
+        ]
     finally:
         conn.close()
 

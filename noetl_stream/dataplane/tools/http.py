@@ -13,8 +13,11 @@ task with ``response_too_large``, so that one answer cannot take the worker's me
 ``auth``'s header replaces a header of the same name in ``headers``, whatever its case (header names
 are case-insensitive: one header, never two).
 
-The result is the response body: JSON-decoded when the content type is JSON, else text (bytes that are
-not UTF-8 text are base64 and ``outcome.http.encoding`` says so). ``outcome.http``: ``status``,
+The result is the response body: JSON-decoded when the content type is JSON (after a UTF-8 byte order
+mark, if any), else text (bytes that are not UTF-8 text are base64 and ``outcome.http.encoding`` says
+so). A body of a JSON content type that is not JSON (``{not json``, a number out of range like
+``1e400``) is the text too, with the task still ``ok`` (the status decides that), and
+``outcome.http.json_error`` says why it did not decode (absent when it did). ``outcome.http``: ``status``,
 ``headers`` (lower-case names), ``url``, ``method``, ``elapsed_s`` and ``retry_after`` (seconds, from a
 ``Retry-After`` header, else None).
 
@@ -36,6 +39,7 @@ are masked by the URL's structure: the same text outside a URL (a status reason)
 from __future__ import annotations
 
 import base64
+import codecs
 import datetime
 import email.utils
 import math
@@ -199,7 +203,9 @@ def _apply_auth(
         return value
 
     if kind in BEARER_KINDS:
-        _set_header(headers, "Authorization", f"Bearer {field('token')}")
+        # `value`: a declaration's `env:` (or a text `file:`) gives the token as {value: ...}.
+        token = field("token") if "token" in cred or "value" not in cred else field("value")
+        _set_header(headers, "Authorization", f"Bearer {token}")
         return "authorization", ""
     if kind in BASIC_KINDS:
         raw = f"{field('username')}:{cred.get('password') or ''}".encode()
@@ -268,21 +274,25 @@ def _response_headers(headers: CIMultiDictProxy[str], sensitive: frozenset[str])
     return out
 
 
-def _decode(data: bytes, content_type: str, charset: str | None) -> tuple[Any, str | None]:
+def _decode(data: bytes, content_type: str, charset: str | None) -> tuple[Any, str | None, str | None]:
+    """``(result, encoding, json_error)``: a JSON content type is decoded (after a UTF-8 byte order
+    mark, which some servers send); a body that is not JSON then is kept as text and `json_error` says
+    why it could not be decoded."""
     if not data:
-        return None, None
+        return None, None, None
     ctype = content_type.lower()
+    json_error = None
     if ctype.endswith("/json") or ctype.endswith("+json"):
         try:
-            return msgspec.json.decode(data), None
-        except msgspec.DecodeError:
-            pass
+            return msgspec.json.decode(data.removeprefix(codecs.BOM_UTF8)), None, None
+        except msgspec.DecodeError as exc:
+            json_error = str(exc)
     try:
-        return data.decode(charset or "utf-8"), None
+        return data.decode(charset or "utf-8"), None, json_error
     except (UnicodeDecodeError, LookupError):
         if ctype.startswith("text/"):
-            return data.decode(charset or "utf-8", errors="replace"), None
-    return base64.b64encode(data).decode(), "base64"
+            return data.decode(charset or "utf-8", errors="replace"), None, json_error
+    return base64.b64encode(data).decode(), "base64", json_error
 
 
 async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
@@ -440,9 +450,11 @@ async def _request(
             chunks.append(chunk)
         body = b"".join(chunks)
         http["retry_after"] = retry_after_seconds(resp.headers.get("Retry-After"))
-        result, encoding = _decode(body, resp.content_type, resp.charset)
+        result, encoding, json_error = _decode(body, resp.content_type, resp.charset)
         if encoding:
             http["encoding"] = encoding
+        if json_error:
+            http["json_error"] = json_error
         if 200 <= resp.status < 300:
             return Outcome.ok(result, http=http)
         retryable = resp.status == 429 or resp.status >= 500

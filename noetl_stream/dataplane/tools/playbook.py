@@ -1,5 +1,8 @@
 """``playbook``: run another playbook as a child execution; its result is this task's result.
 
+A child's result above the inline limit reaches the parent as a reference to the results store; it is
+fetched here, so the task's result is the child's result itself, whatever its size.
+
 ``spec.child_timeout_s`` bounds the wait: past it the child is cancelled and the task fails with
 ``timeout`` (retryable; a retry starts a new child).
 """
@@ -11,6 +14,8 @@ from typing import Any
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.errors import StoreMissingError
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.wire import ExecutionRequest, derived_execution_id
 
 
@@ -59,7 +64,15 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     status = ev.payload.get("status")
     info = {"execution_id": child_id, "status": status, "path": path}
     if status == "success":
-        return Outcome.ok(ev.payload.get("result"), playbook=info)
+        try:
+            result = await ResultStore(runner.js, runner.topology).resolve(ev.payload.get("result"))
+        except StoreMissingError as exc:
+            return Outcome.fail(
+                "child_failed",
+                f"child playbook '{path}' ({child_id}) succeeded but its result cannot be read: {exc}",
+                playbook=info,
+            )
+        return Outcome.ok(result, playbook=info)
     error = ev.payload.get("error") or {}
     message = error.get("message") if isinstance(error, dict) else None
     return Outcome.fail(

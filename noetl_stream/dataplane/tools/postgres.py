@@ -19,7 +19,9 @@ Config:
   database[, sslmode]} or {dsn}. ``dsn`` may also be given directly (e.g. from ``{{ keychain... }}``).
 * ``spec.timeout``: ``{connect, statement}`` in seconds (a number sets both; ``read`` is taken for
   ``statement`` so that a step-wide http timeout applies too). ``spec.pool_size``: the pool's maximum
-  size (default 10; the first task to use a credential on a worker creates its pool).
+  size (a positive whole number or text holding one, default 10; anything else is a ``config_error``).
+  A worker keeps one pool per credential and pool size: tasks of one credential with different sizes
+  use different pools (each up to its size, so together up to the sum of their sizes).
 
 Errors are ``pg_error`` with ``outcome.pg = {code, sqlstate, message}`` (plus ``detail``, ``hint``,
 ``constraint``, ``table`` when the server gives them). Retryable: serialization failure ``40001``,
@@ -35,15 +37,18 @@ a row that silently lost one value (checked on the first row: asyncpg gives the 
 
 from __future__ import annotations
 
+import decimal
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import msgspec
+from asyncpg.pgproto import pgproto
 
-from noetl_stream.dataplane.outcome import Outcome, json_safe
+from noetl_stream.dataplane.outcome import Outcome, json_safe, sql_infinity
 from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
@@ -72,6 +77,24 @@ _DSN_PROBLEMS = (
 )
 
 
+# asyncpg's message for a parameter value its codec refused quotes the value (its repr, cut to 40
+# characters and "..."): "invalid input for query argument $1: 'tok_live_4f9a...' (<reason>)". A cut
+# value is no longer the secret it starts with, so redaction by exact match misses it: the value is
+# dropped from the message (`_without_values`).
+_ARGUMENT_VALUE = re.compile(
+    r"(invalid input for query argument \$\d+(?: in element #\d+ of executemany\(\) sequence)?): ",
+)
+
+
+# asyncpg decodes infinity/-infinity timestamps and dates to these objects (`sql_infinity`).
+_INFINITE = (
+    (getattr(pgproto, "infinity_datetime", None), "infinity"),
+    (getattr(pgproto, "negative_infinity_datetime", None), "-infinity"),
+    (getattr(pgproto, "infinity_date", None), "infinity"),
+    (getattr(pgproto, "negative_infinity_date", None), "-infinity"),
+)
+
+
 class _ConfigError(Exception):
     pass
 
@@ -83,10 +106,42 @@ class _Statement(msgspec.Struct, frozen=True):
     many: bool = False
 
 
+class _Float(decimal.Decimal):
+    """A float parameter as the decimal of its shortest round-trip text (``0.1``, not the binary
+    expansion ``0.1000000000000000055511151231257827021181583404541015625`` asyncpg's numeric codec
+    writes for a float). Every codec that takes a float takes a Decimal alike (float4/float8 via
+    ``__float__``, the integer types, arrays of them); a ``json`` parameter gets the float back."""
+
+    original: float
+
+    def __new__(cls, value: float) -> _Float:
+        self = super().__new__(cls, repr(value))
+        self.original = value
+        return self
+
+
+def _bindable(value: Any) -> Any:
+    """`value` with its floats (also inside lists: arrays, ``many`` rows) as `_Float`; mappings are JSON
+    values and keep theirs."""
+    if isinstance(value, float):
+        return _Float(value)
+    if isinstance(value, (list, tuple)):
+        return [_bindable(v) for v in value]
+    return value
+
+
+def _unbound(value: Any) -> Any:
+    if isinstance(value, _Float):
+        return value.original
+    if isinstance(value, (list, tuple)):
+        return [_unbound(v) for v in value]
+    return value
+
+
 def _encode_json(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return msgspec.json.encode(json_safe(value)).decode()
+    return msgspec.json.encode(json_safe(_unbound(value))).decode()
 
 
 async def _init_connection(conn: Any) -> None:
@@ -105,7 +160,7 @@ def _params(raw: Any, many: bool) -> tuple[Any, ...]:
         raise _ConfigError(f"'params' must be a list (bound as $1, $2, ...), got {type(raw).__name__}")
     if many and not all(isinstance(row, (list, tuple)) for row in raw):
         raise _ConfigError("with 'many: true', 'params' must be a list of parameter lists")
-    return tuple(tuple(row) for row in raw) if many else tuple(raw)
+    return tuple(tuple(_bindable(row)) for row in raw) if many else tuple(_bindable(list(raw)))
 
 
 def _statements(config: Mapping[str, Any]) -> tuple[list[_Statement], bool]:
@@ -177,6 +232,8 @@ def _connect_args(cred: Mapping[str, Any], name: str) -> dict[str, Any]:
         raise _ConfigError(f"keychain entry '{name}' has kind '{kind}', not postgres_credential")
     if cred.get("dsn"):
         return {"dsn": str(cred["dsn"])}
+    if cred.get("value") and not cred.get("host"):  # a declaration's `env:` or text `file:`: a DSN
+        return {"dsn": str(cred["value"])}
     args = {dst: cred[src] for src, dst in _CONNECT_KEYS.items() if cred.get(src) is not None}
     database = cred.get("database") or cred.get("dbname")
     if database:
@@ -213,10 +270,24 @@ def _dsn_problem(exc: BaseException) -> str:
     return "it cannot be read" + _ENCODE_HINT
 
 
-async def _pool(ctx: ToolContext, connect: dict[str, Any], connect_timeout: float | None) -> Any:
-    size = ctx.spec.get("pool_size", DEFAULT_POOL_SIZE)
-    size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else DEFAULT_POOL_SIZE
-    fingerprint = hashlib.sha256(msgspec.json.encode(sorted(connect.items()))).hexdigest()[:24]
+def _pool_size(spec: Mapping[str, Any]) -> int:
+    """``spec.pool_size``: a positive whole number, or text holding one (``"2"``); default 10."""
+    raw = spec.get("pool_size")
+    if raw is None:
+        return DEFAULT_POOL_SIZE
+    value = raw.strip() if isinstance(raw, str) else raw
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _ConfigError(f"spec.pool_size must be a positive whole number, got {raw!r}")
+    return value
+
+
+async def _pool(ctx: ToolContext, connect: dict[str, Any], connect_timeout: float | None, size: int) -> Any:
+    # One pool per credential and size: a task asking for another size gets a pool of its own.
+    fingerprint = hashlib.sha256(msgspec.json.encode([sorted(connect.items()), size])).hexdigest()[:24]
 
     async def create() -> Any:
         kwargs: dict[str, Any] = dict(connect)
@@ -241,7 +312,7 @@ async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> Any:
         records = await conn.fetch(stmt.sql, *stmt.params, timeout=timeout)
         if records:  # asyncpg gives the column names with the rows only
             check_columns(list(records[0].keys()))
-        return [dict(r) for r in records]
+        return [{k: sql_infinity(v, _INFINITE) for k, v in r.items()} for r in records]
     if stmt.many:
         await conn.executemany(stmt.sql, stmt.params, timeout=timeout)
         return {"status": "EXECUTEMANY", "executed": len(stmt.params)}
@@ -269,8 +340,38 @@ async def _run_all(
         return [await _run_one(conn, s, timeout) for s in stmts]
 
 
-def _pg_error(exc: BaseException, code: str | None) -> Outcome:
-    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+def _without_values(message: str, exc: BaseException, values: frozenset[str]) -> str:
+    """`message` without the parameter value asyncpg quotes in it: "invalid input for query argument
+    $1 (<reason>)". The reason is the codec's exception (``exc.__cause__``), which may quote the whole
+    value too (``invalid UUID '...'``): the task's text parameters `values` are masked in it."""
+    match = _ARGUMENT_VALUE.search(message)
+    if match is None:
+        return message
+    cause = exc.__cause__
+    reason = str(cause) if cause is not None else ""
+    if not reason or not message.endswith(f" ({reason})"):
+        reason = "the value does not fit the parameter's type"
+    return f"{message[: match.start()]}{match.group(1)} ({redact(reason, values)})"
+
+
+def _text_values(stmts: Sequence[_Statement]) -> frozenset[str]:
+    """The text parameters of `stmts` (also inside lists: arrays, ``many`` rows)."""
+    out: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            out.add(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    for stmt in stmts:
+        walk(stmt.params)
+    return frozenset(out)
+
+
+def _pg_error(exc: BaseException, code: str | None, values: frozenset[str] = frozenset()) -> Outcome:
+    message = _without_values(getattr(exc, "message", None) or str(exc) or type(exc).__name__, exc, values)
     pg: dict[str, Any] = {"code": code, "sqlstate": code, "message": message}
     for attr, key in (
         ("detail", "detail"),
@@ -292,6 +393,7 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         stmts, as_list = _statements(config)
         transaction = _transaction(config.get("transaction"))
         connect_timeout, timeout = _timeouts(ctx.spec)
+        pool_size = _pool_size(ctx.spec)
         auth, dsn = config.get("auth"), config.get("dsn")
         if auth is not None and dsn is not None:
             raise _ConfigError("give 'auth' (a keychain entry) or 'dsn', not both")
@@ -321,7 +423,7 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     connected = False
     try:
         if ctx.services is not None:
-            pool = await _pool(ctx, connect, connect_timeout)
+            pool = await _pool(ctx, connect, connect_timeout, pool_size)
             async with pool.acquire(timeout=connect_timeout) as conn:
                 connected = True
                 results = await _run_all(conn, stmts, transaction, timeout)
@@ -334,13 +436,13 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             finally:
                 await conn.close()
     except asyncpg.PostgresError as exc:
-        outcome = _pg_error(exc, getattr(exc, "sqlstate", None))
+        outcome = _pg_error(exc, getattr(exc, "sqlstate", None), _text_values(stmts))
     except asyncpg.ClientConfigurationError as exc:  # a dsn asyncpg cannot read (not a URL, ...)
         outcome = _settings_error(exc, "dsn" in connect)
     except DuplicateColumnsError as exc:
         outcome = _pg_error(exc, None)
     except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
-        outcome = _pg_error(exc, None)
+        outcome = _pg_error(exc, None, _text_values(stmts))
     except (ValueError, OverflowError) as exc:
         # Connected: a value the statement's codecs refused (a string that is not JSON, bad UTF-8, ...).
         # Else settings refused before connecting: a malformed dsn (bad port, bad IPv6 host), a port

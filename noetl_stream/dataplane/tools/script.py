@@ -9,7 +9,8 @@ variables; values rendered to strings) and ``args`` (a mapping, given to the scr
 Templates never build the command line: the script's text goes to the interpreter as a file.
 
 The result: ``{exit_code, stdout, stderr, json}``: the last 64 KiB of each stream (UTF-8, undecodable
-bytes replaced), and ``json`` the whole stdout decoded as JSON when it is JSON (else None). A non-zero
+bytes replaced), and ``json`` the whole stdout decoded as JSON when it is JSON (else None; also None
+when stdout is longer than ``JSON_LIMIT``, 64 MiB, which is not read into memory). A non-zero
 exit code is ``script_error`` (not retryable; the result is still there). ``spec.timeout`` (seconds)
 bounds the run: the script and every process it started are killed (SIGKILL to its process group) and
 the task fails with ``timeout`` (retryable). A cancelled step kills them too.
@@ -48,6 +49,10 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 
 OUTPUT_LIMIT = 64 * 1024
 """Bytes of stdout and stderr kept (the last ones)."""
+
+JSON_LIMIT = 64 * 1024 * 1024
+"""Bytes of stdout at most decoded as ``json`` (the whole stdout is read for it; like http's
+``spec.max_body_bytes`` default)."""
 
 RUN_MARKER = "NOETL_SCRIPT_RUN"
 """The variable that marks every process of one run: its value is new for each run."""
@@ -113,6 +118,18 @@ def _tail_of(path: str) -> bytes:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - OUTPUT_LIMIT))
         return f.read()
+
+
+def _json_of(path: str) -> Any:
+    """The whole output file decoded as JSON; None when it is empty, not JSON or above `JSON_LIMIT`."""
+    if not 0 < os.path.getsize(path) <= JSON_LIMIT:
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return msgspec.json.decode(data) if data.strip() else None
+    except msgspec.DecodeError:
+        return None
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -254,11 +271,8 @@ async def run_script(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         _kill(proc)  # the script ended; what it started in the background is ours to stop
         await _sweep(marker)
         out, err = _tail_of(out_path), _tail_of(err_path)
+        parsed = _json_of(out_path)
     stdout, stderr = _tail(out), _tail(err)
-    try:
-        parsed = msgspec.json.decode(out) if out.strip() and len(out) < OUTPUT_LIMIT else None
-    except msgspec.DecodeError:
-        parsed = None
     result = {"exit_code": code_, "stdout": stdout, "stderr": stderr, "json": parsed}
     if code_ == 0:
         return Outcome.ok(result)

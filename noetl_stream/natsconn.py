@@ -18,6 +18,7 @@ import inspect
 import os
 import random
 import re
+import ssl
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
@@ -37,6 +38,8 @@ from nats.errors import (
     OutboundBufferLimitError,
 )
 
+from noetl_stream.errors import ConfigurationError
+
 __all__ = [
     "ContinuousPuller",
     "Handler",
@@ -45,6 +48,7 @@ __all__ = [
     "ack_soon",
     "check_writable",
     "connect",
+    "nats_tls_context",
     "num_delivered",
     "refusal",
     "require_client_internals",
@@ -270,6 +274,48 @@ def refusal(nc: NATS) -> str | None:
     return text.removeprefix("nats: ") if "permissions violation" in text.lower() else None
 
 
+# Per-identity connection settings from the environment (deploy/: each role has its own NATS user).
+CREDS_ENV = "NOETL_NATS_CREDS"
+"""A ``.creds`` file (user JWT and NKey seed) to authenticate with."""
+CA_ENV = "NOETL_NATS_CA"
+"""A PEM file of the CA certificate(s) that signed the NATS servers' certificates (a private CA)."""
+INBOX_PREFIX_ENV = "NOETL_NATS_INBOX_PREFIX"
+
+
+def _readable(variable: str, path: str) -> str:
+    try:
+        with open(path, "rb"):
+            return path
+    except OSError as exc:
+        raise ConfigurationError(f"{variable}={path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def nats_tls_context(ca_file: str) -> ssl.SSLContext:
+    """The TLS context of the NATS connection for servers signed by a private CA: it trusts the CA
+    certificates in `ca_file` (PEM) and nothing else, as ``nats --tlsca`` does, and verifies the server's
+    host name. Only the NATS connection uses it: every other TLS connection of the process (a worker's
+    ``http`` tasks, databases) keeps the system's CAs. (Setting ``SSL_CERT_FILE`` to the private CA
+    instead made Python's default context trust that CA alone, for every connection of the process.)"""
+    try:
+        return ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=_readable(CA_ENV, ca_file))
+    except ssl.SSLError as exc:
+        raise ConfigurationError(
+            f"{CA_ENV}={ca_file}: no PEM CA certificate in it ({exc.reason or exc})"
+        ) from None
+
+
+def _environment_options() -> dict[str, Any]:
+    """`connect` options from ``NOETL_NATS_CREDS``, ``NOETL_NATS_CA`` and ``NOETL_NATS_INBOX_PREFIX``."""
+    opts: dict[str, Any] = {}
+    if creds := os.environ.get(CREDS_ENV):
+        opts["user_credentials"] = _readable(CREDS_ENV, creds)
+    if ca_file := os.environ.get(CA_ENV):
+        opts["tls"] = nats_tls_context(ca_file)
+    if inbox_prefix := os.environ.get(INBOX_PREFIX_ENV):
+        opts["inbox_prefix"] = inbox_prefix.encode()
+    return opts
+
+
 def redact_urls(text: str) -> str:
     """`text` with the user, password or token of every ``scheme://user:pass@host`` URL replaced (an error
     message must not carry them)."""
@@ -288,6 +334,9 @@ async def connect(
     """Connect to one server or a cluster with reconnect-forever (jittered exponential backoff)
     and logging callbacks.
 
+    From the environment: ``NOETL_NATS_CREDS`` (a ``.creds`` file), ``NOETL_NATS_CA`` (the CA of
+    servers with certificates of a private CA, for this connection only: `nats_tls_context`) and
+    ``NOETL_NATS_INBOX_PREFIX``; a file that cannot be read raises `ConfigurationError`.
     `connect_wait_s` bounds the first connection (None waits forever, for components started
     before their server). Extra `options` go to ``nats.connect``.
     """
@@ -338,11 +387,9 @@ async def connect(
     }
     if "reconnect_to_server_handler" in inspect.signature(NATS.connect).parameters:
         opts["reconnect_to_server_handler"] = _pick_server
-    # Per-identity settings from the environment (deploy/: each role has its own NATS user).
-    if os.environ.get("NOETL_NATS_CREDS"):
-        opts["user_credentials"] = os.environ["NOETL_NATS_CREDS"]
-    if os.environ.get("NOETL_NATS_INBOX_PREFIX"):
-        opts["inbox_prefix"] = os.environ["NOETL_NATS_INBOX_PREFIX"].encode()
+    # Per-identity settings from the environment (deploy/: each role has its own NATS user); explicit
+    # `options` win.
+    opts.update(_environment_options())
     opts.update(options)
     # One URL, a comma-separated list (``nats://a:4222,nats://b:4222``, as NOETL_NATS_URL takes
     # them), or a sequence: the client connects to any of them and fails over to the others.

@@ -28,14 +28,16 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import NoKeysError, ObjectNotFoundError
-from procs import Processes, run_cli
+from procs import NOETL_STREAM, NoetlProcess, Processes, run_cli
 from ruamel.yaml import YAML
 
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.deadlines import DeadlineIndex
+from noetl_stream.kv.history import read_events
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.kv.provision import consumer_configs, provision, stream_configs
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Checkpoint
@@ -180,6 +182,11 @@ def test_generator_follows_topology_settings(tmp_path: Path) -> None:
         in (tmp_path / "provision.sh").read_text()
     )
     assert generate.main(["--out", str(tmp_path), "--check", "--replicas", "3", "--pool", "default"]) == 1
+    # Another prefix: the controller's task metrics subscribe to that installation's task events.
+    acme = Topology(prefix="acme")
+    subscribe = generate.permissions(acme)["controller"]["subscribe"]["allow"]
+    assert {acme.any_execution_filter(n) for n in ("task.started", "task.done")} <= set(subscribe)
+    assert not any(s.startswith("noetl.") for s in subscribe)
 
 
 async def test_objects_created_from_the_json_files_are_what_the_runtime_expects(
@@ -227,14 +234,14 @@ workflow:
     tool:
       - name: init
         kind: noop
-        spec: {{policy: {{rules: [{{else: {{then: {{do: continue, set_iter: {{page: 1}}}}}}}}]}}}}
+        spec: {{policy: {{rules: [{{else: {{then: {{do: continue, set_ctx: {{page: 1}}}}}}}}]}}}}
       - name: fetch
         kind: noop
         spec:
           policy:
             rules:
-              - when: "{{{{ iter.page < 3 }}}}"
-                then: {{do: jump, to: fetch, set_iter: {{page: "{{{{ iter.page + 1 }}}}"}}}}
+              - when: "{{{{ ctx.page < 3 }}}}"
+                then: {{do: jump, to: fetch, set_ctx: {{page: "{{{{ ctx.page + 1 }}}}"}}}}
               - else: {{then: {{do: continue}}}}
     next: {{arcs: [{{step: fan}}]}}
   - step: fan
@@ -274,19 +281,46 @@ workflow:
 """
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def task_metrics(url: str, token: str) -> dict[str, float]:
+    """``noetl_task_duration_seconds_count`` by task kind, from the controller's ``/metrics``."""
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        text = await resp.text()
+    counts = re.findall(r'^noetl_task_duration_seconds_count\{kind="([^"]+)"\} (\S+)$', text, flags=re.M)
+    return {kind: float(n) for kind, n in counts}
+
+
 async def test_controller_and_worker_run_an_execution_as_their_own_users(
-    server: Server, provisioned: Session, keychain_key: str, tmp_path: Path
+    server: Server, provisioned: Session, keychain_key: str, tmp_path: Path, eventually: Any
 ) -> None:
     (tmp_path / "parent.yaml").write_text(PARENT)
     (tmp_path / "child.yaml").write_text(CHILD)
     topology = Topology()
     before = len(server.violations())
+    token, port = "deploy-test-token", free_port()
     with (
         Processes(server.url("controller"), topology, tmp_path / "logs") as ctl,
         Processes(server.url("worker"), topology, tmp_path / "logs") as wrk,
     ):
         wrk.env["NOETL_KEYCHAIN_KEY"] = keychain_key
-        ctl.controller()
+        # As the chart runs it with controller.service.enabled: the REST API and /metrics on, whose task
+        # metrics subscribe to the workers' task events (core NATS) as the controller user.
+        ctl.env["NOETL_API_TOKENS"] = token
+        args = ["controller", "--grace", "5", "--controller-id", "controller", "--http", f"127.0.0.1:{port}"]
+        args += ["--nats", ctl.nats_url, "--prefix", topology.prefix]
+        ctl.all.append(NoetlProcess("controller", [str(NOETL_STREAM), *args], ctl.env, ctl.log_dir).start())
         wrk.worker("w1", concurrency=4)
         client_env = {**ctl.env, "NOETL_NATS_URL": server.url("client")}
         code, out, err = await run_cli(
@@ -310,7 +344,14 @@ async def test_controller_and_worker_run_an_execution_as_their_own_users(
         code, out, err = await run_cli(ctl.env, "prune", "--older-than", "0", "--json", timeout=30)
         assert code == 0, f"{out}{err}\n{server.violations()}"
         assert json.loads(out)["pruned"] == ["gone-e1/gone-s1/result"], out
+        # The controller saw the workers' task events: their durations are on /metrics.
+        url = f"http://127.0.0.1:{port}"
+        await eventually(lambda: _has_python_tasks(url, token), timeout=10)
         assert server.violations()[before:] == [], logs
+
+
+async def _has_python_tasks(url: str, token: str) -> bool:
+    return (await task_metrics(url, token)).get("python", 0.0) >= 5  # start, fan x 3, report
 
 
 async def test_worker_cannot_publish_commands_or_take_the_controllers_work(
@@ -338,6 +379,57 @@ async def test_worker_cannot_publish_commands_or_take_the_controllers_work(
     await provisioned.js.publish("noetl.events.e1.step.done", b"{}")
     assert (await worker.js.get_last_msg("NOETL_EVENTS", "noetl.events.e1.*.step.done")).data == b"{}"
     assert (await worker.js.consumer_info("NOETL_COMMANDS", "pool-default")).name == "pool-default"
+
+
+async def test_the_controller_reads_with_ephemeral_consumers_but_never_changes_its_own(
+    server: Server, provisioned: Session, session: Any
+) -> None:
+    """docs/deploy.md section 1: the controller creates (and deletes) only the ephemeral consumers it reads
+    histories with; its durable consumers are the admin's to create, change or delete."""
+    t = Topology()
+    controller = await session("controller")
+    await provisioned.js.publish(t.event_subject("ephemeral-e1", "step.done"), b"{}")
+    durables = {c.name for c in await provisioned.js.consumers_info(t.events_stream)}
+    assert [seq async for seq, _ in read_events(controller.js, t, "ephemeral-e1")] == []  # not an event
+    assert not controller.errors, controller.errors  # its ephemeral consumer came and went
+    assert {c.name for c in await provisioned.js.consumers_info(t.events_stream)} == durables
+
+    durable = t.controller_events_consumer(0)
+    with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+        await controller.js.delete_consumer(t.events_stream, durable)
+    await controller.violation(f"CONSUMER.DELETE.{t.events_stream}.{durable}")
+    config = (await provisioned.js.consumer_info(t.events_stream, durable)).config
+    config.ack_wait = 1.0
+    with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+        await controller.js.add_consumer(t.events_stream, config)
+    await controller.violation(f"CONSUMER.CREATE.{t.events_stream}.{durable}")
+    info = await provisioned.js.consumer_info(t.events_stream, durable)
+    assert info.config.ack_wait == t.lease_ttl_s
+
+
+async def test_a_worker_replaces_a_result_object_with_a_purge(
+    server: Server, provisioned: Session, session: Any
+) -> None:
+    """Why the worker may purge OBJ_noetl_results (docs/deploy.md section 1): nats-py's object store
+    removes the chunks of the object a put replaces (a redelivered command storing its result again)
+    with a purge of the stream."""
+    t = Topology()
+    worker = await session("worker")
+    results = ResultStore(worker.js, t)
+    store = await provisioned.js.object_store(t.results_store)
+    await results.put_encoded("replaced-e1/s1/result", b'"first"')
+    first = f"$O.{t.results_store}.C.{(await store.get_info('replaced-e1/s1/result')).nuid}"
+
+    async def stored() -> dict[str, int]:
+        info = await provisioned.js.stream_info(f"OBJ_{t.results_store}", subjects_filter="$O.>")
+        return info.state.subjects or {}
+
+    assert first in await stored()
+    await results.put_encoded("replaced-e1/s1/result", b'"second"')
+    assert await results.get_encoded("replaced-e1/s1/result") == b'"second"'
+    assert not worker.errors, worker.errors
+    assert first not in await stored()  # the replaced object's chunks were purged
+    await ResultStore(provisioned.js, t).delete("replaced-e1/s1/result")
 
 
 async def test_runtime_identities_forget_keys_without_purging_the_bucket_streams(

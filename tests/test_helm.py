@@ -251,8 +251,10 @@ def test_probes_security_context_and_writable_tmp(chart: helm.Chart) -> None:
     for deployment in m.of("Deployment").values():
         pod = deployment["spec"]["template"]["spec"]
         c = container(deployment)
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert c[probe]["exec"]["command"] == ["noetl-probe"], probe
+        for probe in ("startupProbe", "readinessProbe"):
+            assert c[probe]["exec"]["command"] == ["noetl-probe"], probe  # connected to NATS
+        # Alive unless NATS is reachable and the process has no connection (not during an outage).
+        assert c["livenessProbe"]["exec"]["command"] == ["noetl-probe", "--liveness"]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         sc = c["securityContext"]
@@ -399,7 +401,9 @@ def test_hpa_alternative_inline_secrets_and_optional_service(chart: helm.Chart) 
     assert int(hook_secret["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0  # before the Job
     c = container(m.get("Deployment", "noetl-noetl-stream-controller"))
     assert env(c)["NOETL_NATS_URL"]["value"].startswith("tls://$(NOETL_NATS_USER):")
-    assert env(c)["SSL_CERT_FILE"]["value"] == "/etc/noetl/nats-ca/ca.crt"
+    # The CA is the NATS connection's only: SSL_CERT_FILE would make it the only CA of every TLS connection.
+    assert env(c)["NOETL_NATS_CA"]["value"] == "/etc/noetl/nats-ca/ca.crt"
+    assert "SSL_CERT_FILE" not in env(c)
     assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert arg(c, "--http") == ["0.0.0.0:8080"]  # the REST API listens where the Service points
     assert env(c)["NOETL_API_TOKENS"]["valueFrom"]["secretKeyRef"] == {
@@ -637,7 +641,8 @@ def test_credentials_stay_off_command_lines_and_config_maps(chart: helm.Chart) -
         assert not any(p in text for p in passwords) and "$(NOETL_NATS_PASSWORD)" not in text, where
     assert not any(p in str(m.of("ConfigMap")) for p in passwords)
     # NOTES tell the user to put the client's URL in the environment, not in `--nats` (visible in ps).
-    assert "--nats nats://" not in m.notes and "export NOETL_NATS_URL=nats://client:" in m.notes
+    # (hpa-values.yaml's URL is tls://: the notes use it.)
+    assert "--nats tls://" not in m.notes and "export NOETL_NATS_URL=tls://client:" in m.notes
 
 
 def test_pools_whose_deployment_names_collide_after_truncation_fail_with_a_message(chart: helm.Chart) -> None:

@@ -98,8 +98,9 @@ def provision_script(files: Iterable[str]) -> str:
 
 
 def _any_execution(topology: Topology, event_name: str) -> str:
-    """``noetl.events.*.<event name>``: one event of every execution."""
-    return topology.event_subject("x", event_name).replace(".x.", ".*.", 1)
+    """``noetl.events.*.<event name>``: one event of every execution, as published (what a core
+    subscription such as the controller's task metrics names)."""
+    return topology.any_execution_filter(event_name)
 
 
 def _read_stream(stream: str) -> list[str]:
@@ -119,13 +120,22 @@ def _read_stream(stream: str) -> list[str]:
     ]
 
 
-def _not_theirs(stream: str, consumer: str) -> list[str]:
-    """Deny everything that would take over, change or remove another identity's durable consumer."""
+def _unchanged(stream: str, consumer: str) -> list[str]:
+    """Deny creating, changing (a create with another config) or deleting a durable consumer. Reading a
+    stream needs ``CONSUMER.CREATE.<stream>.*`` and ``CONSUMER.DELETE.<stream>.*`` for its ephemeral
+    consumers, which would also match the durable ones: these denies take precedence."""
     return [
         f"{API}.CONSUMER.CREATE.{stream}.{consumer}",
         f"{API}.CONSUMER.CREATE.{stream}.{consumer}.>",
         f"{API}.CONSUMER.DURABLE.CREATE.{stream}.{consumer}",
         f"{API}.CONSUMER.DELETE.{stream}.{consumer}",
+    ]
+
+
+def _not_theirs(stream: str, consumer: str) -> list[str]:
+    """Deny everything that would take over, change or remove another identity's durable consumer."""
+    return [
+        *_unchanged(stream, consumer),
         f"{API}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
@@ -175,9 +185,12 @@ def _provision_checks(t: Topology) -> list[str]:
 def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
     """The permissions of each user of the account (``admin`` has none: it may do anything).
 
-    Runtime identities never create or change JetStream objects: ``admin`` provisions (the Helm
-    hook Job or ``noetl-stream provision``); the controller and workers only check at start that
-    what they need exists with the expected settings (``STREAM.INFO``/``CONSUMER.INFO``).
+    Runtime identities never create, change or delete streams or durable consumers: ``admin``
+    provisions (the Helm hook Job or ``noetl-stream provision``); the controller and workers only check
+    at start that what they need exists (``STREAM.INFO``/``CONSUMER.INFO``). They create ephemeral
+    consumers to read, and the controller and workers may purge messages of the results object store's
+    stream: nats-py's object store removes the chunks of an object it replaces or deletes with a purge
+    (``STREAM.PURGE`` names the stream only, so it cannot be narrowed to some objects).
     """
     t = topology
     keychain = t.keychain_bucket
@@ -190,6 +203,15 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
         f"{API}.CONSUMER.CREATE.{_kv_stream(keychain)}.>",
     ]
     controller_consumers_denied = [d for s, c in _controller_consumers(t) for d in _not_theirs(s, c)]
+    # The controller pulls and acks its consumers but never creates, changes or deletes them (the admin
+    # provisions them): only its ephemeral consumers (reading histories) come and go. It may create
+    # consumers on the events stream only (the others it cannot create at all).
+    own_consumers_unchanged = [
+        d for s, c in _controller_consumers(t) if s == t.events_stream for d in _unchanged(s, c)
+    ]
+    # Core subscriptions of the controller: its task metrics (control/metrics.py, `Metrics.start`, with
+    # the REST API on) follow the workers' task events of every execution as they are published.
+    task_metrics = [_any_execution(t, name) for name in (E.TASK_STARTED, E.TASK_DONE)]
     service = [f"$SRV.{verb}" for verb in ("PING", "INFO", "STATS")] + [
         f"$SRV.*.{t.service_name}",
         f"$SRV.*.{t.service_name}.*",
@@ -243,8 +265,19 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
     no_commands = [f"{t.prefix}.cmd.>"]
     return {
         "controller": {
-            "publish": {"allow": _unique(controller_pub), "deny": [f"$KV.{keychain}.>"]},
-            "subscribe": {"allow": ["_INBOX.>", f"{t.api_prefix}.>", f"{t.prefix}.controllers.>", *service]},
+            "publish": {
+                "allow": _unique(controller_pub),
+                "deny": _unique([f"$KV.{keychain}.>", *own_consumers_unchanged]),
+            },
+            "subscribe": {
+                "allow": [
+                    "_INBOX.>",
+                    f"{t.api_prefix}.>",
+                    f"{t.prefix}.controllers.>",
+                    *task_metrics,
+                    *service,
+                ]
+            },
             "allow_responses": True,
         },
         "worker": {

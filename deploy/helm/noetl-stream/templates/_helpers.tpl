@@ -124,14 +124,28 @@ NOETL_LEASE_TTL_S: {{ include "noetl-stream.number" .Values.jetstream.leaseTtlSe
 {{- end }}
 
 {{/*
+nats.url (one URL or several comma-separated) with `userinfo` in every URL:
+(dict "url" "nats://a:4222,nats://b:4222" "userinfo" "user:password")
+*/}}
+{{- define "noetl-stream.natsUrls" -}}
+{{- $out := list }}
+{{- range splitList "," .url }}
+{{- $u := urlParse (trim .) }}
+{{- $out = append $out (printf "%s://%s@%s" $u.scheme $.userinfo $u.host) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}
+
+{{/*
 NATS connection env of one identity: (dict "root" $ "role" "controller" "secret" "<name>")
-NOETL_NATS_URL is assembled by the kubelet from the two variables before it ($(VAR) expansion).
+NOETL_NATS_URL is assembled by the kubelet from the two variables before it ($(VAR) expansion), with the
+credentials in each URL of a comma-separated list.
 */}}
 {{- define "noetl-stream.natsEnv" -}}
 {{- $root := .root }}
-{{- $auth := $root.Values.nats.auth }}
+{{- $nats := $root.Values.nats }}
+{{- $auth := $nats.auth }}
 {{- if $auth.enabled }}
-{{- $u := urlParse $root.Values.nats.url }}
 - name: NOETL_NATS_USER
   value: {{ (get $auth .role).user | quote }}
 - name: NOETL_NATS_PASSWORD
@@ -140,22 +154,114 @@ NOETL_NATS_URL is assembled by the kubelet from the two variables before it ($(V
       name: {{ .secret }}
       key: {{ .role }}
 - name: NOETL_NATS_URL
-  value: {{ printf "%s://$(NOETL_NATS_USER):$(NOETL_NATS_PASSWORD)@%s" $u.scheme $u.host | quote }}
+  value: {{ include "noetl-stream.natsUrls" (dict "url" $nats.url "userinfo" "$(NOETL_NATS_USER):$(NOETL_NATS_PASSWORD)") | quote }}
 {{- else }}
 - name: NOETL_NATS_URL
-  value: {{ $root.Values.nats.url | quote }}
+  value: {{ $nats.url | quote }}
+{{- end }}
+{{- if $nats.credsSecret }}
+- name: NOETL_NATS_CREDS
+  value: /etc/noetl/nats-creds/{{ .role }}.creds
+{{- end }}
+{{- if $nats.tls.caSecret }}
+# The CA of the NATS servers, for the NATS connection only (the process's other TLS connections keep
+# the system's CAs).
+- name: NOETL_NATS_CA
+  value: /etc/noetl/nats-ca/{{ $nats.tls.caKey }}
 {{- end }}
 # The root filesystem is read-only: libraries that keep files under $HOME use the /tmp emptyDir.
 - name: HOME
   value: /tmp
-{{- if $root.Values.nats.tls.caSecret }}
-- name: SSL_CERT_FILE
-  value: /etc/noetl/nats-ca/{{ $root.Values.nats.tls.caKey }}
 {{- end }}
+
+{{/* The chart's own env of each container (extraEnv follows it: "noetl-stream.env"). */}}
+{{- define "noetl-stream.controllerEnv" -}}
+{{ include "noetl-stream.natsEnv" (dict "root" . "role" "controller" "secret" (include "noetl-stream.natsSecretName" .)) }}
+# Its id in the partition leases: unique among live controllers, the same after a container restart in
+# the same pod (which then takes its partitions back at once).
+- name: NOETL_CONTROLLER_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- with .Values.controller.api.tokensSecret }}
+- name: NOETL_API_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.controller.api.tokensKey }}
+{{- end }}
+{{- end }}
+
+{{- define "noetl-stream.workerEnv" -}}
+{{ include "noetl-stream.natsEnv" (dict "root" . "role" "worker" "secret" (include "noetl-stream.natsSecretName" .)) }}
+{{- if include "noetl-stream.keychainEnabled" . }}
+- name: NOETL_KEYCHAIN_KEY_FILE
+  value: /etc/noetl/keychain/key
+{{- end }}
+{{- end }}
+
+{{/* The provisioning Job gets the settings as env (a hook runs before the ConfigMap exists). */}}
+{{- define "noetl-stream.provisionEnv" -}}
+{{- range $k, $v := include "noetl-stream.settings" .root | fromYaml }}
+- name: {{ $k }}
+  value: {{ $v | quote }}
+{{- end }}
+{{ include "noetl-stream.natsEnv" (dict "root" .root "role" "admin" "secret" .secret) }}
+{{- end }}
+
+{{/*
+Where an env name the chart sets comes from, for the message refusing it in extraEnv.
+*/}}
+{{- define "noetl-stream.envSources" -}}
+NOETL_NATS_URL: nats.url and nats.auth
+NOETL_NATS_USER: nats.auth
+NOETL_NATS_PASSWORD: nats.auth
+NOETL_NATS_CREDS: nats.credsSecret
+NOETL_NATS_CA: nats.tls.caSecret
+HOME: the chart (/tmp, the writable emptyDir)
+NOETL_CONTROLLER_ID: the chart (the pod name)
+NOETL_API_TOKENS: controller.api.tokensSecret
+NOETL_KEYCHAIN_KEY_FILE: keychain.existingSecret or keychain.key
+{{- range $k, $_ := include "noetl-stream.settings" . | fromYaml }}
+{{ $k }}: prefix and jetstream.*
+{{- end }}
+{{- end }}
+
+{{/*
+A container's env: the chart's own variables (`env`, YAML text) followed by extraEnv. Fails when extraEnv
+names a variable the chart sets in this container (in `env`, or in the ConfigMap the container reads
+with `envFrom` when `envFrom` is true), or one name twice: Kubernetes would keep one of them silently.
+(dict "root" $ "container" "controller" "env" "<YAML list>" "envFrom" true)
+*/}}
+{{- define "noetl-stream.env" -}}
+{{- $root := .root }}
+{{- $own := .env | fromYamlArray }}
+{{- $set := dict }}
+{{- range $own }}{{ $_ := set $set .name true }}{{ end }}
+{{- if .envFrom }}
+{{- range $k, $_ := include "noetl-stream.settings" $root | fromYaml }}{{ $_ := set $set $k true }}{{ end }}
+{{- end }}
+{{- $sources := include "noetl-stream.envSources" $root | fromYaml }}
+{{- $extra := dict }}
+{{- range $root.Values.extraEnv }}
+{{- $name := .name | default "" }}
+{{- if hasKey $set $name }}
+{{- fail (printf "extraEnv sets %s, which the chart sets itself in the %s container (from %s): remove it from extraEnv and use that value" $name $.container (get $sources $name | default "the chart's values")) }}
+{{- end }}
+{{- if hasKey $extra $name }}
+{{- fail (printf "extraEnv lists %s twice" $name) }}
+{{- end }}
+{{- $_ := set $extra $name true }}
+{{- end }}
+{{- toYaml (concat $own $root.Values.extraEnv) }}
 {{- end }}
 
 {{/* Pod pieces -------------------------------------------------------------------------------- */}}
 
+{{/*
+Startup and readiness: connected to NATS. Liveness: connected, or NATS unreachable from the pod (an
+outage is not this process's fault: restarting would only kill its running tasks).
+*/}}
 {{- define "noetl-stream.probes" -}}
 {{- $p := .Values.probes }}
 startupProbe:
@@ -168,28 +274,46 @@ readinessProbe:
   {{- toYaml $p.readiness | nindent 2 }}
 livenessProbe:
   exec:
-    command: [noetl-probe]
+    command: [noetl-probe, --liveness]
   {{- toYaml $p.liveness | nindent 2 }}
 {{- end }}
 
+{{/* Volumes of one identity's pod: (dict "root" $ "role" "controller") */}}
 {{- define "noetl-stream.volumeMounts" -}}
+{{- $nats := .root.Values.nats }}
 - name: tmp
   mountPath: /tmp
-{{- if .Values.nats.tls.caSecret }}
+{{- if $nats.tls.caSecret }}
 - name: nats-ca
   mountPath: /etc/noetl/nats-ca
+  readOnly: true
+{{- end }}
+{{- if $nats.credsSecret }}
+- name: nats-creds
+  mountPath: /etc/noetl/nats-creds
   readOnly: true
 {{- end }}
 {{- end }}
 
 {{- define "noetl-stream.volumes" -}}
+{{- $nats := .root.Values.nats }}
 - name: tmp
   emptyDir:
-    sizeLimit: {{ .Values.tmp.sizeLimit }}
-{{- if .Values.nats.tls.caSecret }}
+    sizeLimit: {{ .root.Values.tmp.sizeLimit }}
+{{- if $nats.tls.caSecret }}
 - name: nats-ca
   secret:
-    secretName: {{ .Values.nats.tls.caSecret }}
+    secretName: {{ $nats.tls.caSecret }}
+{{- end }}
+{{- if $nats.credsSecret }}
+# Only this identity's .creds file (a worker pod never holds the controller's or the admin's).
+- name: nats-creds
+  secret:
+    secretName: {{ $nats.credsSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .role }}
+        path: {{ .role }}.creds
 {{- end }}
 {{- end }}
 

@@ -51,8 +51,11 @@ async def resolve_keychain(
                     raise KeyError(decl.name)
                 fields = dict(await services.credentials(decl.name))
         except KeyError:
-            where = f"environment variable {cfg['env']}" if "env" in cfg else "the keychain store"
-            raise CredentialError(f"keychain entry '{decl.name}' is not available ({where})") from None
+            if "env" in cfg:
+                message = f"keychain entry '{decl.name}' is not available (environment variable {cfg['env']})"
+            else:  # the same words as a tool's `auth:` lookup of the store
+                message = f"no keychain entry '{decl.name}' in the keychain store"
+            raise CredentialError(message) from None
         except OSError as exc:
             raise CredentialError(
                 f"keychain entry '{decl.name}': cannot read {cfg['file']}: {exc.strerror}"

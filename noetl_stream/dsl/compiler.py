@@ -13,10 +13,16 @@ import msgspec
 
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.canonical import LEGACY, declared_extensions, expand
-from noetl_stream.dsl.checks import check_cycles, check_graph, check_names, check_templates
+from noetl_stream.dsl.checks import (
+    check_cycles,
+    check_graph,
+    check_names,
+    check_templates,
+)
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
 from noetl_stream.dsl.model import Executor, KeychainEntry, Metadata, Playbook, Step, Task
 from noetl_stream.dsl.source import SourceMap, load_yaml
+from noetl_stream.dsl.speckeys import check_spec_keys, warn_unknown
 from noetl_stream.dsl.steps import parse_step
 from noetl_stream.dsl.tasks import parse_task
 from noetl_stream.dsl.templates import has_template
@@ -164,6 +170,7 @@ class Compiler:
         check_cycles(self, playbook, data)
         check_names(self, playbook, data)
         check_templates(self, playbook, data)
+        check_spec_keys(self, playbook, data)
         return playbook
 
     def _metadata(self, raw: Any, present: bool) -> Metadata | None:
@@ -280,11 +287,13 @@ class Compiler:
                             at_key=True,
                         )
                     elif k not in V.EXECUTOR_POLICY_KEYS:
-                        self.warn(
+                        warn_unknown(
+                            self,
+                            k,
                             ("executor", "spec", "policy", k),
-                            f"executor: unknown policy key '{k}' "
-                            f"(known: {', '.join(V.EXECUTOR_POLICY_KEYS)})",
-                            at_key=True,
+                            "executor",
+                            "executor.spec.policy",
+                            V.EXECUTOR_POLICY_KEYS,
                         )
                 limits = policy.get("limits")
                 size = limits.get("max_payload_bytes") if isinstance(limits, dict) else None

@@ -8,6 +8,7 @@ from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.model import Arc, Next
 from noetl_stream.dsl.rules import check_when
+from noetl_stream.dsl.speckeys import check_keys
 
 if TYPE_CHECKING:
     from noetl_stream.dsl.compiler import Compiler
@@ -65,6 +66,7 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
                         code="control-at-step",
                     )
                     ok = False
+            check_keys(c, policy, (*path, "spec", "policy"), who, "next.spec.policy", V.CONTROL_KEYS)
     arcs_raw = raw.get("arcs")
     if not arcs_raw:
         c.error(

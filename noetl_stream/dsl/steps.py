@@ -9,6 +9,7 @@ from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.model import Loop, LoopSpec, Step, Task
 from noetl_stream.dsl.router import parse_next
 from noetl_stream.dsl.rules import parse_admit
+from noetl_stream.dsl.speckeys import warn_unknown
 from noetl_stream.dsl.tasks import parse_pipeline
 
 if TYPE_CHECKING:
@@ -285,11 +286,7 @@ def _loop_spec(c: Compiler, spec: dict[str, Any], path: Path, who: str) -> LoopS
             )
             ok = False
         elif k not in V.LOOP_POLICY_KEYS:
-            c.warn(
-                (*path, "policy", k),
-                f"{who}: unknown loop policy key '{k}'{V.key_hint(str(k), V.LOOP_POLICY_KEYS)}",
-                at_key=True,
-            )
+            warn_unknown(c, k, (*path, "policy", k), who, "loop.spec.policy", V.LOOP_POLICY_KEYS)
     values: dict[str, tuple[Path, Any]] = {}
     for key in ("mode", "max_in_flight"):
         if key in spec and key in policy and spec[key] != policy[key]:

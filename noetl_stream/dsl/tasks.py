@@ -10,6 +10,7 @@ from noetl_stream.dsl.kinds import COMMON_TASK_KEYS, kind_info, known_kinds
 from noetl_stream.dsl.labels import is_label_as_key, label_as_key_warning
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.rules import parse_task_policy
+from noetl_stream.dsl.speckeys import check_task_spec
 
 if TYPE_CHECKING:
     from noetl_stream.dsl.compiler import Compiler
@@ -281,6 +282,7 @@ def parse_task(
     if not isinstance(spec, dict):
         c.error((*path, "spec"), f"{twho}: 'spec' must be a mapping")
         return None
+    check_task_spec(c, spec, (*path, "spec"), twho, kind)
     if "policy" in spec:
         policy = parse_task_policy(c, spec["policy"], (*path, "spec", "policy"), twho, labels)
         ok = ok and policy is not None

@@ -62,6 +62,38 @@ RULE_KEYS: Final = ("when", "then", "else")
 THEN_KEYS: Final = ("do", "attempts", "backoff", "delay", "to", "set_iter", "set_ctx")
 ADMIT_THEN_KEYS: Final = ("allow",)
 EXECUTOR_POLICY_KEYS: Final = ("defaults", "results", "limits", "placement")
+NEXT_POLICY_KEYS: Final = ("priority", "dedupe", "partitioning")
+"""next.spec.policy: placeholders only (003 §5.5, 001 §13.1); nothing reads them yet."""
+
+# The keys of each ``spec`` (003 §3, 001 §8.1/§10/§13.1): what the code reads there. A key outside them
+# is ignored, so the validator warns (``unknown-spec-key``); spec is the extension point, never an error.
+# ``tests/test_dsl_spec_keys.py`` scans the package for the spec keys it reads and finds each one here.
+TOOL_SPEC_KEYS: Final = {
+    "http": ("timeout", "max_body_bytes"),  # dataplane/tools/http.py; kinds.py default timeout
+    "postgres": ("timeout", "pool_size"),  # dataplane/tools/postgres.py; kinds.py default timeout
+    "python": ("timeout",),  # dataplane/tools/python.py
+    "script": ("timeout",),  # dataplane/tools/script.py
+    "playbook": ("child_timeout_s",),  # dataplane/tools/playbook.py
+    "duckdb": (),
+    "noop": (),
+    "secrets": (),
+}
+"""The knobs each built-in tool reads from its task's effective spec (003 §3.1 layering). A
+``workbook`` task runs a template of any kind; kinds not listed here (plugins) read what they like."""
+TOOL_KNOBS: Final = tuple(sorted({k for keys in TOOL_SPEC_KEYS.values() for k in keys}))
+TASK_SPEC_KEYS: Final = ("policy", "timeout_s")
+"""Every task's: its outcome policy (003 §5.4) and the bound of one run (``dataplane/pipeline.py``)."""
+EXECUTOR_SPEC_KEYS: Final = ("policy", "extensions", "pool", "deadline_s", "max_task_runs")
+"""The executor's own (``compiler.py``, ``control/plan.py``, ``control/reducer.py``,
+``dataplane/pipeline.py``, ``kv/results.py``); its tool knobs layer into every task."""
+STEP_SPEC_KEYS: Final = ("policy", "pool")
+"""The step's own (``steps.py``, ``control/transitions.py``); its tool knobs layer into its tasks."""
+LOOP_SPEC_KEYS: Final = LOOP_SPEC_TYPED
+"""The loop's own (``steps.py``); its other keys (``Loop.raw_spec``) layer into the step's tasks."""
+LAYERED_SPEC_KEYS: Final = (*TASK_SPEC_KEYS[1:], *TOOL_KNOBS)
+"""Knobs the outer specs (executor, step, loop) hand down to the tasks they hold."""
+SPEC_REJECTED: Final = ("next_mode",)
+"""Spec keys read only to be rejected (``step.spec.next_mode``, 001 §16)."""
 
 DO_VALUES: Final = ("continue", "retry", "jump", "break", "fail")
 BACKOFF_VALUES: Final = ("none", "linear", "exponential")
@@ -163,9 +195,8 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
-def key_hint(word: str, allowed: Iterable[str], deprecated: Mapping[str, str] | None = None) -> str:
-    """What to say after "unknown key 'x'": a close allowed key, a close deprecated one, or the list."""
-    allowed = tuple(allowed)
+def close_key(word: str, allowed: Iterable[str], deprecated: Mapping[str, str] | None = None) -> str:
+    """A close allowed key (``"; did you mean 'x'?"``), else a close deprecated one, else ``""``."""
     close = suggest(word, allowed)
     if close:
         return close
@@ -173,7 +204,13 @@ def key_hint(word: str, allowed: Iterable[str], deprecated: Mapping[str, str] | 
         match = difflib.get_close_matches(word, list(deprecated), n=1, cutoff=0.6)
         if match:
             return f"; '{match[0]}' {NOT_V10} either: {deprecated[match[0]]}"
-    return f" (allowed: {', '.join(sorted(allowed))})"
+    return ""
+
+
+def key_hint(word: str, allowed: Iterable[str], deprecated: Mapping[str, str] | None = None) -> str:
+    """What to say after "unknown key 'x'": a close allowed key, a close deprecated one, or the list."""
+    allowed = tuple(allowed)
+    return close_key(word, allowed, deprecated) or f" (allowed: {', '.join(sorted(allowed))})"
 
 
 def type_name(value: object) -> str:

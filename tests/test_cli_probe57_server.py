@@ -184,22 +184,6 @@ KNOWN_KINDS = (
             ["--kind", "bearer", "--field", "notoken=b"],
             "error: keychain entry 'e' (kind bearer) has no 'token' (its fields: notoken)",
         ),
-        (
-            ["--kind", "http_basic", "--field", "password=p-123456"],
-            "error: keychain entry 'e' (kind http_basic) has no 'username' (its fields: password)",
-        ),
-        (
-            ["--kind", "api_key", "--field", "header=X-Key"],
-            "error: keychain entry 'e' (kind api_key) has no 'value' (its fields: header)",
-        ),
-        (
-            ["--kind", "postgres_credential", "--field", "user=u", "--field", "password=p-123456"],
-            "error: keychain entry 'e' needs 'host' (or a 'dsn') (its fields: password, user)",
-        ),
-        (
-            ["--kind", "postgres_credential", "--field", "host=db", "--field", "port=fivefourthreetwo"],
-            "error: keychain entry 'e': port must be a number (its fields: host, port)",
-        ),
     ],
 )
 async def test_a_keychain_entry_no_tool_could_use_is_refused_and_not_stored(

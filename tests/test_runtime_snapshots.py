@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 from eventlog import replay_differences
@@ -72,6 +73,20 @@ TWO_STEPS = playbook(
 )
 
 
+async def final_snapshot(kv: Any, execution_id: str) -> dict[str, Any]:
+    """The execution's final snapshot, once written: it follows ``playbook.processed`` (a short execution
+    has none before it)."""
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                state: dict[str, Any] = msgspec.json.decode((await kv.get(execution_id)).value or b"{}")
+            except KeyNotFoundError:
+                state = {"status": "running"}
+            if state["status"] != "running":
+                return state
+            await asyncio.sleep(0.02)
+
+
 async def test_a_late_event_of_a_finished_execution_leaves_its_final_snapshot_whole(
     runtime: Runtime, js: JetStreamContext, topology: Topology
 ) -> None:
@@ -82,9 +97,7 @@ async def test_a_late_event_of_a_finished_execution_leaves_its_final_snapshot_wh
     kv = await js.key_value(topology.executions_bucket)
     runtime.controller.cache.size = 1  # each finished execution is evicted by the next one
     first = (await runtime.run_playbook(TWO_STEPS, "two.yaml", timeout=30)).execution_id
-    async with asyncio.timeout(10):
-        while (final := msgspec.json.decode((await kv.get(first)).value or b"{}"))["status"] == "running":
-            await asyncio.sleep(0.02)
+    final = await final_snapshot(kv, first)
     assert final["results"] == {"start": "first", "second": "first and second"}
     stored = (await kv.get(first)).revision
     await runtime.run_playbook(TWO_STEPS, "two.yaml", timeout=30)

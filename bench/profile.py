@@ -91,7 +91,7 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("worker: tool pipeline", ("run_pipeline",)),
     ("worker: events, timers, bookkeeping", ("noetl_stream/dataplane/worker.py",)),
-    ("consumer (ContinuousPuller)", ("noetl_stream/natsconn.py",)),
+    ("consumer (ContinuousPuller)", ("noetl_stream/puller.py",)),
 )
 """Where a sample goes: the first bucket (in this order) one of whose markers is in the innermost frame
 that has any marker; samples with none go to their leaf's area (mostly the event loop itself)."""

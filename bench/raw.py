@@ -29,7 +29,8 @@ from nats.js import JetStreamContext, api
 
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
-from noetl_stream.natsconn import ContinuousPuller, connect
+from noetl_stream.natsconn import connect
+from noetl_stream.puller import ContinuousPuller
 
 __all__ = ["envelope_bytes", "raw_concurrent_steps_per_s", "raw_seq_steps_per_s"]
 

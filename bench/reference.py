@@ -1,7 +1,7 @@
 """The reference raw figure: ``../shared/perf/js_limits.py``'s own 100-concurrent-chains step round trip.
 
 `bench.raw` measures the raw round trip with the method of ``js_limits.py`` but on this project's
-consumer (`natsconn.ContinuousPuller`: messages handed to a plain function as nats-py parses them, no
+consumer (`puller.ContinuousPuller`: messages handed to a plain function as nats-py parses them, no
 subscription queue), which makes it faster than ``js_limits.py``'s own "raw" mode (docs/performance.md
 has both, from the same runs). ``make bench`` reports the runtime against both: `bench.raw` (the stricter) and, here, the
 figure ``js_limits.py`` itself measures in the same run (``step_c100_raw_msgspec``: 100 chains of 60

@@ -6,13 +6,13 @@ per flush. nats-py's ``publish_async`` costs, per call, a random token (``secret
 check per header and, per ack, ``json.loads`` into a dataclass (docs/performance.md, candidate 3).
 `Publisher` does the same protocol work with less: the ``HPUB`` line and its one header are built as
 bytes, reply tokens come from a counter, acks are decoded with msgspec as the read loop parses them
-(`natsconn.subscribe_inline`: no queue and task switch per ack). It also settles what
+(`natsio.subscribe_inline`: no queue and task switch per ack). It also settles what
 ``publish_async`` leaves hanging: an API error in the ack (``{"error": {...}}``) fails its future
 instead of being raised inside nats-py's callback, and a disconnect fails every ack still awaited
 (the acks of a lost connection never come; the outbox publishes again, same ids, which the server
 drops as duplicates).
 
-It writes to the connection's outgoing buffer as ``Client.publish`` does (`natsconn.write`, after the
+It writes to the connection's outgoing buffer as ``Client.publish`` does (`natsio.write`, after the
 same checks), so ordering with the connection's other publishes, buffering while reconnecting and the
 flusher are nats-py's own.
 
@@ -50,13 +50,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from noetl_stream.natsconn import (
-    check_writable,
-    require_client_internals,
-    subscribe_inline,
-    write,
-    write_soon,
-)
+from noetl_stream.natsio import check_writable, require_client_internals, subscribe_inline, write, write_soon
 
 __all__ = [
     "DUPLICATE_IN_PROCESS",

@@ -16,11 +16,11 @@ from nats.js.api import ConsumerConfig
 
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.jspublish import publisher
-from noetl_stream.natsconn import (
+from noetl_stream.natsconn import connect
+from noetl_stream.natsio import (
     UnsupportedClientError,
     ack,
     ack_soon,
-    connect,
     num_delivered,
     num_pending,
     require_client_internals,
@@ -127,7 +127,7 @@ async def test_ack_settles_a_delivery_like_msg_ack(
 async def test_ack_soon_settles_a_pulled_delivery_once_without_awaiting(
     nc: NATS, js: JetStreamContext, stream: str, eventually: Callable[..., Awaitable[None]]
 ) -> None:
-    """`natsconn.ack_soon` acks synchronously (the ack joins the outgoing buffer): the consumer has
+    """`natsio.ack_soon` acks synchronously (the ack joins the outgoing buffer): the consumer has
     nothing pending and redelivers nothing after its 1 s ack wait; a second ack raises."""
     await js.publish(f"{stream}.k", b"k")
     sub = await js.pull_subscribe(

@@ -14,7 +14,8 @@ from nats.js import JetStreamContext, api
 
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import ContinuousPuller, Handler, connect
+from noetl_stream.natsconn import connect
+from noetl_stream.puller import ContinuousPuller, Handler
 from noetl_stream.subjects import Topology
 
 POOL = "default"

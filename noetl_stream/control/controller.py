@@ -38,8 +38,9 @@ from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.logs import bound
-from noetl_stream.natsconn import ContinuousPuller, ack_soon, num_delivered, stream_seq
+from noetl_stream.natsio import ack_soon, num_delivered, stream_seq
 from noetl_stream.outbox import Outbox
+from noetl_stream.puller import ContinuousPuller
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, decode_event, encode
 

@@ -54,9 +54,10 @@ from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
-from noetl_stream.natsconn import ContinuousPuller, ack, stream_seq
+from noetl_stream.natsio import ack, stream_seq
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
 from noetl_stream.outbox import AlreadyStored, Outbox
+from noetl_stream.puller import ContinuousPuller
 from noetl_stream.subjects import MAX_NEW_ID_LENGTH, SubjectError, Topology, check_new_id, check_token
 from noetl_stream.wire import (
     Event,

@@ -18,8 +18,8 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
-from noetl_stream.natsconn import ContinuousPuller
 from noetl_stream.outbox import Outbox
+from noetl_stream.puller import ContinuousPuller
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event, decode_command, decode_json, event_id, now_iso
 

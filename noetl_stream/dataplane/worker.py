@@ -32,8 +32,9 @@ from noetl_stream.dataplane.loops import HandedBack
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
-from noetl_stream.natsconn import ContinuousPuller, ack_soon, num_delivered
+from noetl_stream.natsio import ack_soon, num_delivered
 from noetl_stream.outbox import Outbox
+from noetl_stream.puller import ContinuousPuller
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, decode_command, decode_event, iso_at
 

@@ -14,7 +14,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from noetl_stream.errors import NoetlError
-from noetl_stream.natsconn import num_pending
+from noetl_stream.natsio import num_pending
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, decode_event
 

@@ -1,0 +1,218 @@
+"""Fast paths around nats-py: protocol bytes written into its outgoing buffer, acks without a
+coroutine, messages handed to a plain function as they are parsed, and a delivery's fields read from its
+reply subject alone. They use nats-py internals, checked once per connection (`require_client_internals`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.client import __version__ as NATS_PY_VERSION
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    MsgAlreadyAckdError,
+    NotJSMessageError,
+    OutboundBufferLimitError,
+)
+
+__all__ = [
+    "NATS_PY_TESTED",
+    "UnsupportedClientError",
+    "ack",
+    "ack_soon",
+    "check_writable",
+    "num_delivered",
+    "num_pending",
+    "require_client_internals",
+    "stream_seq",
+    "subscribe_inline",
+    "write",
+    "write_soon",
+]
+
+log = structlog.get_logger(__name__)
+
+_CONNECTED = NATS.CONNECTED
+
+
+# --- the nats-py internals this module and jspublish.py use ----------------------------------------
+# The hot path writes protocol bytes into nats-py's outgoing buffer, acks without a coroutine and gets
+# messages through a subscription's future (`write`, `write_soon`, `ack_soon`, `subscribe_inline`,
+# `jspublish.Publisher`). These names are private to nats-py: pyproject.toml pins the minor version
+# they were written against, and every connection is checked once for these names, so a different
+# nats-py missing one fails at start instead of misbehaving under load. What names cannot show (that a
+# subscription's future is handed each message, that writes join the flusher's buffer) is pinned by
+# tests/test_natsconn.py and tests/test_jspublish.py, which a nats-py upgrade has to pass.
+NATS_PY_TESTED = "2.16"
+_CLIENT_ATTRS = (
+    "_status",
+    "_pending",
+    "_pending_data_size",
+    "_max_pending_size",
+    "_flush_queue",
+    "_flusher_task",
+    "_transport",
+    "_max_payload",
+    "_disconnected_cb",
+    "_send_command",
+    "_flush_pending",
+)
+_MSG_ATTRS = ("_ackd", "_client")
+_checked: weakref.WeakSet[NATS] = weakref.WeakSet()
+
+
+class UnsupportedClientError(RuntimeError):
+    """The installed nats-py lacks internals the runtime's hot path uses."""
+
+
+def require_client_internals(nc: NATS) -> None:
+    """Raise `UnsupportedClientError` naming what is missing if `nc` (a nats-py client) lacks the
+    private attributes the hot path uses; checked once per connection."""
+    if nc in _checked:
+        return
+    missing = [f"Client.{a}" for a in _CLIENT_ATTRS if not hasattr(nc, a)]
+    probe = Msg(nc)
+    missing += [f"Msg.{a}" for a in _MSG_ATTRS if not hasattr(probe, a)]
+    if getattr(nc.jetstream(), "_nc", None) is not nc:  # the outbox reaches the connection through it
+        missing.append("JetStreamContext._nc")
+    if missing:
+        raise UnsupportedClientError(
+            f"nats-py {NATS_PY_VERSION} lacks {', '.join(missing)}, which noetl-stream "
+            f"uses on its hot path; install nats-py {NATS_PY_TESTED}.x (pyproject.toml pins it)"
+        )
+    _checked.add(nc)
+
+
+class _Inline(asyncio.Future[Msg]):
+    """A "future" that never completes: each ``set_result(msg)`` calls `callback` instead."""
+
+    def __init__(self, callback: Callable[[Msg], None], subject: str) -> None:
+        super().__init__()
+        self._callback, self._subject = callback, subject
+
+    def set_result(self, result: Msg, /) -> None:
+        try:
+            self._callback(result)
+        except Exception:  # raised into nats-py's read loop, it would end the connection's reading
+            log.exception("nats.inline_callback_failed", subject=self._subject)
+
+
+async def subscribe_inline(nc: NATS, subject: str, callback: Callable[[Msg], None]) -> Subscription:
+    """Subscribe with a plain function called in nats-py's read loop, as each message is parsed.
+
+    nats-py hands the messages of a callback subscription to a task of the subscription through a
+    queue (a put, a get and a task switch per message); a subscription made with ``future=`` (the path
+    of its single-response requests) gets each one through the future's ``set_result`` instead, at
+    once. `callback` must be quick and must not block: it runs between two messages of the socket.
+    Its exceptions are logged. Unsubscribe and drain as usual.
+    """
+    return await nc.subscribe(subject, future=_Inline(callback, subject))
+
+
+# --- writing protocol commands without nats-py's per-publish work ----------------------------------
+# nats-py's ``Client.publish`` validates the subject with a regex, builds the command with an f-string
+# and, with headers, checks each header name with a regex: a few microseconds per message on the hot
+# path. `write` puts ready-made protocol bytes into the same outgoing buffer the same way
+# (``_send_command``, then a kick of the flusher task), after the same checks (`check_writable`).
+
+
+def check_writable(nc: NATS, size: int) -> None:
+    """Raise what ``Client.publish`` raises when `size` more payload bytes cannot be written now
+    (closed, draining, or reconnecting with a full buffer). While reconnecting, writes are buffered."""
+    if nc._status == _CONNECTED:
+        return
+    if nc.is_closed:
+        raise ConnectionClosedError
+    if nc.is_draining_pubs:
+        raise ConnectionDrainingError
+    if not nc.is_connected and (
+        nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size
+    ):
+        raise OutboundBufferLimitError
+
+
+async def write(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> None:
+    """Queue protocol commands (`messages` of them, `payload_bytes` of payload) for the flusher."""
+    stats = nc.stats
+    stats["out_msgs"] += messages
+    stats["out_bytes"] += payload_bytes
+    await nc._send_command(data)
+    queue = nc._flush_queue
+    if queue is not None and queue.empty():
+        await nc._flush_pending()
+
+
+def write_soon(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> None:
+    """`write` for code that cannot await (a loop callback): the bytes join the outgoing buffer now and
+    the flusher task is woken; the buffer-full forced flush `write` may wait for is left to the flusher."""
+    stats = nc.stats
+    stats["out_msgs"] += messages
+    stats["out_bytes"] += payload_bytes
+    nc._pending.append(data)
+    nc._pending_data_size += len(data)
+    queue = nc._flush_queue
+    if queue is not None and queue.empty() and nc.is_connected:
+        flusher = nc._flusher_task
+        transport = nc._transport
+        if flusher is None or flusher.done():  # as nats-py's _flush_pending: no flusher, write it now
+            if transport is None:
+                return
+            transport.writelines(nc._pending[:])
+            nc._pending = []
+            nc._pending_data_size = 0
+            return
+        queue.put_nowait(asyncio.get_running_loop().create_future())
+
+
+async def ack(msg: Msg) -> None:
+    """``msg.ack()`` without nats-py's per-publish work (see `write`): the delivery is settled."""
+    ack_soon(msg)
+
+
+def ack_soon(msg: Msg) -> None:
+    """`ack` for code that need not await: the ack joins the outgoing buffer now (`write_soon`)."""
+    if msg._ackd:
+        raise MsgAlreadyAckdError(msg)
+    if not msg.reply:
+        raise NotJSMessageError
+    nc = msg._client
+    check_writable(nc, 4)
+    write_soon(nc, b"PUB %b 4\r\n+ACK\r\n" % msg.reply.encode(), 1, 4)
+    msg._ackd = True
+
+
+def _ack_tokens(msg: Msg) -> tuple[list[str], int]:
+    """The reply subject's tokens and where the delivery fields start: ``$JS.ACK.<stream>.<consumer>.
+    <delivered>.<stream seq>.<consumer seq>.<time>.<pending>``, or with ``<domain>.<account hash>``
+    after ``ACK`` (then 2 later, and a random token at the end)."""
+    tokens = (msg.reply or "").split(".")
+    n = len(tokens)
+    if (n == 9 or n >= 11) and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return tokens, 4 if n == 9 else 6
+    raise NotJSMessageError
+
+
+def stream_seq(msg: Msg) -> int:
+    """The stream sequence of a JetStream delivery, read from its reply subject alone (``msg.metadata``
+    builds dataclasses and a datetime for every field: a few microseconds per message)."""
+    tokens, at = _ack_tokens(msg)
+    return int(tokens[at + 1])
+
+
+def num_delivered(msg: Msg) -> int:
+    """How many times this message was delivered (1 the first time), from the reply subject alone."""
+    tokens, at = _ack_tokens(msg)
+    return int(tokens[at])
+
+
+def num_pending(msg: Msg) -> int:
+    """How many messages of the consumer are still to come after this one, from the reply subject alone."""
+    tokens, at = _ack_tokens(msg)
+    return int(tokens[at + 4])

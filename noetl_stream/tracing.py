@@ -18,6 +18,7 @@ The process that exports the spans configures a tracer provider: ``setup_from_en
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -129,6 +130,13 @@ def _otlp_exporter() -> Any:
 
 def _hash(text: str, digits: int) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:digits], 16) or 1
+
+
+@functools.lru_cache(maxsize=4096)
+def execution_trace_id(execution_id: str) -> str:
+    """The trace id (32 hex digits) an execution's spans get when nothing carries one: a worker puts it
+    in ``outcome.meta.trace_id`` with tracing off. Cached: it is asked for on every command."""
+    return f"{trace_ids(execution_id)[0]:032x}"
 
 
 def trace_ids(execution_id: str, carried: str | None = None) -> tuple[int, int]:

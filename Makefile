@@ -4,6 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PLAYBOOK ?= playbooks/hello.yaml
+# The suite runs its test files on this many pytest-xdist workers (each with its own nats-server and
+# PostgreSQL): most tests wait on processes and the network, so 2 halve the wall time on 2 cores.
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test stress cluster-test lint bench ci clean chromium
@@ -31,8 +34,8 @@ chromium: ## Install Debian's chromium + chromium-driver if missing (for the vie
 run: $(STAMP) ## Run the demo playbook on an embedded NATS server
 	$(BIN)/noetl-stream run $(PLAYBOOK)
 
-test: $(STAMP) chromium ## Run the whole test suite
-	$(BIN)/pytest -q
+test: $(STAMP) chromium ## Run the whole test suite (TEST_WORKERS=0 runs it in one process)
+	$(BIN)/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 stress: $(STAMP) ## Randomized fault runs (500+ executions, kills): tests marked stress
 	$(BIN)/pytest -q -m stress

@@ -6,6 +6,7 @@ twice is visible even when the server dropped the rerun's events as duplicates.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from helpers import playbook
@@ -41,6 +42,12 @@ HOLD = playbook(
     """,
     name="hold",
 )
+
+
+def hold_starts(path: Path) -> list[int]:
+    """PIDs of the workers that started a HOLD task writing to ``path``, in the order they started."""
+    lines = path.read_text().split() if path.exists() else []
+    return [int(line[1:]) for line in lines if line.startswith("+")]
 
 
 def chain(steps: int, hold: float) -> str:

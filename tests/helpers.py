@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import socket
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -209,3 +210,10 @@ def max_concurrency(entries: Iterable[str]) -> int:
 def indent(text: str, by: int) -> str:
     """Indent a block (e.g. python code) for embedding under a YAML block scalar."""
     return textwrap.indent(textwrap.dedent(text), " " * by)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a fixture's server, or one nothing listens on)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

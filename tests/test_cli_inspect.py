@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from helpers import free_port
 
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.subjects import Topology
@@ -21,12 +21,6 @@ from noetl_stream.subjects import Topology
 ROOT = Path(__file__).resolve().parent.parent
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from typing import Any
 
 import nats.errors
 import pytest
+from helpers import free_port
 from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import NoKeysError, ObjectNotFoundError
@@ -279,13 +280,6 @@ workflow:
       code: |
         result = "child ok"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def task_metrics(url: str, token: str) -> dict[str, float]:

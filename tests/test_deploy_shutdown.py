@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from eventlog import wait_processed
-from helpers import playbook
+from faultbooks import HOLD, hold_starts
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import NoetlProcess, Processes, provisioned
@@ -33,25 +33,6 @@ from noetl_stream.wire import Event
 
 ACK_WAIT_S = 1.5
 
-# Records the PID of the worker running it, then holds its slot for `hold` seconds.
-HOLD = playbook(
-    r"""
-    - step: start
-      tool:
-        - name: hold
-          kind: python
-          args: {path: "{{ workload.path }}", hold: "{{ workload.hold }}"}
-          code: |
-            import os, time
-            def main(path, hold):
-                with open(path, "a") as f:
-                    f.write(f"{os.getpid()}\n")
-                time.sleep(hold)
-                return os.getpid()
-    """,
-    name="hold",
-)
-
 
 @pytest.fixture
 def topo(topology: Topology) -> Topology:
@@ -64,10 +45,6 @@ async def procs(
 ) -> AsyncIterator[Processes]:
     async with provisioned(nats_server.url, js, topo, tmp_path / "logs") as p:
         yield p
-
-
-def pids(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 async def until(check: Callable[[], bool], timeout: float, what: str, procs: Processes) -> None:
@@ -98,7 +75,7 @@ async def test_sigterm_with_enough_grace_finishes_the_running_task_and_acks_it(
     procs.controller()
     w1 = procs.worker("w1", concurrency=2, grace=10)
     first = await submit(nc, topo, request_for(HOLD, "hold.yaml", {"path": str(runs), "hold": 2}))
-    await until(lambda: pids(runs) == [w1.pid], 40, "the task to start in w1", procs)
+    await until(lambda: hold_starts(runs) == [w1.pid], 40, "the task to start in w1", procs)
 
     stopping = asyncio.create_task(sigterm(w1, timeout=30))
     await until(lambda: "worker.stopping" in w1.log_path.read_text(), 30, "w1 to stop pulling", procs)
@@ -116,12 +93,12 @@ async def test_sigterm_with_enough_grace_finishes_the_running_task_and_acks_it(
     assert done.worker == "w1" and done.payload["result"] == w1.pid  # finished where it started
     (end,) = [e for e in events if e.name == E.PLAYBOOK_PROCESSED]
     assert end.payload["status"] == "success", end.payload
-    assert pids(runs) == [w1.pid], "the task ran more than once"
-    assert pids(later_runs) == [], "a worker that got SIGTERM took new work"
+    assert hold_starts(runs) == [w1.pid], "the task ran more than once"
+    assert hold_starts(later_runs) == [], "a worker that got SIGTERM took new work"
 
     w2 = procs.worker("w2", concurrency=2)
     await wait_processed(js, topo, [second], timeout=30)
-    assert pids(later_runs) == [w2.pid]
+    assert hold_starts(later_runs) == [w2.pid]
     info = await js.consumer_info(topo.commands_stream, topo.pool_consumer("default"))
     assert info.num_ack_pending == 0 and info.num_pending == 0
     assert (await history(js, topo, first)).count(end) == 1
@@ -134,7 +111,7 @@ async def test_sigterm_with_a_short_grace_hands_the_command_back_to_another_work
     procs.controller()
     w1 = procs.worker("w1", concurrency=2, grace=0.5)
     eid = await submit(nc, topo, request_for(HOLD, "hold.yaml", {"path": str(runs), "hold": 2}))
-    await until(lambda: pids(runs) == [w1.pid], 40, "the task to start in w1", procs)
+    await until(lambda: hold_starts(runs) == [w1.pid], 40, "the task to start in w1", procs)
 
     code, _ = await sigterm(w1, timeout=30)
     assert code == 0, procs.logs()
@@ -153,7 +130,7 @@ async def test_sigterm_with_a_short_grace_hands_the_command_back_to_another_work
     assert [e.name for e in events].count(E.PLAYBOOK_PROCESSED) == 1
     (end,) = [e for e in events if e.name == E.PLAYBOOK_PROCESSED]
     assert end.payload["status"] == "success", end.payload
-    assert pids(runs) == [w1.pid, w2.pid]  # the interrupted run, then the redelivery
+    assert hold_starts(runs) == [w1.pid, w2.pid]  # the interrupted run, then the redelivery
     info = await js.consumer_info(topo.commands_stream, topo.pool_consumer("default"))
     assert info.delivered.consumer_seq >= 2  # delivered to w1, then redelivered (to w2)
     assert info.num_ack_pending == 0 and info.num_pending == 0

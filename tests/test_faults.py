@@ -47,6 +47,7 @@ from faultbooks import (
     POISON,
     POISON_MAX_DELIVER,
     chain,
+    hold_starts,
     submit_many,
 )
 from nats.aio.client import Client as NATS
@@ -106,11 +107,6 @@ def lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def starts(path: Path) -> list[str]:
-    """PIDs of the runs of a HOLD task, in the order they started."""
-    return [line[1:] for line in lines(path) if line.startswith("+")]
-
-
 # --- a worker crashes in the middle of a task ---------------------------------------------------
 
 
@@ -134,7 +130,7 @@ async def test_worker_killed_mid_task_command_is_redelivered_and_execution_compl
             timeout=50,
         )
     )
-    await until(lambda: len(starts(runs)) == 1, 30, "the task to start in w1", procs)
+    await until(lambda: len(hold_starts(runs)) == 1, 30, "the task to start in w1", procs)
 
     async def recorded() -> bool:  # w1's step.started is stored (its progress watcher publishes it)
         info = await js.stream_info(
@@ -150,7 +146,7 @@ async def test_worker_killed_mid_task_command_is_redelivered_and_execution_compl
 
     summary = json.loads(out)
     assert code == 0 and summary["status"] == "success", f"{out}{err}\n{procs.logs()}"
-    assert starts(runs) == [str(first.pid), str(second.pid)]  # ran twice: the crashed run, the redelivery
+    assert hold_starts(runs) == [first.pid, second.pid]  # ran twice: the crashed run, the redelivery
     assert summary["result"] == second.pid
     events = await history(js, topo, summary["execution_id"])
     (done,) = [e for e in events if e.name == E.STEP_DONE]
@@ -186,7 +182,7 @@ async def test_task_longer_than_ack_wait_with_in_progress_is_not_redelivered(
     events = await history(js, topo, eid)
     (end,) = [e for e in events if e.name == E.PLAYBOOK_PROCESSED]
     assert end.payload["status"] == "success", end.payload
-    assert len(starts(runs)) == 1, f"the task ran {len(starts(runs))} times"
+    assert len(hold_starts(runs)) == 1, f"the task ran {len(hold_starts(runs))} times"
     info = await js.consumer_info(topo.commands_stream, topo.pool_consumer("default"))
     assert info.delivered.consumer_seq == 1, "the command was delivered more than once"
     assert info.num_redelivered == 0
@@ -390,7 +386,7 @@ async def test_server_dies_with_a_publish_unanswered_the_worker_slot_is_not_lost
             procs.controller()
             procs.worker("w1", concurrency=1)
             first, second = await submit_many(nc, topo, [(HOLD, {"path": str(runs), "hold": 1.0})] * 2)
-            await until(lambda: len(starts(runs)) == 1, 20, "the first task to start", procs)
+            await until(lambda: len(hold_starts(runs)) == 1, 20, "the first task to start", procs)
             assert own_server.pid is not None
             os.kill(own_server.pid, signal.SIGSTOP)
             try:

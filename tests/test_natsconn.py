@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import nats.errors
 import pytest
+from helpers import free_port
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import MsgAlreadyAckdError, NotJSMessageError
@@ -174,14 +175,6 @@ async def test_a_client_without_the_internals_of_the_hot_path_is_refused_by_name
         publisher(bad)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # free: nothing will listen on it
-
-
 async def test_a_server_that_never_answers_is_one_error_naming_the_last_reason_without_credentials() -> None:
     """Nothing listens on the port: the client fails the same way every attempt. With a bounded wait
     nothing is logged above debug (the caller reports the failure: `run` printed a warning line before
@@ -191,7 +184,7 @@ async def test_a_server_that_never_answers_is_one_error_naming_the_last_reason_w
 
     from noetl_stream.natsconn import connect
 
-    port = _free_port()
+    port = free_port()
     with structlog.testing.capture_logs() as logs, pytest.raises(ConnectionError) as raised:
         await connect(f"nats://admin:s3cret@127.0.0.1:{port}", name="t", connect_wait_s=2.5)
     message = str(raised.value)
@@ -208,7 +201,7 @@ async def test_waiting_for_a_server_without_a_limit_warns_once_per_distinct_erro
 
     from noetl_stream.natsconn import connect
 
-    port = _free_port()
+    port = free_port()
     with structlog.testing.capture_logs() as logs, pytest.raises(TimeoutError):
         async with asyncio.timeout(3.5):
             await connect(f"nats://admin:s3cret@127.0.0.1:{port}", name="t", connect_wait_s=None)

@@ -31,7 +31,7 @@ import jsonschema
 import msgspec
 import pytest
 from aiohttp import web
-from helpers import Run, run
+from helpers import Run, free_port, run
 from pgserver import PgServer
 from ruamel.yaml import YAML
 
@@ -309,12 +309,6 @@ def noetl(
         env={**base, **env},
         cwd=ROOT,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import msgspec
 import structlog
 from click.testing import CliRunner
 from eventlog import wait_processed
-from helpers import playbook
+from faultbooks import HOLD, hold_starts
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import Processes
@@ -164,25 +164,6 @@ async def test_what_is_missing_is_created_at_start_with_the_process_settings(
 
 INSTALLED_ACK_WAIT_S = 1.5
 
-# Records the PID of the worker running it, then holds its slot for `hold` seconds.
-HOLD = playbook(
-    r"""
-    - step: start
-      tool:
-        - name: hold
-          kind: python
-          args: {path: "{{ workload.path }}", hold: "{{ workload.hold }}"}
-          code: |
-            import os, time
-            def main(path, hold):
-                with open(path, "a") as f:
-                    f.write(f"{os.getpid()}\n")
-                time.sleep(hold)
-                return os.getpid()
-    """,
-    name="hold",
-)
-
 
 async def test_a_worker_keeps_its_commands_alive_by_the_installations_ack_wait(
     nats_server: EmbeddedNats, nc: NATS, js: JetStreamContext, topology: Topology, tmp_path: Path
@@ -203,7 +184,7 @@ async def test_a_worker_keeps_its_commands_alive_by_the_installations_ack_wait(
 
     started = [ev async for _, ev in read_events(js, topology, eid) if ev.name == E.STEP_STARTED]
     assert len(started) == 1, started
-    assert runs.read_text().split() == [str(worker.pid)], "the task ran more than once"
+    assert hold_starts(runs) == [worker.pid], "the task ran more than once"
     pool = await js.consumer_info(topology.commands_stream, topology.pool_consumer("default"))
     assert pool.config.ack_wait == INSTALLED_ACK_WAIT_S
     warnings = [json.loads(line) for line in log.splitlines() if '"provision.settings_differ"' in line]

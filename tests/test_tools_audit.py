@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from helpers import playbook, run
+from helpers import free_port, playbook, run
 from httpserver import HttpServer
 
 from noetl_stream.dataplane.outcome import Outcome
@@ -41,12 +40,6 @@ def context(spec: dict[str, Any] | None = None, services: WorkerServices | None 
 
 def encoded(outcome: Outcome) -> str:
     return msgspec.json.encode(outcome).decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import json
 import socket
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.client import RunSummary, request_for
+from noetl_stream.kv.keychain import CredentialNotFoundError
 from noetl_stream.local import Runtime
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, event_id, now_iso
@@ -217,3 +218,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def credentials(entries: Mapping[str, Mapping[str, Any]]) -> Callable[[str], Awaitable[dict[str, Any]]]:
+    """A worker's credential resolver (`WorkerServices.credentials`) over fixed keychain entries: a copy of
+    the named entry, or `CredentialNotFoundError` like the keychain's."""
+
+    async def resolve(name: str) -> dict[str, Any]:
+        if name not in entries:
+            raise CredentialNotFoundError(name)
+        return dict(entries[name])
+
+    return resolve

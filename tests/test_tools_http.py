@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from helpers import playbook, run, ts
+from helpers import credentials, playbook, run, ts
 from httpserver import HttpServer
 
 from noetl_stream.dataplane.outcome import Outcome
@@ -17,7 +17,7 @@ from noetl_stream.dataplane.tools import TOOLS
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.http import retry_after_seconds, run_http
 from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, KeychainKey, generate_key
+from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
 
@@ -34,10 +34,7 @@ CREDS: dict[str, dict[str, Any]] = {
 SECRETS = (TOKEN, PASSWORD, API_KEY)
 
 
-async def resolve(name: str) -> dict[str, Any]:
-    if name not in CREDS:
-        raise CredentialNotFoundError(name)
-    return dict(CREDS[name])
+resolve = credentials(CREDS)
 
 
 @pytest.fixture

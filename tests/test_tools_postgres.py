@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
-from helpers import playbook, run
+from helpers import credentials, playbook, run
 from httpserver import HttpServer
 from pgserver import PgServer
 
@@ -22,7 +22,7 @@ from noetl_stream.dataplane.tools import TOOLS
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.postgres import run_postgres
 from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, KeychainKey, generate_key
+from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
 
@@ -35,13 +35,7 @@ async def services(pg: PgServer) -> AsyncIterator[WorkerServices]:
         "pg_badpw": {"kind": "postgres_credential", **pg.credential(), "password": "wrong-password-123"},
         "token": {"kind": "bearer", "token": "t-123456"},
     }
-
-    async def resolve(name: str) -> dict[str, Any]:
-        if name not in creds:
-            raise CredentialNotFoundError(name)
-        return dict(creds[name])
-
-    svc = WorkerServices(credentials=resolve)
+    svc = WorkerServices(credentials=credentials(creds))
     yield svc
     await svc.close()
 

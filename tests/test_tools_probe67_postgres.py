@@ -10,12 +10,12 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
+from helpers import credentials
 from pgserver import PgServer
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.postgres import run_postgres
-from noetl_stream.kv.keychain import CredentialNotFoundError
 
 # A keychain value a task passes as a parameter: the tool does not know it is a secret.
 SECRET = "tok_live_4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e"
@@ -24,13 +24,7 @@ SECRET = "tok_live_4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e"
 @pytest.fixture
 async def services(pg: PgServer) -> AsyncIterator[WorkerServices]:
     creds = {"pg": {"kind": "postgres_credential", **pg.credential()}}
-
-    async def resolve(name: str) -> dict[str, Any]:
-        if name not in creds:
-            raise CredentialNotFoundError(name)
-        return dict(creds[name])
-
-    svc = WorkerServices(credentials=resolve)
+    svc = WorkerServices(credentials=credentials(creds))
     yield svc
     await svc.close()
 

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
-from helpers import playbook, run
+from helpers import credentials, playbook, run
 
 from noetl_stream.dataplane.tools import TOOLS
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.secrets import run_secrets
 from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, KeychainKey, generate_key
+from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
 
 VALUE = "sk-SECRET-0a1b2c3d4e"
 
 
-async def resolve(name: str) -> dict[str, Any]:
-    if name != "openai":
-        raise CredentialNotFoundError(name)
-    return {"kind": "secret_manager", "value": VALUE, "org": "acme"}
+resolve = credentials({"openai": {"kind": "secret_manager", "value": VALUE, "org": "acme"}})
 
 
 def context(services: WorkerServices | None) -> ToolContext:

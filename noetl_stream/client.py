@@ -36,9 +36,6 @@ class RunSummary(msgspec.Struct):
     duration_s: float = 0.0
 
 
-_RUN_ENDS = frozenset({E.STEP_DONE, E.LOOP_DONE, E.STEP_FAILED, E.STEP_SKIPPED})
-
-
 class Tracker:
     """Folds an execution's events into what a user wants to see."""
 
@@ -58,8 +55,7 @@ class Tracker:
         self.processed = False
         self._started = time.monotonic()
         self._runs: dict[str, set[str]] = {}
-        self._ended: set[str | None] = set()
-        """Step runs whose boundary was read."""
+        self._ended = E.EndedRuns()
 
     def apply(self, ev: Event) -> None:
         s = self.summary
@@ -72,17 +68,12 @@ class Tracker:
             ctx = resume.get("ctx") if isinstance(resume, dict) else None
             if isinstance(ctx, dict):
                 s.ctx.update(ctx)
-        if ev.step and ev.name in self._STEP_STATUS and ev.step_run_id not in self._ended:
+        if ev.step and ev.name in self._STEP_STATUS and not self._ended.stale(ev):
             step = s.steps.setdefault(ev.step, StepSummary())
             if ev.step_run_id:
                 runs = self._runs.setdefault(ev.step, set())
                 runs.add(ev.step_run_id)
                 step.runs = len(runs)
-                if ev.name in _RUN_ENDS:
-                    # What a redelivered command's second run writes after the first run's boundary
-                    # (its own events since they have ids of their own) changes nothing: the controller
-                    # ignored it too.
-                    self._ended.add(ev.step_run_id)
             step.status = self._STEP_STATUS[ev.name]
         if ev.name == E.CTX_PATCHED:
             for patch in ev.payload.get("patches") or []:

@@ -6,7 +6,10 @@ subject token: ``noetl.events.<execution_id>.step.done``.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from noetl_stream.wire import Event
 
 # --- server (control plane) -------------------------------------------------
 EXECUTION_REQUESTED: Final = "playbook.execution.requested"
@@ -65,6 +68,8 @@ WORKER_EVENTS: Final = frozenset(
 
 # Terminal boundary events of a step run: the controller evaluates `next` arcs on these.
 BOUNDARY_EVENTS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE})
+# How a step run ends: its boundary, or the controller skipping it.
+RUN_ENDS: Final = BOUNDARY_EVENTS | {STEP_SKIPPED}
 
 # Operator actions and timers, recorded as events and consumed by the controller.
 EXECUTION_CANCEL_REQUESTED: Final = "execution.cancel.requested"
@@ -99,3 +104,26 @@ LEGACY_ALIASES: Final = {
 }
 
 ALL_EVENTS: Final = SERVER_EVENTS | WORKER_EVENTS | CONTROL_EVENTS | {WORKFLOW_PAUSED, WORKFLOW_RESUMED}
+
+
+class EndedRuns:
+    """The step runs of one history whose end was read. A redelivered command's second run writes events
+    with ids of their own after the first run's boundary; the controller ignores them, and so must
+    anything else that folds a history (`client.Tracker`, the execution graph)."""
+
+    __slots__ = ("_ended",)
+
+    def __init__(self) -> None:
+        self._ended: set[str] = set()
+
+    def stale(self, event: Event) -> bool:
+        """Whether ``event`` comes after its step run's end (``next.evaluated``, the routing of that end,
+        does not); an end is recorded as it is read."""
+        run = event.step_run_id
+        if not run:
+            return False
+        if run in self._ended:
+            return event.name != NEXT_EVALUATED
+        if event.name in RUN_ENDS:
+            self._ended.add(run)
+        return False

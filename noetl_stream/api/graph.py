@@ -194,9 +194,7 @@ class _Fold:
         self.steps: dict[str, GraphStep] = {}
         self.arcs: dict[tuple[str, str], list[GraphArc]] = {}
         self.run_ids: dict[str, str] = {}
-        self.ended: set[str] = set()
-        """Step runs whose boundary was read: what a redelivered command's second run writes after it
-        (events with ids of their own) is ignored, as the controller ignores it."""
+        self.ended = E.EndedRuns()
         self.request: dict[str, Any] | None = None
 
     def plan(self, request: dict[str, Any]) -> None:
@@ -241,10 +239,8 @@ class _Fold:
 
     def step(self, ev: Event, node: GraphStep) -> None:
         name, p = ev.name, ev.payload
-        if ev.step_run_id in self.ended and name != E.NEXT_EVALUATED:
+        if self.ended.stale(ev):
             return
-        if name in _ENDS and ev.step_run_id:
-            self.ended.add(ev.step_run_id)
         if name in _RUN_EVENTS and ev.step_run_id and self.run_ids.get(node.name) != ev.step_run_id:
             self.run_ids[node.name] = ev.step_run_id  # a new run: its own timings and iterations
             node.runs += 1

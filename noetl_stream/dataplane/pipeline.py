@@ -25,7 +25,7 @@ from noetl_stream.dsl.model import Step, Task, Then
 from noetl_stream.dsl.policy import backoff_delay, decide
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
-from noetl_stream.kv.keychain import redact, secret_strings
+from noetl_stream.kv.keychain import Redactor, secret_strings
 from noetl_stream.wire import Checkpoint, now_iso
 
 DEFAULT_MAX_TASK_RUNS = 10_000
@@ -116,6 +116,7 @@ async def run_pipeline(
     out = PipelineResult(status="ok", iter=iter_scope)
     prev: Any = None
     secrets: set[str] = set(inp.secrets)
+    hide = Redactor(secrets) if secrets else NOTHING_HIDDEN
     pc = 0
     saved = await inp.checkpoints.load(inp.scope_id) if inp.resume and inp.checkpoints is not None else None
     if saved is not None:  # continue a pipeline run that an earlier delivery checkpointed
@@ -177,6 +178,7 @@ async def run_pipeline(
             scope.pop("outcome", None)
             if outcome.secret:
                 secrets |= secret_strings(outcome.result)
+                hide = Redactor(secrets)
             if on_task is not None:
                 meta = outcome.meta
                 payload: dict[str, Any] = {
@@ -193,7 +195,7 @@ async def run_pipeline(
                     task,
                     out.task_runs,
                     attempt,
-                    redact(payload, secrets) if secrets else payload,
+                    hide(payload),
                 )
             set_iter, set_ctx = patches
             if set_iter:
@@ -263,11 +265,11 @@ async def run_pipeline(
         out.result = prev
         if checkpointed and inp.checkpoints is not None:
             await inp.checkpoints.clear(inp.scope_id)
-        if secrets:  # a secret read by a task never leaves the pipeline in what it reports
-            out.result = redact(out.result, secrets)
-            out.error = redact(out.error, secrets)
-            out.ctx_patches = redact(out.ctx_patches, secrets)
-            out.iter = redact(out.iter, secrets)
+        if hide:  # a secret read by a task never leaves the pipeline in what it reports
+            out.result = hide(out.result)
+            out.error = hide(out.error)
+            out.ctx_patches = hide(out.ctx_patches)
+            out.iter = hide(out.iter)
         return out
     finally:
         if nested is not None:
@@ -455,6 +457,8 @@ def _meta(
         meta["trace_id"] = inp.trace_id
     return meta
 
+
+NOTHING_HIDDEN = Redactor(())
 
 JSON_KINDS = frozenset({"noop", "python", "duckdb", "http", "postgres", "secrets", "script", "playbook"})
 """Built-in kinds whose results are JSON by construction (rendered values, ``json_safe`` rows, decoded

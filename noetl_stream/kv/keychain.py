@@ -354,42 +354,51 @@ def secret_strings(value: Any) -> set[str]:
     return out
 
 
-def redact(obj: Any, secrets: Iterable[str]) -> Any:
-    """A copy of `obj` with every secret value replaced by ``"***"``, in strings, keys and bytes.
+class Redactor:
+    """Replaces every one of a set of secret values with ``"***"`` in a copy of a value: in strings, keys
+    and bytes. Built once for a set of secrets (one pattern), applied to whatever a step run reports.
 
     Secrets of at least 4 characters are replaced wherever they occur inside a string (an error
     message quoting a DSN, a ``Bearer <token>`` header); shorter ones only where a whole value equals
     them. Non-string leaves equal to a secret's text (a numeric PIN) are masked too.
     """
-    long = sorted({s for s in secrets if isinstance(s, str) and len(s) >= MIN_SUBSTRING_SECRET}, key=len)[
-        ::-1
-    ]
-    exact = {s for s in secrets if isinstance(s, str) and s}
-    if not exact:
-        return obj
-    pattern = re.compile("|".join(re.escape(s) for s in long)) if long else None
 
-    def text(s: str) -> str:
-        if s in exact:
+    __slots__ = ("_exact", "_pattern")
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self._exact = frozenset(s for s in secrets if isinstance(s, str) and s)
+        long = sorted((s for s in self._exact if len(s) >= MIN_SUBSTRING_SECRET), key=len, reverse=True)
+        self._pattern = re.compile("|".join(re.escape(s) for s in long)) if long else None
+
+    def __bool__(self) -> bool:
+        return bool(self._exact)
+
+    def text(self, s: str) -> str:
+        if s in self._exact:
             return MASK
-        return pattern.sub(MASK, s) if pattern is not None else s
+        return self._pattern.sub(MASK, s) if self._pattern is not None else s
 
-    def walk(value: Any) -> Any:
+    def __call__(self, value: Any) -> Any:
+        if not self._exact:
+            return value
         if isinstance(value, str):
-            return text(value)
+            return self.text(value)
         if isinstance(value, Mapping):
-            return {(text(k) if isinstance(k, str) else k): walk(v) for k, v in value.items()}
+            return {(self.text(k) if isinstance(k, str) else k): self(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [walk(v) for v in value]
+            return [self(v) for v in value]
         if isinstance(value, (bytes, bytearray)):
             try:
                 decoded = bytes(value).decode()
             except UnicodeDecodeError:
                 return value
-            masked = text(decoded)
+            masked = self.text(decoded)
             return masked.encode() if masked != decoded else value
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and str(value) in exact:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and str(value) in self._exact:
             return MASK
         return value
 
-    return walk(obj)
+
+def redact(obj: Any, secrets: Iterable[str]) -> Any:
+    """A copy of `obj` with every secret value replaced by ``"***"`` (`Redactor`)."""
+    return Redactor(secrets)(obj)

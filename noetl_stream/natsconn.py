@@ -5,6 +5,7 @@ error messages without credentials."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import random
@@ -130,6 +131,14 @@ async def connect(
                 bound.debug("nats.error", error=error, kind=type(e).__name__)
                 return
             seen.add(error)
+            bound.warning(
+                "nats.cannot_connect",
+                error=error,
+                kind=type(e).__name__,
+                servers=shown,
+                hint="retrying until a server answers (logged again only when the error changes)",
+            )
+            return
         bound.warning("nats.error", error=error, kind=type(e).__name__)
 
     async def on_disconnected() -> None:
@@ -166,12 +175,16 @@ async def connect(
     # One URL, a comma-separated list (``nats://a:4222,nats://b:4222``, as NOETL_NATS_URL takes
     # them), or a sequence: the client connects to any of them and fails over to the others.
     servers = [u.strip() for u in url.split(",") if u.strip()] if isinstance(url, str) else list(url)
+    shown = redact_urls(", ".join(servers))
     try:
         async with asyncio.timeout(connect_wait_s):
             await nc.connect(servers, **opts)
+    except asyncio.CancelledError:  # the process is stopping before it ever connected
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise
     except TimeoutError:
         await nc.close()
-        shown = redact_urls(", ".join(servers))
         reason = f" (last error: {last_error})" if last_error else ""
         raise ConnectionError(f"cannot connect to NATS at {shown} within {connect_wait_s}s{reason}") from None
     connecting = False

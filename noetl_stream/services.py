@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import itertools
 import signal
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import nats.errors
 import structlog
@@ -21,6 +23,8 @@ from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 
 async def provision_at_start(nc: NATS, topology: Topology, pools: tuple[str, ...]) -> None:
@@ -56,6 +60,48 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
+async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+    """The result of `work`, or None when `stop` is set first (a SIGTERM while NATS is unreachable:
+    the process leaves at once, with a log line and exit status 0, instead of dying by the signal)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _start(
+    url: str, name: str, topology: Topology, pools: tuple[str, ...], stop: asyncio.Event
+) -> NATS | None:
+    """Connect (waiting for NATS as long as it takes) and check the installation, unless a signal
+    comes first: then None, and the connection is closed."""
+    nc = await _unless_stopped(connect(url, name=name, connect_wait_s=None), stop)
+    if nc is None:
+        log.info("stopped_before_start", process=name, reason="a signal came before NATS answered")
+        return None
+    try:
+        if await _unless_stopped(_provisioned(nc, topology, pools), stop) is None:
+            log.info("stopped_before_start", process=name, reason="a signal came while provisioning")
+            await nc.close()
+            return None
+    except BaseException:
+        await nc.close()
+        raise
+    return nc
+
+
+async def _provisioned(nc: NATS, topology: Topology, pools: tuple[str, ...]) -> bool:
+    await provision_at_start(nc, topology, pools)
+    return True
+
+
 async def run_controller(
     url: str,
     topology: Topology,
@@ -71,11 +117,12 @@ async def run_controller(
     ``extensions`` (``legacy``) are DSL extensions every request is compiled with."""
     from noetl_stream.api import ApiServer
 
-    nc = await connect(url, name="noetl-controller", connect_wait_s=None)
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    nc = await _start(url, "noetl-controller", topology, pools, stop)
+    if nc is None:
+        return
     try:
-        await provision_at_start(nc, topology, pools)
-        stop = asyncio.Event()
-        _stop_on_signals(stop)
         async with Controller(
             nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
         ) as controller:
@@ -111,14 +158,15 @@ async def run_worker(
     from noetl_stream.tracing import setup_from_env
 
     setup_from_env("noetl-stream-worker")  # OpenTelemetry spans, when installed and enabled
-    nc = await connect(url, name=f"noetl-worker-{pool}", connect_wait_s=None)
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    nc = await _start(url, f"noetl-worker-{pool}", topology, (pool,), stop)
+    if nc is None:
+        return
     try:
-        await provision_at_start(nc, topology, (pool,))
         # The pool consumer's ack wait as the server has it (ours may differ): long commands are kept
         # alive at a third of it.
         topology = await provisioned_topology(nc.jetstream(), topology, pool=pool)
-        stop = asyncio.Event()
-        _stop_on_signals(stop)
         keychain = Keychain(nc.jetstream(), topology)  # key from NOETL_KEYCHAIN_KEY(_FILE), when needed
         worker = Worker(
             nc,

@@ -236,3 +236,37 @@ def test_a_controller_whose_api_port_is_taken_says_so_and_leaves(nats_server: Em
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: cannot serve the REST API on 127.0.0.1:{port}: "), last
     assert "in use" in last, last
+
+
+@pytest.mark.parametrize("role", ["controller", "worker"])
+def test_a_process_waiting_for_nats_names_the_servers_and_leaves_cleanly_on_sigterm(role: str) -> None:
+    """Started before its server (as in a Kubernetes rollout), a controller or worker says once which
+    servers it cannot reach (credentials masked) and keeps trying; a SIGTERM meanwhile ends it with exit 0
+    and a line saying so (it died by the signal, saying nothing, before)."""
+    with socket.socket() as s:  # nothing listens on either port
+        s.bind(("127.0.0.1", 0))
+        a = s.getsockname()[1]
+        with socket.socket() as t:
+            t.bind(("127.0.0.1", 0))
+            b = t.getsockname()[1]
+    urls = f"nats://admin:s3cret@127.0.0.1:{a},nats://127.0.0.1:{b}"
+    proc = subprocess.Popen(
+        [cli(), role, "--nats", urls], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        while "nats.cannot_connect" not in seen and proc.poll() is None:  # (the test's timeout bounds it)
+            seen += proc.stdout.readline()
+        assert "nats.cannot_connect" in seen, seen
+        proc.terminate()
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    logs = seen + rest
+    assert proc.returncode == 0, (proc.returncode, logs)
+    assert f"nats://***@127.0.0.1:{a}, nats://127.0.0.1:{b}" in seen, seen
+    assert "stopped_before_start" in logs, logs
+    assert "s3cret" not in logs and "Traceback" not in logs, logs

@@ -60,6 +60,9 @@ class StepRun(msgspec.Struct):
     status: RunStatus
     args: dict[str, Any] = {}
     loop: LoopRun | None = None
+    ctx_base: int = 0
+    """The ctx revision its latest command carried (the ctx its tasks read): a key written after it
+    by another run is one this run's ``set_ctx`` must not overwrite (`Run.apply_ctx_patches`)."""
 
 
 class JoinState(msgspec.Struct):
@@ -77,6 +80,8 @@ class ExecutionState(msgspec.Struct):
     workload: dict[str, Any] = {}
     ctx: dict[str, Any] = {}
     ctx_revision: int = 0
+    ctx_written: dict[str, tuple[int, str]] = {}
+    """Each ctx key's last write: the revision it made and the step run that made it."""
     results: dict[str, Any] = {}
     step_status: dict[str, str] = {}
     step_runs: dict[str, int] = {}

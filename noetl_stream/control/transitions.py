@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from noetl_stream.control.reducer import Reducer
 
 
+class _Unroutable(Exception):
+    """A boundary the controller cannot route (its error is the execution's, unhandled)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message"))
+        self.error = error
+
+
 class Run:
     """The reducer's work on one event of one execution (keeps signatures short)."""
 
@@ -231,6 +239,7 @@ class Run:
 
     def command(self, step: Step, run: StepRun, iteration: Iteration | None) -> Command:
         s = self.state
+        run.ctx_base = s.ctx_revision
         reads = self.plan.reads.get(step.name, frozenset())
         suffix = f".{iteration.index}" if iteration is not None else ""
         return Command(
@@ -407,15 +416,15 @@ class Run:
             return
         lr.settle(index)
         lr.in_flight = max(0, lr.in_flight - 1)
-        self.apply_ctx_patches(event, run.run_id)
+        conflict = self.apply_ctx_patches(event, run)
         step = self.plan.steps[run.step]
-        if event.name == E.LOOP_ITERATION_DONE:
+        if event.name == E.LOOP_ITERATION_DONE and conflict is None:
             lr.done += 1
         else:
             lr.failed += 1
             if lr.first_error is None or index < lr.first_error_index:
                 lr.first_error_index = index
-                lr.first_error = event.payload.get("error") or {"kind": "error"}
+                lr.first_error = conflict or event.payload.get("error") or {"kind": "error"}
             if step.failure_mode == "fail_fast":
                 lr.stopping = True
         self.pump_loop(step, run)
@@ -445,7 +454,7 @@ class Run:
         del self.state.runs[run.run_id]
         failed = event.name == E.STEP_FAILED
         payload = event.payload
-        self.apply_ctx_patches(event, run.run_id)
+        conflict = self.apply_ctx_patches(event, run)
         if not failed:
             self.state.results[name] = payload.get("result")
             self.state.last_step = name
@@ -455,13 +464,17 @@ class Run:
         ev.update(name=event.name, status=event.status, step=name, step_run_id=run.run_id)
         scope = self.scope(run.args, ev)
         try:
+            if conflict is not None:  # not routed, like a routing error: the playbook must change
+                raise _Unroutable(conflict)
             fired = route(step.next, scope, f"step '{name}'")
             arcs = [
                 (a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
                 for a in fired
             ]
-        except RenderError as exc:
-            error = {"kind": "template_error", "message": str(exc)}
+        except (RenderError, _Unroutable) as exc:
+            error = (
+                exc.error if isinstance(exc, _Unroutable) else {"kind": "template_error", "message": str(exc)}
+            )
             self.emit(
                 E.NEXT_EVALUATED, "next", run.run_id, "error", run.run_id, {"error": error}, name, run.run_id
             )
@@ -513,29 +526,60 @@ class Run:
             )
         return f"no step run '{run_id}' was ever scheduled in this execution"
 
-    def apply_ctx_patches(self, event: Event, scope: str) -> None:
+    def apply_ctx_patches(self, event: Event, run: StepRun) -> dict[str, Any] | None:
+        """Apply the ``set_ctx`` patches a run's boundary or iteration carries, in order, and record
+        ``ctx.patched``; or refuse them all, returning the ``ctx_conflict`` error, when one sets a key
+        that another step run wrote after this run's command was issued, to a different value. The run
+        read the older value, so its write would silently undo the other's (two parallel branches
+        appending to one list: one append lost). 003 §6.2: conflicting parallel writes are rejected."""
         patches = event.payload.get("ctx_patches")
         if not patches:
-            return
+            return None
         if not isinstance(patches, list) or not all(isinstance(p, dict) for p in patches):
             self.fx.ignored = (
                 f"its ctx_patches are not a list of mappings ({type(patches).__name__}): not applied"
             )
-            return
+            return None
+        s = self.state
+        final: dict[str, Any] = {}
         for patch in patches:
-            self.state.ctx.update(patch)
-            self.state.ctx_revision += 1
+            final.update(patch)
+        for key, value in final.items():
+            written = s.ctx_written.get(key)
+            if written is None or written[0] <= run.ctx_base or written[1] == run.run_id:
+                continue
+            if key in s.ctx and s.ctx[key] == value:
+                continue  # the same value: nothing is lost
+            return {
+                "kind": "ctx_conflict",
+                "message": (
+                    f"step '{run.step}' (run '{run.run_id}') sets ctx.{key}, which step run '{written[1]}' "
+                    "changed after this run started from the older value: applying it would lose that "
+                    "change, so none of this run's ctx patches is applied. Steps that run in parallel "
+                    "must set different ctx keys (each branch its own key; combine them in a step after "
+                    "the join)"
+                ),
+                "key": key,
+                "step_run_id": run.run_id,
+                "other_step_run_id": written[1],
+            }
+        for patch in patches:
+            s.ctx.update(patch)
+            s.ctx_revision += 1
+            for key in patch:
+                s.ctx_written[key] = (s.ctx_revision, run.run_id)
         suffix = f".{event.payload['index']}" if "index" in event.payload else ""
         self.emit(
             E.CTX_PATCHED,
             "workflow",  # ctx is the workflow run's (001 §15.1's entity types)
-            self.state.execution_id,
+            s.execution_id,
             "success",
-            f"{scope}{suffix}",
-            {"patches": patches, "revision": self.state.ctx_revision},
+            f"{run.run_id}{suffix}",
+            {"patches": patches, "revision": s.ctx_revision},
             event.step,
             event.step_run_id,
         )
+        return None
 
     # -- completion -------------------------------------------------------------------------------
     def pause(self, event: Event) -> None:

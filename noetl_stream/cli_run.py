@@ -101,7 +101,7 @@ def _exit_with_outcome(summary: dict[str, Any], as_json: bool, progress: Progres
     envvar="NOETL_NATS_URL",
     default=None,
     callback=lambda _ctx, _param, value: checked_nats_url(value),
-    help="NATS URL (default: start an embedded nats-server).",
+    help="NATS URL (env NOETL_NATS_URL): run on that installation's pools, with a controller and worker in this process; without either, start an embedded nats-server.",
 )
 @click.option(
     "--workers", default=1, show_default=True, type=click.IntRange(min=1), help="In-process workers."

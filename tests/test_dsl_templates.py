@@ -147,3 +147,30 @@ def test_a_when_reading_an_undefined_name_fails_loudly() -> None:
     with pytest.raises(RenderError) as info:
         evaluate_when("{{ missing_flag }}", SCOPE, "next.arcs[0].when")
     assert str(info.value) == "next.arcs[0].when: 'missing_flag' is undefined"
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{{ (ctx.items | default([])) | length }}", 0),  # failed: "builtin_function_or_method has no len()"
+        ("{{ ctx.keys | default('none') }}", "none"),
+        ("{{ ctx.items is defined }}", False),
+        ("{{ ctx.values is undefined }}", True),
+        ("{{ ctx.items() | list }}", [["total", 10]]),  # the method, when called
+        ("{{ ctx.get('missing', 5) }}", 5),
+        ("{{ ctx.keys() | list }}", ["total"]),
+        ("{{ fetch.items }}", ["from", "the", "result"]),  # a key of that name wins
+    ],
+)
+def test_a_missing_key_named_like_a_mapping_method_is_undefined_unless_called(
+    template: str, expected: Any
+) -> None:
+    assert render_value(template, SCOPE) == expected
+
+
+def test_using_a_missing_key_named_like_a_method_says_the_key_is_missing() -> None:
+    with pytest.raises(RenderError, match="no key 'items'"):
+        render_value("{{ ctx.items | length }}", SCOPE)
+    with pytest.raises(RenderError):  # calling a mutating method is still refused by the sandbox
+        render_value("{{ ctx.update({'a': 1}) }}", SCOPE)
+    assert SCOPE["ctx"] == {"total": 10}

@@ -8,7 +8,8 @@
   as ``outcome.result.data.paging.hasMore | default(false)`` work: attribute and
   item access on an undefined value stays undefined until it is used.
 * ``obj.key`` on a mapping reads the key first, so ``{{ fetch.items }}`` is the
-  ``items`` field of a result, not ``dict.items``.
+  ``items`` field of a result, not ``dict.items``; a missing key named like a method is undefined
+  unless called (`MissingKey`).
 * A native value is JSON (it travels in events and commands): a ``str`` subclass becomes a ``str``,
   a tuple, set, ``range`` or generator a list; a value without a JSON form (a function, an object)
   fails the render, naming its type. Only a value the expression computed is walked: a read of the
@@ -108,7 +109,30 @@ class Environment(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (KeyError, TypeError):
                 pass
+            value = super().getattr(obj, attribute)
+            if callable(value) and not isinstance(value, Undefined):
+                return MissingKey(value, obj, attribute)
+            return value
         return super().getattr(obj, attribute)
+
+
+class MissingKey(StrictChainableUndefined):
+    """A key a mapping lacks that is the name of one of its methods (``ctx.items``, ``page.keys``):
+    undefined for every use (``| default([])`` applies, ``| length`` fails) except a call, which calls
+    the method (``ctx.items()``). A plain attribute lookup gave the bound method, so
+    ``(ctx.items | default([])) | length`` failed with "builtin_function_or_method has no len()"."""
+
+    __slots__ = ("_method",)
+    unsafe_callable = False  # (what the sandbox asks a callable before calling it)
+    alters_data = False
+    jinja_pass_arg = None
+
+    def __init__(self, method: Callable[..., Any], obj: Any, name: str) -> None:
+        super().__init__(hint=f"no key '{name}' (a mapping's {name}() method is called with parentheses)")
+        self._method = method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._method(*args, **kwargs)
 
 
 def _to_int(value: Any, default: int = 0) -> int:

@@ -40,6 +40,9 @@ class LoopRun(msgspec.Struct):
     """Every iteration event of this loop is stored after this stream sequence."""
     stopping: bool = False
     finished: bool = False
+    deadline_at: float | None = None
+    """Epoch seconds: the step's ``lifecycle.timeout_s`` after the loop started (from the timestamp of
+    the event it started on). Bounds the whole loop, as it bounds a local loop's one command."""
 
     @property
     def compatible(self) -> bool:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from noetl_stream import events as E
 from noetl_stream.control.byref import guard
-from noetl_stream.control.effects import Blob, Effects, LoopResults, _plain, server_event
+from noetl_stream.control.effects import Blob, Effects, LoopResults, _epoch, _plain, server_event
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState, JoinState, LoopRun, StepRun
@@ -43,9 +43,13 @@ class Run:
         self.state = state
         self.plan = plan
         self.fx = fx
+        self.at = 0.0
+        """When the event being folded happened (epoch seconds, its timestamp): the reducer's clock,
+        the same in replay."""
 
     # -- dispatch ---------------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
+        self.at = _epoch(event.timestamp)
         if event.name in E.BOUNDARY_EVENTS:
             self.on_boundary(event)
         elif event.name in (E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED):
@@ -258,7 +262,7 @@ class Run:
             trace_id=s.trace_id,
             issued_at=now_iso(),
             workbook={n: self.plan.playbook.workbook[n] for n in self.plan.workbook_refs.get(step.name, ())},
-            timeout_s=step.timeout_s,
+            timeout_s=self.iteration_timeout(step, run) if iteration is not None else step.timeout_s,
             keychain=[
                 KeychainDecl(name=k.name, kind=k.kind, config=k.config) for k in self.plan.playbook.keychain
             ]
@@ -268,6 +272,28 @@ class Run:
         )
 
     # -- distributed loops ------------------------------------------------------------------------
+    def iteration_timeout(self, step: Step, run: StepRun) -> float | None:
+        """An iteration's command may run for what is left of its loop's time (`LoopRun.deadline_at`)."""
+        deadline = run.loop.deadline_at if run.loop is not None else None
+        if deadline is None:
+            return step.timeout_s
+        left = max(deadline - self.at, 0.001)
+        return left if step.timeout_s is None else min(step.timeout_s, left)
+
+    def past_deadline(self, step: Step, lr: LoopRun) -> None:
+        """Past its ``lifecycle.timeout_s``, a distributed loop starts no more iterations and fails with
+        ``timeout`` once those in flight settle (each was given only the time left)."""
+        if lr.deadline_at is None or lr.finished or self.at < lr.deadline_at:
+            return
+        if lr.first_error_index != -2:
+            lr.stopping = True
+            lr.first_error_index = -2  # (below every index: no iteration's error replaces it)
+            lr.first_error = {
+                "kind": "timeout",
+                "retryable": False,
+                "message": f"step '{step.name}' ran longer than its lifecycle.timeout_s ({step.timeout_s} s)",
+            }
+
     def start_distributed_loop(self, step: Step, run: StepRun, scope: dict[str, Any]) -> None:
         assert step.loop is not None
         where = f"step '{step.name}' loop"
@@ -304,6 +330,7 @@ class Run:
             max_in_flight=mif,
             settled=bytearray((total + 7) >> 3),
             after_seq=self.state.last_seq,
+            deadline_at=self.at + step.timeout_s if step.timeout_s and self.at > 0 else None,
         )
         if len(packed) <= INLINE_ITEMS_BYTES:
             lr.packed_items = packed.decode()
@@ -359,6 +386,7 @@ class Run:
     def pump_loop(self, step: Step, run: StepRun) -> None:
         lr = run.loop
         assert lr is not None
+        self.past_deadline(step, lr)
         if not lr.stopping and lr.in_flight < lr.max_in_flight and lr.next_index < lr.total:
             items = self.loop_items(run)
             while not lr.stopping and lr.in_flight < lr.max_in_flight and lr.next_index < lr.total:

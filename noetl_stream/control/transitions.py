@@ -177,10 +177,7 @@ class Run:
             return
         step = self.plan.steps[name]
         run_id = self.new_run_id(name)
-        needs_scope = step.admit is not None or (
-            step.loop is not None and step.loop.spec.exec == "distributed"
-        )
-        scope = self.scope(args, cause) if needs_scope else {}
+        scope = self.scope(args, cause) if step.admit is not None else {}
         try:
             allowed = admit(step.admit, scope, f"step '{name}' spec.policy")
         except RenderError as exc:
@@ -232,7 +229,9 @@ class Run:
             run_id,
         )
         if step.loop is not None and step.loop.spec.exec == "distributed":
-            self.start_distributed_loop(step, run, scope)
+            # `in` sees what a local loop's sees on the worker: not the event that scheduled the step
+            # (only admission and routing do).
+            self.start_distributed_loop(step, run, self.scope(args))
             return
         self.fx.commands.append(self.command(step, run, None))
 

@@ -212,6 +212,7 @@ _UNAVAILABLE = {
     "an admission rule": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain", "iter"}),
     "an arc": frozenset({"outcome", "_prev", "_task", "_attempt", "keychain", "iter"}),
     "a task": frozenset({"event"}),
+    "a loop's items": frozenset({"event", "outcome", "_prev", "_task", "_attempt"}),
 }
 
 
@@ -224,6 +225,8 @@ def _site(path: Path) -> str | None:
         return "an arc"
     if rel[:1] == ("tool",):
         return "a task"
+    if rel[:1] == ("loop",):
+        return "a loop's items"
     return None
 
 

@@ -146,8 +146,8 @@ class Command(msgspec.Struct, omit_defaults=True):
 
 
 class Checkpoint(msgspec.Struct):
-    """KV record (``noetl_loops``): where a pipeline run stands — the next task, its ``iter``, ``_prev``
-    and the ctx patches so far."""
+    """KV record (``noetl_loops``): where a pipeline run stands — the next task, its ``iter``, ``_prev``,
+    the ctx patches so far and its tasks' results."""
 
     pc: int
     iter: dict[str, Any] = {}
@@ -156,6 +156,10 @@ class Checkpoint(msgspec.Struct):
     task_runs: int = 0
     """Task runs made before it: a resumed run goes on numbering them (the same task run ids, and so
     event ids, as the delivery it repeats)."""
+    results: dict[str, Any] = {}
+    """The results of the run's tasks by name, as its later tasks read them; large ones (above the
+    record's budget) as references to the results object store (dataplane/checkpoints.py). Empty in a
+    record written before the field existed."""
 
 
 # -- codecs ---------------------------------------------------------------------------------------

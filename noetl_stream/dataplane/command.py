@@ -18,17 +18,19 @@ import msgspec
 
 from noetl_stream import events as E
 from noetl_stream import tracing
+from noetl_stream.dataplane.checkpoints import Checkpoints
 from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline, task_run_id
+from noetl_stream.dataplane.refs import resolve_refs
 from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.history import read_events
-from noetl_stream.kv.results import inline_limit, is_ref
+from noetl_stream.kv.results import inline_limit
 from noetl_stream.outbox import Outbox
 from noetl_stream.wire import Command, Event, encode, event_id, now_iso
 
@@ -248,12 +250,15 @@ class CommandRun:
     async def run(self) -> None:
         cmd = self.cmd
         step = cmd.step_def
-        if _has_refs(cmd.results) or _has_refs(cmd.args):
-            results = self.worker.results
-            cmd.results = {k: await results.resolve(v) for k, v in cmd.results.items()}
-            cmd.args = {k: await results.resolve(v) for k, v in cmd.args.items()}
-        if is_ref(cmd.parent_iter):  # a large outer iteration (children.py)
-            cmd.parent_iter = await self.worker.results.resolve(cmd.parent_iter)
+        # Results by reference, at any depth: what the step reads, its args, a distributed iteration's
+        # item and a large outer iteration (children.py). One encode each when there are none (refs.py).
+        fetch, fetched = self.worker.results.get, dict[str, Any]()
+        cmd.results = await resolve_refs(cmd.results, fetch, fetched)
+        cmd.args = await resolve_refs(cmd.args, fetch, fetched)
+        if cmd.iteration is not None:
+            cmd.iteration.item = await resolve_refs(cmd.iteration.item, fetch, fetched)
+        if cmd.parent_iter is not None:
+            cmd.parent_iter = await resolve_refs(cmd.parent_iter, fetch, fetched)
         scope = build_scope(
             workload=cmd.workload,
             ctx=cmd.ctx,
@@ -273,7 +278,12 @@ class CommandRun:
             stop_check=lambda: self.worker.ended.get(cmd.execution_id),
             # outcome.meta.trace_id: the events' trace id, else the one the execution's trace has.
             trace_id=self.trace_id or tracing.execution_trace_id(cmd.execution_id),
-            checkpoints=KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
+            checkpoints=Checkpoints(
+                KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
+                self.worker.results,
+                budget=self.inline_limit,
+                tag=self._id_suffix,
+            ),
             resume=self.redelivered,
             # A child started from a loop iteration: its steps without a loop read it as iter.parent too.
             iter={"parent": cmd.parent_iter} if cmd.parent_iter is not None else None,
@@ -529,10 +539,6 @@ def _plain(done: dict[str, Any]) -> bool:
         and done.get("rule") is None
         and ("output" not in done)
     )
-
-
-def _has_refs(values: dict[str, Any]) -> bool:
-    return any(is_ref(v) or (isinstance(v, list) and any(is_ref(i) for i in v[:1])) for v in values.values())
 
 
 _FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED})

@@ -118,11 +118,20 @@ async def run_pipeline(
     secrets: set[str] = set(inp.secrets)
     hide = Redactor(secrets) if secrets else NOTHING_HIDDEN
     pc = 0
+    named: set[str] = set()
+    """Tasks whose result is in the scope under their name (the last run's, if it was ok)."""
+    secret: set[str] = set()
+    """Those whose result is secret: while there is one, no checkpoint is saved (none is ever written
+    to the KV bucket; a redelivery runs the pipeline from its last checkpoint, or its start, again)."""
     saved = await inp.checkpoints.load(inp.scope_id) if inp.resume and inp.checkpoints is not None else None
     if saved is not None:  # continue a pipeline run that an earlier delivery checkpointed
         pc = min(max(0, saved.pc), len(tasks))
         out.task_runs = max(0, saved.task_runs)
         iter_scope.update(saved.iter)
+        names = {t.name for t in tasks}
+        restored = {name: value for name, value in saved.results.items() if name in names}
+        scope.update(restored)
+        named.update(restored)
         prev = saved.prev
         out.ctx_patches.extend(saved.ctx_patches)
         for patch in saved.ctx_patches:
@@ -214,6 +223,12 @@ async def run_pipeline(
                 out.ctx_patches.append(set_ctx)
             if outcome.status == "ok":
                 scope[task.name] = outcome.result
+                named.add(task.name)
+                (secret.add if outcome.secret else secret.discard)(task.name)
+            else:  # an error has no result: the name is what it was before the task ran, not its last run's
+                _forget(scope, inp.scope, task.name)
+                named.discard(task.name)
+                secret.discard(task.name)
             do = then.do
             if do == "retry":
                 limit = then.attempts if then.attempts is not None else 3
@@ -233,15 +248,17 @@ async def run_pipeline(
             elif do == "jump":
                 prev = outcome.result
                 target = index[then.to] if then.to in index else len(tasks)
-                if target <= pc and inp.checkpoints is not None:
+                if target <= pc and inp.checkpoints is not None and not (secret or outcome.secret):
                     # A backward jump is a loop inside the pipeline (pagination): remember where it
-                    # stands, so a redelivered command resumes at this page instead of the first.
+                    # stands, so a redelivered command resumes at this page instead of the first, with
+                    # the results its tasks read by name (the store keeps large ones out of the record).
                     cp = Checkpoint(
                         pc=target,
                         iter=dict(iter_scope),
                         prev=prev,
                         ctx_patches=list(out.ctx_patches),
                         task_runs=out.task_runs,
+                        results={name: scope[name] for name in named},
                     )
                     await inp.checkpoints.save(inp.scope_id, cp)
                     checkpointed = True
@@ -275,6 +292,15 @@ async def run_pipeline(
         if nested is not None:
             current_iteration.reset(nested)
         close_resources(resources)
+
+
+def _forget(scope: dict[str, Any], base: dict[str, Any], name: str) -> None:
+    """Drop a task's result from `scope`: `name` reads what `base` has under it (an earlier step's
+    result, a workload key), else it is undefined (a template reading it fails)."""
+    if name in base:
+        scope[name] = base[name]
+    else:
+        scope.pop(name, None)
 
 
 def _error(outcome: Outcome, task: Task) -> dict[str, Any]:

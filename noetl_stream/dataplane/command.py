@@ -23,13 +23,13 @@ from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline, task_run_id
-from noetl_stream.dataplane.refs import resolve_refs
 from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.refs import resolve_refs
 from noetl_stream.kv.results import inline_limit
 from noetl_stream.outbox import Outbox
 from noetl_stream.wire import Command, Event, encode, event_id, now_iso
@@ -251,7 +251,7 @@ class CommandRun:
         cmd = self.cmd
         step = cmd.step_def
         # Results by reference, at any depth: what the step reads, its args, a distributed iteration's
-        # item and a large outer iteration (children.py). One encode each when there are none (refs.py).
+        # item and a large outer iteration (children.py). One encode each when there are none (kv/refs.py).
         fetch, fetched = self.worker.results.get, dict[str, Any]()
         cmd.results = await resolve_refs(cmd.results, fetch, fetched)
         cmd.args = await resolve_refs(cmd.args, fetch, fetched)

@@ -150,14 +150,8 @@ class ResultStore:
         """
         return await purge_object(self.js, self.topology.results_store, key, nuid)
 
-    async def resolve(self, value: Any, _depth: int = 0) -> Any:
-        """``value`` with every reference inside it (top level, dict values, list items) fetched."""
-        if is_ref(value):
-            return await self.get(value)
-        if _depth > 4:
-            return value
-        if isinstance(value, dict):
-            return {k: await self.resolve(v, _depth + 1) for k, v in value.items()}
-        if isinstance(value, list) and any(is_ref(v) for v in value):
-            return [await self.resolve(v, _depth + 1) for v in value]
-        return value
+    async def resolve(self, value: Any) -> Any:
+        """``value`` with every reference inside it, at any depth, fetched (`kv.refs.resolve_refs`)."""
+        from noetl_stream.kv.refs import resolve_refs  # (refs.py reads this module's names)
+
+        return await resolve_refs(value, self.get)

@@ -13,7 +13,6 @@ import contextlib
 from typing import Any
 
 from noetl_stream.dataplane.outcome import Outcome
-from noetl_stream.dataplane.refs import resolve_refs
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.errors import StoreMissingError
 from noetl_stream.kv.results import ResultStore
@@ -66,8 +65,7 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     info = {"execution_id": child_id, "status": status, "path": path}
     if status == "success":
         try:
-            store = ResultStore(runner.js, runner.topology)  # references at any depth (refs.py)
-            result = await resolve_refs(ev.payload.get("result"), store.get)
+            result = await ResultStore(runner.js, runner.topology).resolve(ev.payload.get("result"))
         except StoreMissingError as exc:
             return Outcome.fail(
                 "child_failed",

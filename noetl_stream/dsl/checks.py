@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.canonical import LEGACY
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, format_path
-from noetl_stream.dsl.graph import back_edges
+from noetl_stream.dsl.graph import back_edges, multi_entry_cycles
 from noetl_stream.dsl.graph import path as walk
 from noetl_stream.dsl.model import Playbook
 from noetl_stream.dsl.rewrite import (
@@ -80,6 +80,51 @@ def check_cycles(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
             "or bound the execution with executor.spec.deadline_s",
             code="endless-cycle",
         )
+
+
+def check_cycle_entries(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
+    """Warn about a cycle that tokens enter at more than one step when one of its steps is a join (it has
+    arcs from more than one step): which arc closes the cycle follows the order the arcs are written, and
+    with it whether the join waits for the step that closes it (its first run may start without it)."""
+    steps = {s.name for s in playbook.workflow}
+    if "start" not in steps:
+        return
+    arcs: dict[str, list[str]] = {
+        s.name: list(dict.fromkeys(a.step for a in (s.next.arcs if s.next else ()) if a.step in steps))
+        for s in playbook.workflow
+    }
+    index = {
+        name: i
+        for i, item in enumerate(data.get("workflow") or [])
+        if isinstance(item, dict) and isinstance(name := item.get("step"), str)
+    }
+    incoming: dict[str, set[str]] = {}
+    for source, targets in arcs.items():
+        for t in targets:
+            incoming.setdefault(t, set()).add(source)
+    for cycle, entries in multi_entry_cycles(arcs, "start"):
+        joins = [n for n in cycle if len(incoming.get(n, ())) > 1]
+        if not joins or not all(n in index for n in entries):
+            continue
+        first = min(entries, key=index.__getitem__)
+        ways = "; ".join(
+            f"'{n}' from " + (", ".join(f"'{p}'" for p in sorted(ps)) if ps else "the start")
+            for n, ps in sorted(entries.items(), key=lambda e: index[e[0]])
+        )
+        c.warn(
+            ("workflow", index[first], "step"),
+            f"steps {', '.join(cycle)} form a cycle that routes enter at more than one step ({ways}): which "
+            f"of its arcs loops back, and so which steps {_joins(joins)} for on a first run, follows the "
+            "order the arcs are written. Route every way into the cycle to one step",
+            code="multi-entry-cycle",
+        )
+
+
+def _joins(names: list[str]) -> str:
+    quoted = [f"'{n}'" for n in names]
+    if len(quoted) == 1:
+        return f"the join {quoted[0]} waits"
+    return f"the joins {', '.join(quoted[:-1])} and {quoted[-1]} wait"
 
 
 def check_names(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:

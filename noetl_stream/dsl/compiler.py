@@ -14,6 +14,7 @@ import msgspec
 from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.canonical import LEGACY, declared_extensions, expand
 from noetl_stream.dsl.checks import (
+    check_cycle_entries,
     check_cycles,
     check_graph,
     check_names,
@@ -168,6 +169,7 @@ class Compiler:
         )
         check_graph(self, playbook, data)
         check_cycles(self, playbook, data)
+        check_cycle_entries(self, playbook, data)
         check_names(self, playbook, data)
         check_templates(self, playbook, data)
         check_spec_keys(self, playbook, data)

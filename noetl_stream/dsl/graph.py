@@ -102,11 +102,44 @@ def path(arcs: Mapping[str, Sequence[str]], source: str, target: str) -> list[st
     return []
 
 
-def _reachable(arcs: dict[str, list[str]], root: str) -> set[str]:
+def multi_entry_cycles(
+    arcs: Mapping[str, Sequence[str]], root: str
+) -> list[tuple[list[str], dict[str, list[str]]]]:
+    """The cycles (strongly connected steps, reachable from `root`) that tokens can enter at more than
+    one step, with each entry's predecessors outside the cycle (`root` enters at itself: ``[]``).
+
+    Such a cycle has no one loop head: which of its arcs is the back edge depends on the order of the
+    depth-first walk, that is on the order the arcs are written, and with it which forward predecessors
+    a join inside the cycle waits for."""
+    reachable = _reachable(arcs, root)
+    preds: dict[str, list[str]] = {n: [] for n in reachable}
+    for n in reachable:
+        for t in arcs.get(n, ()):
+            preds.setdefault(t, []).append(n)
+    out: list[tuple[list[str], dict[str, list[str]]]] = []
+    seen: set[str] = set()
+    for n in sorted(reachable):
+        if n in seen:
+            continue
+        component = {m for m in _reachable(arcs, n) if n in _reachable(arcs, m)}
+        seen |= component
+        if len(component) < 2 and n not in arcs.get(n, ()):
+            continue  # no cycle
+        entries = {
+            m: [p for p in preds.get(m, []) if p not in component]
+            for m in component
+            if m == root or any(p not in component for p in preds.get(m, []))
+        }
+        if len(entries) > 1:
+            out.append((sorted(component), entries))
+    return out
+
+
+def _reachable(arcs: Mapping[str, Sequence[str]], root: str) -> set[str]:
     seen = {root}
     todo = [root]
     while todo:
-        for t in arcs.get(todo.pop(), []):
+        for t in arcs.get(todo.pop(), ()):
             if t not in seen:
                 seen.add(t)
                 todo.append(t)

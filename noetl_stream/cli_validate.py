@@ -24,7 +24,13 @@ from noetl_stream.dsl import compile_playbook
 def validate(
     files: tuple[Path, ...], as_json: bool, legacy: bool = False, show_canonical: bool = False
 ) -> None:
-    """Compile playbooks and report every problem as FILE:LINE:COL: message."""
+    """Compile playbooks and report their problems as FILE:LINE:COL: message.
+
+    Problems are reported together, in stages: a step's templates (the names they read, 'success'
+    and legacy event aliases in them) are checked once the step itself is well formed, and the
+    checks across steps once 'metadata' is valid; fixing the errors shown can reveal more. With
+    --show-canonical, diagnostics go to stderr and stdout holds the canonical YAML and the 'ok' line.
+    """
     extensions: tuple[str, ...] = ("legacy",) if legacy else ()
     all_diags: list[dict[str, object]] = []
     invalid = False
@@ -53,8 +59,8 @@ def validate(
             invalid = True
         for d in result.diagnostics:
             all_diags.append(msgspec.to_builtins(d))
-            if not as_json:
-                click.echo(d.format(), err=d.severity == "error")
+            if not as_json:  # with --show-canonical, stdout is the YAML alone (to redirect to a file)
+                click.echo(d.format(), err=d.severity == "error" or show_canonical)
         if show_canonical and not as_json:
             _show_canonical(text, str(path), extensions)
         if not as_json and not result.errors:

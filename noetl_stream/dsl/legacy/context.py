@@ -31,7 +31,16 @@ class Translation:
         self.step_vars: set[str] = set()
         """Names the current step writes with 002 ``set_vars`` (step scope, mapped to iteration scope
         as 002 §6.5 allows)."""
+        self.structural_next = False
+        """A ``next`` list of ``{step}`` objects without ``when`` is 000's structural next (the playbook
+        is in 000 form), not a 002 list of arcs."""
+        self.bare: set[int] = set()
+        """Ids of the arcs made of a target written as a step name (``next: b``)."""
+        self.loop_mode: str | None = None
+        """The current step's loop mode (``parallel``, ``sequential``); None: the step has no loop."""
         self.vars_by_step: dict[str, set[str]] = {}
+        self.after_steps: set[str] = set()
+        """Names of the steps the translation adds after a step (they run once it has ended)."""
         self.new_steps: list[dict[str, Any]] = []
         """Steps the translation adds (after a step's loop: its ``step.exit`` work)."""
 

@@ -86,6 +86,16 @@ def _then(t: Translation, then: dict[str, Any], path: Path, who: str) -> dict[st
     if out.get("backoff") == "fixed":
         out["backoff"] = "none"
         t.warn((*path, "backoff"), f"{who}: 002 'backoff: fixed' translated to 'backoff: none'")
+    sequential = "set_vars" in out and t.loop_mode not in (None, "parallel")
+    if sequential:  # reported; translated on as if it were not (so nothing else is reported for it)
+        t.error(
+            (*path, "set_vars"),
+            f"{who}: 002 'set_vars' in a sequential loop has no canonical translation: 002 'vars' are "
+            "the step run's, shared by every iteration (a running value), while canonical 'iter' is "
+            "one iteration's and 'ctx' the whole execution's (002 §6.5 maps vars to iteration scope "
+            "only in a parallel loop): write set_iter for a value of one iteration, set_shared "
+            "(set_ctx) for a value kept across iterations",
+        )
     if "set_vars" in out:
         sv = out.pop("set_vars")
         if isinstance(sv, dict):
@@ -98,11 +108,12 @@ def _then(t: Translation, then: dict[str, Any], path: Path, who: str) -> dict[st
             merged.update(sv)
             out["set_iter"] = t.mark(merged, (*path, "set_vars"))
             t.step_vars.update(str(k) for k in sv)
-            t.warn(
-                (*path, "set_vars"),
-                f"{who}: 002 'set_vars' (step scope) translated to 'set_iter' (iteration scope, the "
-                "mapping 002 §6.5 allows); 'vars.<name>' reads become 'iter.<name>'",
-            )
+            if not sequential:
+                t.warn(
+                    (*path, "set_vars"),
+                    f"{who}: 002 'set_vars' (step scope) translated to 'set_iter' (iteration scope, the "
+                    "mapping 002 §6.5 allows); 'vars.<name>' reads become 'iter.<name>'",
+                )
         else:
             out["set_vars"] = sv
     if "set_shared" in out:

@@ -113,9 +113,12 @@ def chain(
         none_fired = conj(event_guard, *(negate(f) for f in fired if f))
         for target in fallback:
             arc = make_arc(target, none_fired)
+            authored = ls.t.origins.path_of(target) or (*ls.path, "next")
             if "args" in arc:
-                arc["args"] = ls.rw(arc["args"], (*ls.path, "next"), "route", failed=failed)
-            arcs.append(arc)
+                arc["args"] = ls.rw(arc["args"], authored, "route", failed=failed)
+            arcs.append(ls.t.mark(arc, authored))  # its diagnostics point at the 'next' the author wrote
+            if id(target) in ls.t.bare:
+                ls.t.origins.mark_key(arc, "step", authored)
     return arcs
 
 

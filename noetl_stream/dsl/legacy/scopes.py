@@ -88,8 +88,10 @@ class Scopes:
         names = {"result": self.step, "response": self.step}
         if failed:
             names["error"] = "event.error"
-        if self.result_name:
-            names[self.result_name] = self.step
+        if self.result_name:  # in a loop, each iteration's result is what it collected: flatten them
+            names[self.result_name] = (
+                f"({self.step} | reject('none') | sum(start=[]))" if self.loop else self.step
+            )
         if not self.sets_result:
             for n in self.collected:
                 if not self.loop:

@@ -10,6 +10,7 @@ from noetl_stream.dsl.legacy.build import LegacyStep
 from noetl_stream.dsl.legacy.case import target_problem
 from noetl_stream.dsl.legacy.context import Translation
 from noetl_stream.dsl.legacy.evalrules import check_no_task_legacy, expand_set_prev, translate_rule_list
+from noetl_stream.dsl.legacy.scopes import ScopeError, Scopes
 from noetl_stream.dsl.legacy.shapes import SUCCEEDED, legacy_tool_keys, put_spec, rename_key
 from noetl_stream.dsl.legacy.sinks import default_auth
 from noetl_stream.dsl.rewrite import Rewrite, rewrite_value, template
@@ -28,6 +29,7 @@ def translate_step(
     _step_args(t, step, path, who)
     mode = _next_mode(t, step, path, who)
     _loop(t, step, path, who)
+    t.loop_mode = _loop_mode(step)
     _tool(t, step, path, who)
     raw_next = step.get("next")
     parsed = _parse_next(t, raw_next, (*path, "next"), who)
@@ -64,7 +66,12 @@ def translate_step(
         added = LegacyStep(t, step, path, targets, names, plain).translate()
     elif parsed is not None:
         targets, conditional = parsed
-        step["next"] = _router(t, step, path, who, targets, conditional, mode)
+        bare = isinstance(raw_next, str) or any(isinstance(x, str) for x in raw_next or [])
+        structural = not conditional and (bare or t.structural_next)
+        iterator = it if isinstance(it, str) and it not in plain else None
+        scopes = Scopes(step=name, call=f"{name}_task", loop=isinstance(loop, dict), iterator=iterator)
+        _arc_reads(t, targets, path, name, scopes if structural else None, plain)
+        step["next"] = _router(t, step, path, who, targets, structural, conditional, mode)
     elif mode is not None and isinstance(raw_next, dict):
         spec = raw_next.setdefault("spec", {})
         if isinstance(spec, dict) and spec.get("mode", mode) != mode:
@@ -74,6 +81,7 @@ def translate_step(
     t.vars_by_step[name] = set(t.step_vars)
     for new in added:
         t.vars_by_step[str(new["step"])] = set(t.step_vars)
+        t.after_steps.add(str(new["step"]))
     return added
 
 
@@ -123,6 +131,16 @@ def _loop(t: Translation, step: dict[str, Any], path: Path, who: str) -> None:
     if isinstance(spec, dict) and "mode" not in spec:
         spec["mode"] = loop.pop("mode")
         t.warn((*path, "loop", "mode"), f"{who}: 000 'loop.mode' translated to loop.spec.mode")
+
+
+def _loop_mode(step: dict[str, Any]) -> str | None:
+    """The step's loop mode once ``loop.mode`` moved under ``spec`` (sequential unless given)."""
+    loop = step.get("loop")
+    if not isinstance(loop, dict):
+        return None
+    spec = loop.get("spec")
+    mode = spec.get("mode", "sequential") if isinstance(spec, dict) else "sequential"
+    return mode if isinstance(mode, str) else "sequential"
 
 
 def _tool(t: Translation, step: dict[str, Any], path: Path, who: str) -> None:
@@ -180,7 +198,7 @@ def _task(t: Translation, task: dict[str, Any], path: Path, who: str) -> None:
 def _parse_next(t: Translation, raw: Any, path: Path, who: str) -> tuple[list[dict[str, Any]], bool] | None:
     """``next`` as a string or a list: its arcs and whether any is conditional (002). None: not legacy."""
     if isinstance(raw, str):
-        return [t.mark({"step": raw}, path)], False
+        return [_bare(t, raw, path)], False
     if not isinstance(raw, list):
         return None
     arcs: list[dict[str, Any]] = []
@@ -188,7 +206,7 @@ def _parse_next(t: Translation, raw: Any, path: Path, who: str) -> tuple[list[di
     for i, item in enumerate(raw):
         ip: Path = (*path, i)
         if isinstance(item, str):
-            arcs.append(t.mark({"step": item}, ip))
+            arcs.append(_bare(t, item, ip))
         elif isinstance(item, dict):
             arc = t.mark(dict(item), ip)
             if "expr" in arc:
@@ -208,20 +226,71 @@ def _parse_next(t: Translation, raw: Any, path: Path, who: str) -> tuple[list[di
     return arcs, conditional
 
 
+def _arc_reads(
+    t: Translation,
+    arcs: list[Any],
+    path: Path,
+    name: str,
+    scopes: Scopes | None,
+    plain: set[str],
+) -> None:
+    """``result``/``response`` in arcs read the step's result (000 §3.3), as they do on a step with
+    ``case`` rules. A structural next (``scopes``) is checked like one: nothing of the step's run but
+    its result exists after it."""
+    own = Rewrite(names={n: name for n in ("result", "response") if n not in plain})
+    told = False
+    for i, arc in enumerate(arcs):
+        if not isinstance(arc, dict):
+            continue
+        where: Path = t.origins.path_of(arc) or (*path, "next", i)
+        for key in [k for k in arc if k != "step"]:
+            before = arc[key]
+            if scopes is not None:
+                try:
+                    arc[key] = scopes.rewrite(before, "route")
+                except ScopeError as exc:
+                    raise t.error((*where, key), f"step '{name}': no faithful translation: {exc}") from None
+            else:
+                arc[key] = rewrite_value(before, own)
+            if arc[key] != before and not told:
+                told = True
+                t.warn(
+                    (*where, key),
+                    f"step '{name}': 'result'/'response' in 'next' read as the step's result "
+                    f"('{{{{ {name} }}}}')",
+                )
+
+
+def _bare(t: Translation, name: str, path: Path) -> dict[str, Any]:
+    """The arc of a target written as a step name (its ``step`` is the name the author wrote)."""
+    arc = t.mark({"step": name}, path)
+    t.bare.add(id(arc))
+    return arc
+
+
 def _router(
     t: Translation,
     step: dict[str, Any],
     path: Path,
     who: str,
     arcs: list[dict[str, Any]],
+    structural: bool,
     conditional: bool,
     mode: str | None,
 ) -> dict[str, Any]:
+    """A 002 list (``when`` defaults to true, arcs are evaluated on ``step.failed`` too, exclusive
+    unless ``next_mode`` says otherwise) or a 000 structural next (every target, on success)."""
     out: dict[str, Any] = {}
-    if conditional:
+    if not structural:
         if mode is not None:
             out["spec"] = {"mode": mode}
-        t.warn((*path, "next"), f"{who}: 002 'next' list translated to next.arcs")
+        how = (
+            ""
+            if conditional
+            else " (an arc without 'when' is always taken, on step.failed too; the first one wins "
+            "unless next_mode is inclusive)"
+        )
+        t.warn((*path, "next"), f"{who}: 002 'next' list translated to next.arcs{how}")
     else:
         if step.get("tool"):  # a structural next is the way on: a failure is not routed by it
             for arc in arcs:

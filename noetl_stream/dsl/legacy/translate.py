@@ -11,11 +11,14 @@ from noetl_stream.dsl.legacy.steps import STEP_000, translate_step
 from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.rewrite import (
     Rewrite,
+    Tok,
     alias_literals,
     aliases_to_canonical,
+    join,
     reads_attr,
     rewrite_text,
     success_to_ok,
+    tokenize,
 )
 from noetl_stream.dsl.source import SourceMap
 from noetl_stream.events import LEGACY_ALIASES
@@ -28,6 +31,7 @@ def translate(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
     t = Translation(origins, smap)
     if not isinstance(data, dict):
         return t.diagnostics
+    t.structural_next = reads_as_000(data)
     _root(t, data)
     workflow = data.get("workflow")
     if isinstance(workflow, list):
@@ -51,6 +55,38 @@ def translate(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
     _keychain(t, data)
     _extensions(data)
     return t.diagnostics
+
+
+def reads_as_000(data: dict[str, Any]) -> bool:
+    """Whether the playbook is in 000/004 form and shows nothing of 002. Both drafts write ``next`` as a
+    list of ``{step, args}``: 000 means every target, on success (its ``next`` has no ``when``); 002
+    means arcs whose ``when`` defaults to true, the first one taken, on failure too."""
+    found_000 = any(k in data for k in ROOT_METADATA)
+    found_002 = False
+    workflow = data.get("workflow")
+    for step in workflow if isinstance(workflow, list) else []:
+        if not isinstance(step, dict):
+            continue
+        loop, spec, nxt = step.get("loop"), step.get("spec"), step.get("next")
+        items = nxt if isinstance(nxt, list) else []
+        found_000 = found_000 or any(k in step for k in (*STEP_000, "args"))
+        found_000 = found_000 or (isinstance(loop, dict) and "mode" in loop)
+        found_000 = found_000 or isinstance(nxt, str) or any(isinstance(x, str) for x in items)
+        found_002 = found_002 or "when" in step or (isinstance(spec, dict) and "next_mode" in spec)
+        found_002 = found_002 or any(isinstance(x, dict) and ("when" in x or "expr" in x) for x in items)
+        found_002 = found_002 or _has_key(step.get("tool"), MARKS_002)
+    return found_000 and not found_002
+
+
+MARKS_002 = frozenset({"eval", "expr", "set_vars", "set_shared", "set_prev"})
+
+
+def _has_key(node: Any, keys: frozenset[str]) -> bool:
+    if isinstance(node, dict):
+        return any(k in keys or _has_key(v, keys) for k, v in node.items())
+    if isinstance(node, list):
+        return any(_has_key(v, keys) for v in node)
+    return False
 
 
 def _root(t: Translation, data: dict[str, Any]) -> None:
@@ -112,18 +148,33 @@ def _names(t: Translation, data: dict[str, Any]) -> None:
     for i, step in enumerate(data["workflow"]):
         if not isinstance(step, dict):
             continue
-        own = t.vars_by_step.get(str(step.get("step")), set())
+        name = str(step.get("step"))
+        own = t.vars_by_step.get(name, set())
         clash = own & t.ctx_vars
         rw = Rewrite(names={"vars": "ctx"}, attrs={("vars", n): f"iter.{n}" for n in sorted(own - clash)})
+        late_rw = Rewrite(names={"vars": "ctx"})  # the step run's vars are gone once it has ended
         told = False
         for node, key, path in _strings(step, ("workflow", i)):
             before = node[key]
-            after = _spellings(t, rewrite_text(before, rw), table.get(path, path))
+            ended = name in t.after_steps or path[2:3] == ("next",)
+            use = late_rw if ended else rw
+            late = [n for n in sorted(own - clash) if reads_attr(before, "vars", n)] if ended else []
+            if late:
+                place = f"step '{name}'" if name in t.after_steps else "'next'"
+                t.error(
+                    table.get(path, path),
+                    f"step '{name}': 'vars.{late[0]}' (002 set_vars, step scope) is read in {place}, "
+                    "after the step ended: no faithful translation (only the step's result, ctx, workload "
+                    "and args are known then): write it with set_shared to route on it, or make it the "
+                    "step's result",
+                    at_key=False,
+                )
+            after = _spellings(t, rewrite_text(before, use), table.get(path, path))
             if after == before:
                 continue
             node[key] = after
             where = table.get(path, path)
-            if rewrite_text(before, rw) != before:
+            if rewrite_text(before, use) != before and not late:
                 if any(reads_attr(before, "vars", n) for n in clash):
                     t.error(
                         where,
@@ -143,6 +194,9 @@ def _names(t: Translation, data: dict[str, Any]) -> None:
 
 def _spellings(t: Translation, text: str, where: Path) -> str:
     """``text`` with ``outcome.status == 'success'`` and legacy event aliases in canonical form."""
+    attr = _status_attr(text)
+    if success_to_ok(attr) != attr:
+        text = attr
     after = aliases_to_canonical(success_to_ok(text))
     if after != text:
         if success_to_ok(text) != text:
@@ -155,6 +209,32 @@ def _spellings(t: Translation, text: str, where: Path) -> str:
                 at_key=False,
             )
     return after
+
+
+def _status_attr(text: str) -> str:
+    """``text`` with ``outcome['status']`` read as ``outcome.status`` (the same value), so that a
+    ``'success'`` test written with a subscript is translated too."""
+    if "outcome" not in text or "status" not in text:
+        return text
+    tokens = tokenize(text)
+    if tokens is None:
+        return text
+    code = [i for i, tok in enumerate(tokens) if tok.code and tok.kind not in ("whitespace", "raw")]
+    drop: set[int] = set()
+    for n in range(len(code) - 3):
+        a, b, c, d = (tokens[j] for j in code[n : n + 4])
+        if (
+            (a.kind, a.value) == ("name", "outcome")
+            and (b.kind, b.value) == ("operator", "[")
+            and c.kind == "string"
+            and c.value[1:-1] == "status"
+            and (d.kind, d.value) == ("operator", "]")
+        ):
+            tokens[code[n + 1]] = Tok("operator", ".", True)
+            tokens[code[n + 2]] = Tok("name", "status", True)
+            drop.update(range(code[n + 1] + 1, code[n + 2]))
+            drop.update(range(code[n + 2] + 1, code[n + 3] + 1))
+    return join([tok for i, tok in enumerate(tokens) if i not in drop])
 
 
 def _workbook(t: Translation, data: dict[str, Any]) -> None:

@@ -107,6 +107,23 @@ def test_outcome_status_success_is_an_error_without_the_legacy_extension() -> No
     )
 
 
+def test_the_subscript_spelling_of_outcome_status_success_is_an_error_too() -> None:
+    """``outcome['status'] == 'success'`` never matches (the status is 'ok'): it passed `validate` and the
+    rule silently never fired."""
+    text = STATUS.replace("outcome.status", "outcome['status']")
+    result = compile_playbook(text, "bad.yaml")
+    assert [d.code for d in result.errors] == ["legacy-status"], result.errors
+    legacy = compile_playbook(with_legacy(text), "old.yaml")
+    assert legacy.errors == () and legacy.playbook is not None
+    (rule,) = legacy.playbook.workflow[0].tasks[0].policy.rules  # type: ignore[union-attr]
+    assert "'ok'" in str(rule.when) and "'success'" not in str(rule.when)
+
+
+def test_an_event_status_subscript_compared_with_an_impossible_value_is_an_error() -> None:
+    (error,) = compile_playbook(arc("{{ event['status'] == 'ok' }}"), "bad.yaml").errors
+    assert error.code == "unknown-status" and "event.status is never 'ok'" in error.message
+
+
 def test_outcome_status_success_is_translated_to_ok_with_the_legacy_extension() -> None:
     result = compile_playbook(with_legacy(STATUS), "old.yaml")
     assert result.errors == ()

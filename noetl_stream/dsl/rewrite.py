@@ -261,16 +261,19 @@ def _status_compared(tokens: list[Tok], subject: str) -> list[int]:
 
 
 def _compared(tokens: list[Tok], subject: str, attr: str) -> list[tuple[str, list[int]]]:
-    """Each comparison of ``<subject>.<attr>``: the operator and the indices of the tokens it is
-    compared with: the other side of ``==``/``!=``, every token of the list or tuple after
-    ``in``/``not in``."""
+    """Each comparison of ``<subject>.<attr>`` (or ``<subject>['<attr>']``): the operator and the indices
+    of the tokens it is compared with: the other side of ``==``/``!=``, every token of the list or tuple
+    after ``in``/``not in``."""
     found: list[tuple[str, list[int]]] = []
     for i, t in enumerate(tokens):
         if not (t.code and t.kind == "name" and t.value == subject):
             continue
         d = _sig(tokens, i, 1)
         s = _sig(tokens, d, 1)
-        if not (_is(tokens, d, "operator", ".") and _is(tokens, s, "name", attr)):
+        if _is(tokens, d, "operator", "[") and 0 <= s < len(tokens) and tokens[s].kind == "string":
+            if tokens[s].value[1:-1] != attr or not _is(tokens, s := _sig(tokens, s, 1), "operator", "]"):
+                continue
+        elif not (_is(tokens, d, "operator", ".") and _is(tokens, s, "name", attr)):
             continue
         op = _sig(tokens, s, 1)
         if _is(tokens, op, "operator", "==") or _is(tokens, op, "operator", "!="):

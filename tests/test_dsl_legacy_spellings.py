@@ -158,3 +158,26 @@ def test_statuses_each_side_has_are_accepted() -> None:
     assert (
         compile_playbook(arc("{{ event.status in ['success', 'error', 'skipped'] }}"), "ok.yaml").errors == ()
     )
+
+
+def test_legacy_spellings_in_a_step_with_other_errors_are_reported_in_the_same_pass() -> None:
+    """A step that does not compile (a misplaced loop 'mode') still has its templates' legacy spellings
+    reported with that error; they showed only once it was fixed."""
+    text = steps(
+        """\
+  - step: start
+    loop:
+      in: "{{ [1] }}"
+      iterator: it
+      mode: parallel
+    tool:
+      kind: noop
+      spec: {policy: {rules: [{when: "{{ outcome.status == 'success' }}", then: {do: break}}]}}
+    next: {arcs: [{step: after, when: "{{ event.name == 'call.done' }}"}]}
+  - step: after
+    tool: {kind: noop}
+"""
+    )
+    codes = [d.code for d in compile_playbook(text, "bad.yaml").errors]
+    assert "legacy-status" in codes and "legacy-event" in codes, codes
+    assert len(codes) >= 3, codes  # and the loop's own error

@@ -371,10 +371,12 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 )
                 continue
             known = base
+            compiled = True
             if root == ("workflow",) and isinstance(path[1], int):
-                if path[1] not in labels_by_index:
-                    continue  # the step did not compile; its errors say more than name checks could
-                known = base | labels_by_index[path[1]]
+                # A step that did not compile: its errors say more than name checks could, but the
+                # legacy spellings below are reported with them (all at once, not after the fixes).
+                compiled = path[1] in labels_by_index
+                known = base | labels_by_index.get(path[1], set())
             if success_to_ok(text) != text:
                 c.error(
                     path,
@@ -412,6 +414,8 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                     "this condition never matches it; test event.name == 'loop.done'",
                     code="loop-boundary",
                 )
+            if not compiled:
+                continue
             names = undeclared_names(text)
             site = _site(path)
             owner = _step_name(path, data)

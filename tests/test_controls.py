@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 from helpers import playbook
+from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
@@ -292,6 +293,42 @@ async def test_a_command_queued_while_no_worker_ran_is_not_run_once_its_executio
     assert failed.worker == "late" and failed.payload["error"]["kind"] == "cancelled", failed.payload
     assert "before this step started" in failed.payload["error"]["message"]
     assert not mark.exists()  # nothing of the step ran
+
+
+BACKLOG = """
+- step: start
+  loop:
+    in: "{{ range(6) | list }}"
+    iterator: i
+    spec: {mode: parallel, max_in_flight: 6, policy: {exec: distributed}}
+  tool: {kind: noop}
+"""
+
+
+async def test_a_backlog_of_one_execution_is_looked_up_once_not_once_per_command(
+    nats_server: EmbeddedNats, topology: Topology
+) -> None:
+    """Six iteration commands of one running execution wait for a worker; the worker that starts looks
+    up whether the execution ended once: found running, its later end reaches the worker's
+    subscription (every command looked it up: a request each, for the first seconds after any start)."""
+    text = playbook(BACKLOG)
+    async with local_runtime(nats_server.url, topology=topology, workers=0) as rt:
+        eid = await submit(rt.nc, topology, request_for(text, "backlog.yaml"))
+        await _wait_for(rt, eid, E.LOOP_STARTED)
+        lookups: list[bytes] = []
+
+        async def seen(msg: Msg) -> None:
+            if eid.encode() in msg.data:
+                lookups.append(msg.data)
+
+        sub = await rt.nc.subscribe(f"$JS.API.STREAM.MSG.GET.{topology.events_stream}", cb=seen)
+        try:
+            async with Worker(rt.nc, topology, name="late"):
+                summary = await follow(rt.nc, topology, eid, timeout=15)
+        finally:
+            await sub.unsubscribe()
+    assert summary.status == "success", summary.error
+    assert len(lookups) == 1, lookups
 
 
 SLOW_LOOP = """

@@ -75,6 +75,11 @@ class Worker:
         self._ended_sub: Any = None
         self.ended: OrderedDict[str, str] = OrderedDict()
         """Executions that ended (cancelled, failed, deadline) while commands of theirs may run here."""
+        self._running_when_checked: OrderedDict[str, None] = OrderedDict()
+        """Executions `_ended_before` found running after this worker listened for ends: their later
+        ends reach `_on_finished`, so their other early commands need no look-up."""
+        self._lookups: dict[str, asyncio.Future[None]] = {}
+        """`_ended_before` in progress, by execution: the commands of a backlog share one."""
         self.stopping = False
         """`shutdown` began: local loops start no more iterations (`HandedBack`)."""
         self._listening_since = "~"  # (sorts after every ISO timestamp): until `start`, check them all
@@ -144,12 +149,16 @@ class Worker:
     async def _ended_before(self, cmd: Command) -> None:
         """A command issued before this worker listened for ends (a backlog: a pool scaled from zero, a
         restart) may belong to an execution cancelled, failed or timed out meanwhile. Its stored end
-        says so; then the command stops at its first task boundary like any of an ended execution."""
+        says so; then the command stops at its first task boundary like any of an ended execution.
+        Once per execution: one found still running ends later, which the subscription hears."""
         subject = self.topology.stored_event_filter(cmd.execution_id, E.WORKFLOW_FINISHED)
         try:
             raw = await self.js.get_last_msg(self.topology.events_stream, subject)
             status = decode_event(raw.data or b"").payload.get("status")
         except NotFoundError:
+            self._running_when_checked[cmd.execution_id] = None
+            while len(self._running_when_checked) > 10_000:
+                self._running_when_checked.popitem(last=False)
             return  # still running
         except Exception as exc:  # NATS slow or down: run it (its events could not be written anyway)
             self._log.warning("worker.end_check_failed", error=str(exc) or type(exc).__name__)
@@ -205,8 +214,17 @@ class Worker:
             return
         ids = {"execution_id": cmd.execution_id, "step": cmd.step, "step_run_id": cmd.step_run_id}
         with bound(**ids, worker=self.name):  # on every log line about this command
-            if cmd.issued_at < self._listening_since and cmd.execution_id not in self.ended:
-                await self._ended_before(cmd)
+            eid = cmd.execution_id
+            if (
+                cmd.issued_at < self._listening_since
+                and eid not in self.ended
+                and eid not in self._running_when_checked
+            ):
+                lookup = self._lookups.get(eid)
+                if lookup is None:
+                    lookup = self._lookups[eid] = asyncio.ensure_future(self._ended_before(cmd))
+                    lookup.add_done_callback(lambda _: self._lookups.pop(eid, None))
+                await asyncio.shield(lookup)  # (a command cancelled meanwhile leaves it to the others)
             outbox = Outbox(self.js, self.topology)
             run = CommandRun(self, cmd, outbox, delivery=num_delivered(msg))
             try:

@@ -181,7 +181,8 @@ async def connect(
             await nc.connect(servers, **opts)
     except asyncio.CancelledError:  # the process is stopping before it ever connected
         with contextlib.suppress(Exception):
-            await nc.close()
+            async with asyncio.timeout(5):
+                await nc.close()
         raise
     except TimeoutError:
         await nc.close()

@@ -71,9 +71,13 @@ async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> 
         stopping.cancel()
     if task.done():
         return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    # Cancelled again until it ends: Python 3.11's asyncio.wait_for (nats-py's connect attempts use it)
+    # loses a cancellation that comes as the attempt fails, and the connect loop then goes on.
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()
     return None
 
 
@@ -123,10 +127,13 @@ async def run_controller(
     if nc is None:
         return
     try:
-        async with Controller(
+        controller = Controller(
             nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
-        ) as controller:
-            api = ApiServer(controller, http[0], http[1], api_tokens) if http is not None else None
+        )
+        api = ApiServer(controller, http[0], http[1], api_tokens) if http is not None else None
+        if api is not None:  # the workers' task events are watched before any work is taken: none missed
+            await api.metrics.start(nc)
+        async with controller:
             if api is not None:
                 try:
                     await api.start()

@@ -19,7 +19,13 @@ a join's two ``id`` columns) fails with ``DuplicateColumnsError`` (a ``duckdb_er
 rather than losing a value.
 
 ``TIMESTAMP WITH TIME ZONE`` values come back as ISO text with their offset (DuckDB hands them to
-Python through ``pytz``, a dependency for that reason).
+Python through ``pytz``, a dependency for that reason). ``JSON`` values are decoded (also in lists,
+arrays, structs and map values), as the postgres tool decodes ``json``/``jsonb``; a ``DECIMAL`` is a
+number the way postgres's ``numeric`` is (`json_safe`: an integer when whole and below 2^53, else a float).
+
+A text of several ``;``-separated statements runs them in order, each committed as it ends, up to the
+first that fails; the result is the last statement's (DuckDB's ``execute``), and ``params`` bind the
+last statement only.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import msgspec
 
 from noetl_stream.dataplane.outcome import INFINITE_DATETIMES, Outcome, json_safe, sql_infinity
 from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
@@ -75,6 +83,42 @@ def _connection(config: dict[str, Any], ctx: ToolContext) -> Any:
     return conn.cursor()
 
 
+def _json_value(text: Any) -> Any:
+    """A value of a ``JSON`` column decoded (DuckDB gives its text); text that does not decode (a number
+    out of range like ``1e400``) stays text."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text
+
+
+def _json_decoder(kind: Any) -> Callable[[Any], Any] | None:
+    """How to decode the ``JSON`` values in a value of the DuckDB type `kind`: a ``JSON`` column, or one
+    holding ``JSON`` in a list, an array, a struct or a map's values; None when it holds none."""
+    if str(kind) == "JSON":
+        return _json_value
+    nested = getattr(kind, "id", None)
+    if nested in ("list", "array"):
+        item = _json_decoder(dict(kind.children)["child"])
+        if item is not None:
+            return lambda v: v if v is None else [item(x) for x in v]
+    elif nested == "struct":
+        fields = {name: f for name, sub in kind.children if (f := _json_decoder(sub)) is not None}
+        if fields:
+            return lambda v: (
+                v
+                if not isinstance(v, dict)
+                else {k: fields[k](x) if k in fields else x for k, x in v.items()}
+            )
+    elif nested == "map":
+        value = _json_decoder(dict(kind.children)["value"])
+        if value is not None:
+            return lambda v: v if not isinstance(v, dict) else {k: value(x) for k, x in v.items()}
+    return None
+
+
 def _run(conn: Any, sql: str, params: Any, attach: list[str]) -> Any:
     try:
         for statement in attach:
@@ -84,12 +128,21 @@ def _run(conn: Any, sql: str, params: Any, attach: list[str]) -> Any:
             return {"status": "ok"}
         columns = [d[0] for d in cur.description]
         check_columns(columns)
+        # JSON values decoded, as the postgres tool decodes json/jsonb (DuckDB gives their text).
+        decoders = [_json_decoder(d[1]) or _as_is for d in cur.description]
         return [
-            {c: sql_infinity(v, INFINITE_DATETIMES) for c, v in zip(columns, row, strict=False)}
+            {
+                c: sql_infinity(decode(v), INFINITE_DATETIMES)
+                for c, decode, v in zip(columns, decoders, row, strict=False)
+            }
             for row in cur.fetchall()
         ]
     finally:
         conn.close()
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 async def run_duckdb(config: dict[str, Any], ctx: ToolContext) -> Outcome:

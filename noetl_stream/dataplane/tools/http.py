@@ -1,14 +1,16 @@
 """``http``: one request with aiohttp, on one pooled session per worker.
 
 Config: ``method`` (default GET), ``url``, ``params`` (query; lists repeat the key), ``headers``, and at
-most one body: ``body`` (str/bytes, sent as is), ``json`` (any JSON value), ``form`` (a mapping, sent
-urlencoded) or ``data`` (a mapping like ``form``, else like ``body``). ``auth`` names a keychain entry:
-``bearer``/``http_bearer`` {token}, ``basic``/``http_basic`` {username, password}, or ``api_key``
-{value, header (default ``X-API-Key``)} / {value, param} (a query parameter). ``spec.timeout``:
-``{connect, read, total}`` in seconds (a number sets connect and read; defaults in ``dsl/kinds.py``; no
-total by default: ``total`` bounds a server that sends a byte now and then, which no read timeout
-catches). ``spec.max_body_bytes`` (default 64 MiB): a longer response body is not read but fails the
-task with ``response_too_large``, so that one answer cannot take the worker's memory.
+most one body: ``body`` (str/bytes, sent as is), ``json`` (any JSON value; ``json: null`` sends the body
+``null``), ``form`` (a mapping, sent urlencoded) or ``data`` (a mapping like ``form``, else like
+``body``). ``auth`` names a keychain entry: ``bearer``/``http_bearer`` {token}, ``basic``/``http_basic``
+{username, password}, or ``api_key`` {value, header (default ``X-API-Key``)} / {value, param} (a query
+parameter). ``spec.timeout``: ``{connect, read, total}`` in seconds, each a number or text holding one
+(a number sets connect and read; defaults in ``dsl/kinds.py``; no total by default: ``total`` bounds a
+server that sends a byte now and then, which no read timeout catches). ``spec.max_body_bytes`` (default
+64 MiB; a whole number or text holding one): a longer 2xx body is not read but fails the task with
+``response_too_large``, so that one answer cannot take the worker's memory; a longer body of an error
+status is cut there (the task is still that status's ``http_error``, ``outcome.http.truncated`` true).
 
 ``auth``'s header replaces a header of the same name in ``headers``, whatever its case (header names
 are case-insensitive: one header, never two).
@@ -95,32 +97,46 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """The longest response body read without ``spec.max_body_bytes``."""
 
 
+def _seconds(name: str, value: Any) -> float | None:
+    """One timeout of ``spec.timeout``: a non-negative number of seconds, or text holding one
+    (``"1.5"``, as the ``python`` and ``script`` tools take it); None (or 0) sets no limit."""
+    if value is None:
+        return None
+    seconds = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            seconds = float(value)
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        shape = " (or {connect, read, total})" if name == "spec.timeout" else ""
+        raise _ConfigError(f"{name} must be a non-negative number of seconds{shape}, got {value!r}")
+    return seconds or None
+
+
 def _timeout(spec: Mapping[str, Any]) -> aiohttp.ClientTimeout:
     raw = spec.get("timeout")
-    connect = read = total = None
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        connect = read = float(raw)
-    elif isinstance(raw, Mapping):
-        connect, read, total = raw.get("connect"), raw.get("read"), raw.get("total")
-    elif raw is not None:
-        raise _ConfigError("spec.timeout must be a number or {connect, read, total}")
-    for name, value in (("connect", connect), ("read", read), ("total", total)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-        ):
-            raise _ConfigError(f"spec.timeout.{name} must be a non-negative number of seconds")
-    return aiohttp.ClientTimeout(
-        total=float(total) if total else None,
-        sock_connect=float(connect) if connect else None,
-        sock_read=float(read) if read else None,
-    )
+    if isinstance(raw, Mapping):
+        connect = _seconds("spec.timeout.connect", raw.get("connect"))
+        read = _seconds("spec.timeout.read", raw.get("read"))
+        total = _seconds("spec.timeout.total", raw.get("total"))
+    else:
+        connect = read = _seconds("spec.timeout", raw)
+        total = None
+    return aiohttp.ClientTimeout(total=total, sock_connect=connect, sock_read=read)
 
 
 def _max_body(spec: Mapping[str, Any]) -> int:
+    """``spec.max_body_bytes``: a positive whole number, or text holding one (``"1048576"``)."""
     raw = spec.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
-        raise _ConfigError("spec.max_body_bytes must be a positive number of bytes")
-    return raw
+    value = raw.strip() if isinstance(raw, str) else raw
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _ConfigError(f"spec.max_body_bytes must be a positive number of bytes, got {raw!r}")
+    return value
 
 
 class _TooLarge(Exception):
@@ -161,7 +177,9 @@ def _headers(raw: Any) -> dict[str, str]:
 
 
 def _body(config: Mapping[str, Any], headers: dict[str, str]) -> Any:
-    given = [k for k in _BODY_KEYS if config.get(k) is not None]
+    # `json` is any JSON value, null too: an explicit `json: null` sends the body `null`; the other
+    # keys given as null send nothing.
+    given = [k for k in _BODY_KEYS if config.get(k) is not None or (k == "json" and k in config)]
     if len(given) > 1:
         raise _ConfigError(f"give at most one of body/json/form/data, not {' and '.join(given)}")
     if not given:
@@ -427,36 +445,58 @@ async def _request(
         http["status"] = resp.status
         http["headers"] = _response_headers(resp.headers, sensitive)
         http["url"] = str(resp.url)
+        ok = 200 <= resp.status < 300
         bodiless = method == "HEAD" or resp.status < 200 or resp.status in (204, 304)
-        if not bodiless and resp.content_length is not None and resp.content_length > max_body:
+        # An error status is the task's answer whatever its body's size: its body is cut at the limit
+        # rather than failing the task with `response_too_large`, which would hide the status.
+        if ok and not bodiless and resp.content_length is not None and resp.content_length > max_body:
             raise _TooLarge(f" ({resp.content_length} announced)")
         chunks: list[bytes] = []
         size = 0
+        cut = False
         async for chunk in resp.content.iter_chunked(256 * 1024):
+            if size + len(chunk) > max_body:  # no Content-Length (chunked), or more than it said
+                if ok:
+                    raise _TooLarge("")
+                chunks.append(chunk[: max_body - size])
+                cut = True
+                break
             size += len(chunk)
-            if size > max_body:  # no Content-Length (chunked), or a server that sends more than it said
-                raise _TooLarge("")
             chunks.append(chunk)
         body = b"".join(chunks)
         http["retry_after"] = retry_after_seconds(resp.headers.get("Retry-After"))
-        result, encoding, json_error = _decode(body, resp.content_type, resp.charset)
+        if cut:
+            result, encoding, json_error = *_decode_cut(body, resp.charset), None
+            http["truncated"] = True
+        else:
+            result, encoding, json_error = _decode(body, resp.content_type, resp.charset)
         if encoding:
             http["encoding"] = encoding
         if json_error:
             http["json_error"] = json_error
-        if 200 <= resp.status < 300:
+        if ok:
             return Outcome.ok(result, http=http)
         retryable = resp.status == 429 or resp.status >= 500
         reason = f" {resp.reason}" if resp.reason else ""
+        note = f" (the body is cut to its first {max_body} bytes: spec.max_body_bytes)" if cut else ""
         outcome = Outcome.fail(
             "http_error",
-            f"{method} {shown} -> {resp.status}{reason}",
+            f"{method} {shown} -> {resp.status}{reason}{note}",
             retryable=retryable,
             http=http,
         )
         outcome.error = {**(outcome.error or {}), "status": resp.status}
         outcome.result = result
         return outcome
+
+
+def _decode_cut(data: bytes, charset: str | None) -> tuple[str, str | None]:
+    """``(result, encoding)`` of a body cut at ``spec.max_body_bytes``: text, never JSON-decoded (cut,
+    it would not decode), without a character the cut split; bytes that are not text as base64."""
+    try:
+        return codecs.getincrementaldecoder(charset or "utf-8")().decode(data), None
+    except (UnicodeDecodeError, LookupError):
+        return base64.b64encode(data).decode(), "base64"
 
 
 def _described(exc: BaseException, names: frozenset[str]) -> str:

@@ -2,11 +2,12 @@
 
 Config: ``code`` (the script's text) or ``path`` (a script file on the worker), ``language`` (``sh``,
 the default, ``bash`` or ``python``: the worker's own interpreter), ``env`` (a mapping of environment
-variables; values rendered to strings) and ``args`` (a mapping, given to the script as JSON in
-``NOETL_ARGS``). The script starts in a clean environment: ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``,
-``TMPDIR`` and ``TZ`` from the worker, ``NOETL_EXECUTION_ID``, ``NOETL_STEP``, ``NOETL_TASK``, then
-``env``: nothing else of the worker's (its NATS credentials, its keychain key) reaches the script.
-Templates never build the command line: the script's text goes to the interpreter as a file.
+variables; values rendered to strings, and a null value leaves the variable unset, also one the script
+would inherit, such as ``HOME``) and ``args`` (a mapping, given to the script as JSON in ``NOETL_ARGS``).
+The script starts in a clean environment: ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR`` and
+``TZ`` from the worker, ``NOETL_EXECUTION_ID``, ``NOETL_STEP``, ``NOETL_TASK``, then ``env``: nothing
+else of the worker's (its NATS credentials, its keychain key) reaches the script. Templates never
+build the command line: the script's text goes to the interpreter as a file.
 
 The result: ``{exit_code, stdout, stderr, json}``: the last 64 KiB of each stream (UTF-8, undecodable
 bytes replaced), and ``json`` the whole stdout decoded as JSON when it is JSON (else None; also None
@@ -83,6 +84,9 @@ def _environment(config: Mapping[str, Any], ctx: ToolContext) -> dict[str, str]:
     for name, value in given.items():
         if not isinstance(name, str) or not name or "=" in name or "\0" in name:
             raise _ConfigError(f"script 'env': invalid variable name {name!r}")
+        if value is None:  # not set: removed from what the script would inherit (`HOME: null`)
+            env.pop(name, None)
+            continue
         text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
         if "\0" in text:
             raise _ConfigError(f"script 'env': the value of {name} holds a NUL byte")

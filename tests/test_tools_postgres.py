@@ -231,6 +231,35 @@ async def test_statement_timeout(services: WorkerServices) -> None:
     assert out.error["kind"] == "timeout" and out.error["retryable"] is True
 
 
+@pytest.mark.parametrize("timeout", ["0.2", {"statement": "0.2"}, {"connect": "10", "read": 0.2}])
+async def test_a_statement_timeout_written_as_text_bounds_the_query(
+    services: WorkerServices, timeout: Any
+) -> None:
+    """As the http, python and script tools take it (it was refused: "must be a number")."""
+    out = await pg_run(services, {"timeout": timeout}, query="SELECT pg_sleep(5)")
+    assert out.error is not None and out.error["kind"] == "timeout", out.error
+
+
+@pytest.mark.parametrize(
+    ("timeout", "said"),
+    [
+        (
+            "soon",
+            "spec.timeout must be a non-negative number of seconds (or {connect, statement}), got 'soon'",
+        ),
+        (-1, "spec.timeout must be a non-negative number of seconds (or {connect, statement}), got -1"),
+        ({"statement": True}, "spec.timeout.statement must be a non-negative number of seconds, got True"),
+        ({"connect": "inf"}, "spec.timeout.connect must be a non-negative number of seconds, got 'inf'"),
+    ],
+)
+async def test_a_timeout_that_is_no_number_of_seconds_is_a_config_error(
+    services: WorkerServices, timeout: Any, said: str
+) -> None:
+    out = await pg_run(services, {"timeout": timeout}, query="SELECT 1")
+    assert out.error is not None and out.error["kind"] == "config_error", out.error
+    assert out.error["message"].endswith(said), out.error
+
+
 async def test_one_pool_per_credential(services: WorkerServices, pg: PgServer) -> None:
     pids = [
         (await pg_run(services, query="SELECT pg_backend_pid() AS pid")).result[0]["pid"] for _ in range(3)

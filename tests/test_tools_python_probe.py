@@ -66,11 +66,13 @@ async def test_timeout_given_as_text_still_bounds_the_task(
     assert err["kind"] == "timeout" and "0.3s" in err["message"], err
 
 
+@pytest.mark.parametrize("timeout", ["soon", "-1", "'-0.5'"])
 @pytest.mark.parametrize("kind, code", [("python", "result = 1"), ("script", "true")])
 async def test_timeout_that_is_not_a_number_is_a_config_error(
-    nats_server: EmbeddedNats, topology: Topology, kind: str, code: str
+    nats_server: EmbeddedNats, topology: Topology, kind: str, code: str, timeout: str
 ) -> None:
-    text = playbook(f"- step: start\n  tool: {{kind: {kind}, code: '{code}', spec: {{timeout: soon}}}}")
+    # A negative limit too (it timed the task out at once, without a word about the value).
+    text = playbook(f"- step: start\n  tool: {{kind: {kind}, code: '{code}', spec: {{timeout: {timeout}}}}}")
     async with local_runtime(nats_server.url, topology=topology) as rt:
         r = await run(rt, text)
     assert r.status == "failed"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import math
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -106,20 +108,28 @@ class ToolContext:
         return await self.services.credentials(name)
 
 
-def timeout_seconds(value: Any) -> float | None:
-    """``spec.timeout`` of a tool bounded by one number of seconds (``python``, ``script``): a number,
-    or text holding one (``timeout: "30"``); None or a mapping (a step-wide http ``{connect, read}``)
-    set no limit. Raises ``ValueError`` for anything else, which must not pass for "no limit"."""
-    if value is None or isinstance(value, Mapping):
+def seconds(value: Any, name: str = "spec.timeout", shape: str = "") -> float | None:
+    """A time limit of a tool: a finite number of seconds >= 0, or text holding one (``"1.5"``); None or
+    0 sets no limit (None). Raises ``ValueError`` naming `name` (and the other `shape` it may take) for
+    anything else, which must not pass for "no limit"."""
+    if value is None:
         return None
+    number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    raise ValueError(f"spec.timeout must be a number of seconds, got {value!r}")
+        number = float(value)
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if number is None or not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds{shape}, got {value!r}")
+    return number or None
+
+
+def timeout_seconds(value: Any) -> float | None:
+    """``spec.timeout`` of a tool bounded by one number of seconds (``python``, ``script``): `seconds`;
+    a mapping (a step-wide http ``{connect, read}`` or postgres ``{connect, statement}``) sets no limit
+    for these."""
+    return None if isinstance(value, Mapping) else seconds(value)
 
 
 class DuplicateColumnsError(ValueError):

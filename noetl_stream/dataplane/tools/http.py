@@ -57,7 +57,7 @@ from multidict import CIMultiDictProxy
 
 from noetl_stream import __version__
 from noetl_stream.dataplane.outcome import Outcome, json_safe
-from noetl_stream.dataplane.tools.base import ToolContext
+from noetl_stream.dataplane.tools.base import ToolContext, seconds
 from noetl_stream.dataplane.tools.urlmask import mask_urls, masked_url
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import MASK, CredentialNotFoundError, redact, secret_strings
@@ -98,20 +98,11 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 def _seconds(name: str, value: Any) -> float | None:
-    """One timeout of ``spec.timeout``: a non-negative number of seconds, or text holding one
-    (``"1.5"``, as the ``python`` and ``script`` tools take it); None (or 0) sets no limit."""
-    if value is None:
-        return None
-    seconds = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            seconds = float(value)
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        shape = " (or {connect, read, total})" if name == "spec.timeout" else ""
-        raise _ConfigError(f"{name} must be a non-negative number of seconds{shape}, got {value!r}")
-    return seconds or None
+    """One timeout of ``spec.timeout`` (`base.seconds`: as the other tools take it)."""
+    try:
+        return seconds(value, name, " (or {connect, read, total})" if name == "spec.timeout" else "")
+    except ValueError as exc:
+        raise _ConfigError(str(exc)) from None
 
 
 def _timeout(spec: Mapping[str, Any]) -> aiohttp.ClientTimeout:
@@ -269,11 +260,11 @@ def retry_after_seconds(value: str | None, now: datetime.datetime | None = None)
         return None
     value = value.strip()
     try:
-        seconds = float(value)
+        delta = float(value)
     except ValueError:
         pass
     else:
-        return max(0.0, seconds) if math.isfinite(seconds) else None
+        return max(0.0, delta) if math.isfinite(delta) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):

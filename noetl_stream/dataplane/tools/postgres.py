@@ -49,7 +49,7 @@ import msgspec
 from asyncpg.pgproto import pgproto
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe, sql_infinity
-from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
+from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns, seconds
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
 
@@ -209,21 +209,14 @@ def _sql(value: Any) -> str:
 
 def _timeouts(spec: Mapping[str, Any]) -> tuple[float | None, float | None]:
     raw = spec.get("timeout")
-    if raw is None:
-        return None, None
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return (float(raw) or None,) * 2
-    if not isinstance(raw, Mapping):
-        raise _ConfigError("spec.timeout must be a number or {connect, statement}")
-    out: list[float | None] = []
-    for key in ("connect", "statement"):
-        value = raw.get(key, raw.get("read") if key == "statement" else None)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-        ):
-            raise _ConfigError(f"spec.timeout.{key} must be a non-negative number of seconds")
-        out.append(float(value) if value else None)
-    return out[0], out[1]
+    try:
+        if not isinstance(raw, Mapping):  # one number (or text holding one) for both
+            return (seconds(raw, "spec.timeout", " (or {connect, statement})"),) * 2
+        connect = seconds(raw.get("connect"), "spec.timeout.connect")
+        statement = seconds(raw.get("statement", raw.get("read")), "spec.timeout.statement")
+    except ValueError as exc:
+        raise _ConfigError(str(exc)) from None
+    return connect, statement
 
 
 def _connect_args(cred: Mapping[str, Any], name: str) -> dict[str, Any]:

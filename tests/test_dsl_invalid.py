@@ -769,3 +769,19 @@ def test_validate_cli_exit_codes_and_json(tmp_path: Path) -> None:
         "workflow[0].next",
         "deprecated",
     )
+
+
+def test_a_non_finite_number_is_an_error_where_it_is_written() -> None:
+    """JSON has no .inf or .nan: a value travels as JSON and would arrive as null (a `timeout: .inf`
+    silently meant no limit)."""
+    from noetl_stream.dsl import compile_playbook
+
+    text = (
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: t, path: t}\nworkload: {limit: .nan}\n"
+        "workflow:\n  - step: start\n    tool: {kind: python, code: 'result = 1', spec: {timeout: .inf}}\n"
+    )
+    errors = compile_playbook(text, "bad.yaml").errors
+    assert [(d.code, d.path, d.line) for d in errors] == [
+        ("non-finite-number", "workload.limit", 4),
+        ("non-finite-number", "workflow[0].tool.spec.timeout", 7),
+    ], errors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,30 @@ def check_cycle_entries(c: Compiler, playbook: Playbook, data: dict[str, Any]) -
             "order the arcs are written. Route every way into the cycle to one step",
             code="multi-entry-cycle",
         )
+
+
+def check_numbers(c: Compiler, data: dict[str, Any]) -> None:
+    """Refuse ``.inf`` and ``.nan``: every value travels as JSON (commands, events), where they have no
+    form and would arrive as null (``timeout: .inf`` silently meant "no limit")."""
+    refused = {d.path for d in c.diagnostics if d.severity == "error"}
+    stack: list[tuple[Path, Any]] = [((), data)]
+    while stack:
+        path, node = stack.pop()
+        if (
+            isinstance(node, float)
+            and not math.isfinite(node)
+            and format_path(c.smap.authored(path)) not in refused
+        ):
+            c.error(
+                path,
+                f"{node!r} is not a JSON number: values travel as JSON, where it would become null; write "
+                "a finite number (or leave the key out)",
+                code="non-finite-number",
+            )
+        elif isinstance(node, dict):
+            stack.extend(((*path, k), v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(node))
 
 
 def _joins(names: list[str]) -> str:

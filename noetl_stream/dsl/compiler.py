@@ -18,6 +18,7 @@ from noetl_stream.dsl.checks import (
     check_cycles,
     check_graph,
     check_names,
+    check_numbers,
     check_templates,
 )
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
@@ -435,6 +436,8 @@ def compile_data(data: Any, smap: SourceMap, *, extensions: Iterable[str] = ()) 
     compiler = Compiler(pre.smap, exts)
     compiler.diagnostics.extend(pre.diagnostics)
     playbook = compiler.compile(pre.data)
+    if isinstance(pre.data, dict):  # last: a place a check above refused already is not named again
+        check_numbers(compiler, pre.data)
     unique = list(dict.fromkeys(compiler.diagnostics))
     diags = tuple(sorted(unique, key=lambda d: (d.line, d.col, d.severity)))
     if any(d.severity == "error" for d in diags):

@@ -94,10 +94,13 @@ def summarize(
 
 def _steps(state: ExecutionState | _Head) -> dict[str, str]:
     """How each step ended, and the runs in progress (``scheduled``: its command waits for a worker or
-    runs; ``looping``: a distributed loop; ``routing``), which a later status replaces."""
+    runs; ``looping``: a distributed loop; ``routing``), which a later status replaces. A run still in
+    progress when the execution ended (cancelled, failed, past its deadline) was stopped: ``cancelled``,
+    as the execution graph says."""
     steps = dict(state.step_status)
+    ended = state.status != "running"
     for run in state.runs.values():
-        steps[run.step] = run.status
+        steps[run.step] = "cancelled" if ended else run.status
     return steps
 
 

@@ -100,6 +100,7 @@ class ContinuousPuller:
         self._aux: set[asyncio.Task[None]] = set()  # intake's asynchronous work (statuses, hand-backs)
         self._watchdog: asyncio.Task[None] | None = None
         self._stopping = False
+        self._cancelling = False  # stop()/abort() cancels the running handlers
         self._needs_reset = False
         self._last_activity = 0.0
         self._reconnects = 0
@@ -116,21 +117,38 @@ class ContinuousPuller:
         """Pull requests issued so far."""
         return self._pulls
 
+    @property
+    def handing_back(self) -> bool:
+        """`stop()` (or `abort()`) is cancelling the running handlers: their messages stay unsettled and
+        are redelivered, so what they wait for (a child execution) must be left to go on."""
+        return self._cancelling
+
     @contextlib.asynccontextmanager
     async def released_slot(self) -> AsyncIterator[None]:
-        """Give the calling handler's slot to others while it waits on work this puller must run.
+        """Give the calling handler's slot, and its place in the pull window, to others while it waits
+        on work this puller must run.
 
         A handler that waits for something only another message of the same consumer can bring
-        about (a parent task waiting for its child execution) would otherwise deadlock a pool with
-        one slot. On exit the slot is taken back even if that briefly exceeds ``max_concurrency``.
+        about (a parent task waiting for its child execution) would otherwise deadlock: a pool with
+        one slot, or a window filled by waiting parents (a distributed loop of children wider than
+        ``max_concurrency``), would never take the child's command. On exit the slot and the window
+        place are taken back even if that briefly exceeds ``max_concurrency`` or `batch`.
+
+        What bounds the waiting handlers then is the consumer's ``max_ack_pending``: each keeps its
+        message unacknowledged, and the server delivers no more than that many unacknowledged messages
+        of the consumer (all workers of the pool together), so pulls still stop there. (Waiting parents
+        that fill all of ``max_ack_pending`` leave no room for their children: the pool's limit must stay
+        above the children waited for at once, e.g. a distributed loop's ``max_in_flight``.)
         """
         self._running -= 1
+        self._held -= 1
         self._dispatch()
         await self._top_up()
         try:
             yield
         finally:
             self._running += 1
+            self._held += 1
 
     @property
     def queued(self) -> int:
@@ -178,6 +196,7 @@ class ContinuousPuller:
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
             if pending:
                 self._log.warning("puller.stop_timeout", cancelled=len(pending))
+                self._cancelling = True
                 for t in pending:
                     t.cancel()
                 await asyncio.wait(pending)
@@ -185,6 +204,7 @@ class ContinuousPuller:
     def abort(self) -> None:
         """Cancel the running handlers now (their messages stay unsettled: redelivered after AckWait).
         Cuts short a `stop()` in progress that is waiting for them."""
+        self._cancelling = True
         for task in list(self._tasks):
             task.cancel()
 

@@ -5,6 +5,12 @@ parent command redelivered after a worker crash finds the same child (running or
 instead of starting another. While it waits, the parent gives its worker slot back (see
 ``WorkerServices.release_slot``): a pool with one slot still runs the child.
 
+A wait cut short for any reason but the worker's shutdown (the task's ``timeout_s``, the step's
+``lifecycle.timeout_s``, the parent's execution ending) cancels the child: no child runs on unwatched.
+On shutdown (`handing_back`) the child keeps running: the parent's command is redelivered and waits for
+it again. No child is started for an execution that has ended (``stop_check``), nor from a request
+larger than a NATS message (`ChildNotStartedError`).
+
 Nested loops (003 §6.4): a child started from inside a loop iteration gets that iteration's ``iter``
 in its request (``parent_iter``, recorded with ``playbook.execution.requested``), and its steps read
 it as ``iter.parent``. The iteration running the task is `current_iteration` (set by the worker around
@@ -21,11 +27,13 @@ from contextvars import ContextVar
 from typing import Any
 
 import msgspec
+import structlog
 from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
+from noetl_stream.errors import NoetlError
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
@@ -38,7 +46,14 @@ from noetl_stream.wire import (
     request_msg_id,
 )
 
+log = structlog.get_logger(__name__)
+
 STOP_POLL_S = 0.25
+CANCEL_WITHIN_S = 5.0
+"""How long a task cancelled while waiting for its child tries to publish the child's cancel."""
+HEADER_ROOM = 1024
+"""Bytes of a message's limit kept for headers, and for the intake's wrapping of a request into its
+``playbook.execution.requested`` event (as the intake's own ``HEADER_ROOM``)."""
 PARENT_ITER_INLINE = 16 * 1024
 """A parent iteration larger than this (encoded) goes to the results object store; the request carries
 its reference (it is repeated in every command of the child)."""
@@ -63,17 +78,39 @@ async def _no_release() -> AsyncIterator[None]:
     yield
 
 
+def _never() -> bool:
+    return False
+
+
+class ChildNotStartedError(NoetlError):
+    """The child was not requested: its parent's execution has ended (`kind` ``cancelled``) or the
+    request does not fit in a NATS message (``payload_too_large``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class ChildRunner:
+    """Starts child executions and waits for their ends.
+
+    `release_slot` gives the waiting task's worker slot (and its place in the pull window) to other
+    commands; `handing_back` is true while the worker is shutting down and cancels its running tasks
+    (their commands are redelivered, so their children are left to run).
+    """
+
     def __init__(
         self,
         nc: NATS,
         topology: Topology,
         release_slot: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+        handing_back: Callable[[], bool] | None = None,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.topology = topology
         self.release_slot = release_slot or _no_release
+        self.handing_back = handing_back or _never
         self._results: ResultStore | None = None
 
     async def run(
@@ -106,12 +143,18 @@ class ChildRunner:
             ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.ALL,
         )
+        requested = False
         try:
-            if not await self._already_requested(child_id):
+            if await self._already_requested(child_id):
+                requested = True  # a redelivered command: wait for the child it started
+            else:
                 request = await self._with_parent_iter(request)
+                data = encode(request)
+                self._check_startable(request, data, stop_check)
+                requested = True  # (if this is cut short, the child may exist all the same)
                 await self.js.publish(
                     self.topology.request_subject,
-                    encode(request),
+                    data,
                     headers={"Nats-Msg-Id": request_msg_id(child_id)},  # as client.submit
                 )
             async with self.release_slot(), asyncio.timeout(timeout):
@@ -123,9 +166,48 @@ class ChildRunner:
                         if reason is not None:
                             await self.cancel(child_id, f"parent execution ended: {reason}")
                             return await done
+        except asyncio.CancelledError:
+            if requested and not self.handing_back():
+                reason = stop_check() if stop_check is not None else None
+                why = (
+                    f"parent execution ended: {reason}"
+                    if reason is not None
+                    else "the parent task stopped waiting for it (its timeout_s or its step's "
+                    "lifecycle.timeout_s ran out)"
+                )
+                await self._cancel_quietly(child_id, why)
+            raise
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    def _check_startable(
+        self, request: ExecutionRequest, data: bytes, stop_check: Callable[[], str | None] | None
+    ) -> None:
+        """Raise `ChildNotStartedError` when the child must not be requested (just before it would be)."""
+        reason = stop_check() if stop_check is not None else None
+        if reason is not None:
+            raise ChildNotStartedError("cancelled", f"not started: {reason}")
+        limit = self.nc.max_payload - HEADER_ROOM
+        if len(data) > limit:
+            args = len(encode(request.payload))
+            raise ChildNotStartedError(
+                "payload_too_large",
+                f"not started: its request is {len(data)} bytes (its args {args}) and a NATS message "
+                f"takes at most {limit} (the server's max_payload, less {HEADER_ROOM} for headers). "
+                "Keep the args small: pass the child a key, path or URL it reads the large value from, "
+                "or produce the value in the child itself",
+            )
+
+    async def _cancel_quietly(self, child_id: str, reason: str) -> None:
+        """Cancel the child from a task being cancelled: shielded, bounded, errors only logged."""
+        try:
+            async with asyncio.timeout(CANCEL_WITHIN_S):
+                await asyncio.shield(self.cancel(child_id, reason))
+        except Exception as exc:  # NATS down: the child runs on, as after a worker crash
+            log.warning(
+                "child.cancel_failed", child_execution_id=child_id, error=str(exc) or type(exc).__name__
+            )
 
     async def _with_parent_iter(self, request: ExecutionRequest) -> ExecutionRequest:
         """`request` with the iteration it is started from (`current_iteration`), unless it names one."""

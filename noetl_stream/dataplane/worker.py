@@ -118,7 +118,9 @@ class Worker:
         self._listening_since = iso_at(time.time() + CLOCK_SKEW_S)
         await self._puller.start()
         if self.services.children is None:
-            self.services.children = ChildRunner(self.nc, self.topology, release_slot=self._release_slot)
+            self.services.children = ChildRunner(
+                self.nc, self.topology, release_slot=self._release_slot, handing_back=self._handing_back
+            )
         self._log.info("worker.started", concurrency=self.concurrency, task_events=self.task_events)
 
     @contextlib.asynccontextmanager
@@ -129,6 +131,11 @@ class Worker:
             return
         async with puller.released_slot():
             yield
+
+    def _handing_back(self) -> bool:
+        """The shutdown is cancelling running commands (redelivered later: their children go on)."""
+        puller = self._puller
+        return puller is None or puller.handing_back
 
     async def _on_finished(self, msg: Msg) -> None:
         """An execution ended: its running pipelines stop at their next task boundary."""

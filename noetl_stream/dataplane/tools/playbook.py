@@ -4,7 +4,10 @@ A child's result above the inline limit reaches the parent as a reference to the
 fetched here, so the task's result is the child's result itself, whatever its size.
 
 ``spec.child_timeout_s`` bounds the wait: past it the child is cancelled and the task fails with
-``timeout`` (retryable; a retry starts a new child).
+``timeout`` (retryable; a retry starts a new child). The task's ``timeout_s`` and its step's
+``lifecycle.timeout_s`` cancel the child too (`ChildRunner.run`), as does the parent execution's end; a
+task of an ended execution starts no child (``cancelled``), and args too large for a NATS message fail
+it with ``payload_too_large`` before anything is sent.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from noetl_stream.dataplane.children import ChildNotStartedError
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.errors import StoreMissingError
@@ -50,6 +54,8 @@ async def run_playbook(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     limit = float(timeout) if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
     try:
         ev = await runner.run(request, timeout=limit, stop_check=ctx.stop_check)
+    except ChildNotStartedError as exc:
+        return Outcome.fail(exc.kind, f"child playbook '{path}' ({child_id}) {exc}")
     except TimeoutError:  # spec.child_timeout_s (the pipeline's own timeout_s cancels instead)
         if limit is None:  # not ours: e.g. NATS did not answer the child's request
             raise

@@ -288,7 +288,8 @@ def submit(
 def retry(
     execution_id: str, from_steps: tuple[str, ...], wait: bool, as_json: bool, nats_url: str, prefix: str
 ) -> None:
-    """Re-run a failed execution from its failed step(s), reusing the results of what succeeded."""
+    """Re-run a failed or cancelled execution from its failed or interrupted step(s), reusing the results of
+    what succeeded."""
     from noetl_stream.client import RetryError, retry_request
     from noetl_stream.client import submit as do_submit
     from noetl_stream.progress import Progress

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from nats.js import api
 
 from noetl_stream import events as E
 from noetl_stream.dsl.compiler import compile_playbook
+from noetl_stream.errors import NoetlError
 from noetl_stream.subjects import Topology, check_new_id
 from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id, request_msg_id
 
@@ -114,22 +116,54 @@ def child_paths(text: str, file: str, extensions: Iterable[str] = ()) -> list[st
     ]
 
 
+class AttachmentError(NoetlError, ValueError):
+    """Child playbook files that cannot all be shipped with a request."""
+
+
+MAX_ATTACHMENTS = 64
+"""Child playbook files shipped with one request, at most (`collect_attachments`)."""
+
+
+def attachment_key(directory: str, ref: str) -> str:
+    """The key of a child playbook ``ref`` written by a playbook in ``directory`` (itself relative to the
+    submitted file's directory, "" for that file): the reference resolved against it, normalized."""
+    joined = posixpath.join(directory, ref)
+    normal = posixpath.normpath(joined)
+    return "" if normal == "." else normal
+
+
 def collect_attachments(
-    text: str, file: str, limit: int = 64, extensions: Iterable[str] = ()
+    text: str, file: str, limit: int = MAX_ATTACHMENTS, extensions: Iterable[str] = ()
 ) -> dict[str, str]:
-    """Texts of the child playbooks a playbook runs by file path (relative to its file), recursively."""
+    """Texts of the child playbooks a playbook runs by file path, recursively, keyed by their path relative
+    to the submitted file's directory: a reference is resolved against the file that wrote it, so
+    ``sub/mid.yaml``'s ``grand.yaml`` is ``sub/grand.yaml``. (The controller re-keys a child's attachments
+    relative to the child's directory, where its worker looks its references up.) A reference written
+    otherwise than its key (``./grand.yaml``) is kept under that spelling too. More than ``limit`` files
+    raise `AttachmentError`."""
     found: dict[str, str] = {}
-    todo = [(text, Path(file).parent)]
-    while todo and len(found) < limit:
-        body, base = todo.pop()
+    files = 0
+    todo = [(text, "", Path(file).parent)]
+    while todo:
+        body, directory, base = todo.pop()
         for ref in child_paths(body, str(base / "_"), extensions):
-            if ref in found:
+            key = attachment_key(directory, ref)
+            spelled = posixpath.join(directory, ref)
+            if key in found:
+                found.setdefault(spelled, found[key])
                 continue
             for candidate in (base / ref, base / f"{ref}.yaml", base / f"{ref}.yml"):
                 if candidate.is_file():
+                    if files >= limit:
+                        raise AttachmentError(
+                            f"{file}: its child playbooks reach more than {limit} files (the most shipped "
+                            f"with one request; {ref!r} is one too many): register some in the catalog "
+                            "and run them by catalog path"
+                        )
                     child = candidate.read_text(encoding="utf-8")
-                    found[ref] = child
-                    todo.append((child, candidate.parent))
+                    files += 1
+                    found[key] = found[spelled] = child
+                    todo.append((child, posixpath.dirname(key), candidate.parent))
                     break
     return found
 
@@ -263,8 +297,9 @@ class RetryError(ValueError):
 async def retry_request(
     nc: NATS, topology: Topology, execution_id: str, from_steps: tuple[str, ...] = ()
 ) -> ExecutionRequest:
-    """A request that re-runs a failed execution from its failed steps (or ``from_steps``), reusing the
-    recorded results and ctx of everything that succeeded."""
+    """A request that re-runs an ended execution from its failed steps and those its end interrupted (a
+    cancel, the deadline: the runs still scheduled or running, with the args they had), or from
+    ``from_steps``, reusing the recorded results and ctx of everything that succeeded."""
     from noetl_stream.control.replay import replay
     from noetl_stream.kv.history import read_events
 
@@ -297,8 +332,19 @@ async def retry_request(
             failed_step, run_id = failure.get("step"), failure.get("step_run_id")
             if isinstance(failed_step, str):
                 tokens.append({"step": failed_step, "args": scheduled_args.get(str(run_id), {})})
+        # Interrupted: the runs the end (a cancel, the deadline, another step's failure) caught scheduled
+        # or running, and the tokens a pause held back. They run again, with the args they had.
+        for run in state.runs.values():
+            if run.status in ("scheduled", "looping"):
+                tokens.append({"step": run.step, "args": scheduled_args.get(run.run_id, run.args)})
+        for token in state.deferred:
+            if isinstance(token.get("step"), str):
+                tokens.append({"step": token["step"], "args": token.get("args") or {}})
     if not tokens:
-        raise RetryError(f"execution {execution_id} has no failed step to retry (name one with --from-step)")
+        raise RetryError(
+            f"execution {execution_id} has no failed step (nor an interrupted one) to retry (name one with "
+            "--from-step)"
+        )
     results = {k: v for k, v in state.results.items() if k not in {t["step"] for t in tokens}}
     request = msgspec.convert(
         {

@@ -57,7 +57,8 @@ class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
     return_step: str | None = None
     """Make this step's result the execution's result (default: the last step that finished)."""
     attachments: dict[str, str] = {}
-    """Texts of child playbooks referenced by file path (``kind: playbook`` tasks), by path."""
+    """Texts of child playbooks referenced by file path (``kind: playbook`` tasks), by their path relative
+    to the directory of the playbook that runs (for a child, its intake re-keys its parent's)."""
     deadline_s: float | None = None
     """Fail the execution if it has not finished this many seconds after it was requested."""
     resume: ResumeFrom | None = None
@@ -69,6 +70,10 @@ class ExecutionRequest(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
     """DSL extensions to compile the playbook with (``legacy``), besides those it declares itself. The
     controller records the ones it used (its own default included) with the request, so a resumed
     controller or a replay compiles the playbook the same way."""
+    depth: int = 0
+    """How deep in a tree of child playbooks this execution is: 0 for a request naming no parent. The
+    controller's intake records its parent's depth + 1 (whatever the request says) and refuses a child
+    past its limit (``NOETL_MAX_CHILD_DEPTH``, default 32)."""
 
 
 class Event(msgspec.Struct, omit_defaults=True):

@@ -22,6 +22,8 @@ a replay or another controller compiles the playbook the same way whatever its o
 from __future__ import annotations
 
 import asyncio
+import os
+import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -52,7 +54,7 @@ from noetl_stream.control.reducer import (
 )
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
-from noetl_stream.errors import StateConflictError
+from noetl_stream.errors import ConfigurationError, StateConflictError
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.natsio import ack, stream_seq
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
@@ -81,6 +83,70 @@ EXECUTE_CONCURRENCY = 64
 
 class RequestError(ValueError):
     """A request that cannot become an execution."""
+
+
+MAX_CHILD_DEPTH = 32
+"""How deep child playbooks may nest (a root is depth 0) unless ``NOETL_MAX_CHILD_DEPTH`` says otherwise:
+a playbook that runs itself without a bound is refused there instead of spawning children for ever."""
+
+MAX_CHILD_DEPTH_ENV = "NOETL_MAX_CHILD_DEPTH"
+
+
+def _max_child_depth() -> int:
+    raw = os.environ.get(MAX_CHILD_DEPTH_ENV)
+    if not raw:
+        return MAX_CHILD_DEPTH
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{MAX_CHILD_DEPTH_ENV}={raw!r}: not a whole number") from None
+    if value < 0:
+        raise ConfigurationError(f"{MAX_CHILD_DEPTH_ENV}={raw!r}: must be 0 or more")
+    return value
+
+
+def _segments(path: str) -> list[str]:
+    normal = posixpath.normpath(path) if path else "."
+    return [] if normal == "." else normal.split("/")
+
+
+def rebase_attachments(attachments: Mapping[str, str], file: str) -> dict[str, str]:
+    """A parent's attachments (keyed relative to the parent's directory) keyed for its child ``file`` (the
+    path as the parent wrote it): relative to the child's directory, which is how the child's worker looks
+    its own references up. ``sub/mid.yaml``'s ``grand.yaml`` is the parent's ``sub/grand.yaml``, not the
+    parent's ``grand.yaml``. Keys the child cannot name relatively are kept as they were (attachments of
+    clients that keyed them by the raw reference), unless a re-keyed one takes their place."""
+    base = posixpath.dirname(file)
+    prefix = _segments(base)
+    if not prefix:
+        return dict(attachments)
+    rebased: dict[str, str] = {}
+    for key, text in attachments.items():
+        if key.startswith("/") != base.startswith("/"):
+            continue  # an absolute path from a relative directory (or the reverse): kept as it was, below
+        normal_base = "/".join(prefix)
+        if key.startswith(normal_base + "/") or key.startswith(base + "/"):
+            cut = len(normal_base if key.startswith(normal_base + "/") else base) + 1
+            rebased[key[cut:]] = text  # as written (``./grand.yaml`` stays so: the worker looks it up raw)
+            continue
+        parts = _segments(key)
+        common = 0
+        while common < min(len(parts), len(prefix)) and parts[common] == prefix[common]:
+            common += 1
+        if ".." in prefix[common:]:
+            continue  # the child's directory is above the parent's: no relative name reaches this one
+        rebased.setdefault("/".join([".."] * (len(prefix) - common) + parts[common:]), text)
+    return {**{k: v for k, v in attachments.items() if k not in rebased}, **rebased}
+
+
+class _Parent(msgspec.Struct):
+    """What a child's intake reads of its parent execution."""
+
+    extensions: list[str] = []
+    depth: int = -1
+    """The parent's recorded depth; -1 when its request is not stored (expired, or never was)."""
+    ended: str | None = None
+    """The parent's end (its status) when it has ended."""
 
 
 HEADER_ROOM = 1024
@@ -181,8 +247,11 @@ class Intake:
         *,
         extensions: Iterable[str] = (),
         plans: PlanCache | None = None,
+        max_child_depth: int | None = None,
     ) -> None:
         self.nc = nc
+        self.max_child_depth = _max_child_depth() if max_child_depth is None else max_child_depth
+        """Deepest child playbook admitted (a root is 0): `MAX_CHILD_DEPTH` or ``NOETL_MAX_CHILD_DEPTH``."""
         self.plans = plans if plans is not None else PlanCache()
         """Where the plans intake compiles go: the controller's reducer finds them compiled."""
         self.js = nc.jetstream()
@@ -343,15 +412,44 @@ class Intake:
             return False
         return True
 
-    async def _extensions_of(self, execution_id: str) -> list[str]:
-        """The DSL extensions recorded with an execution's request (none when it is unknown)."""
-        try:
-            requested = await self._last(execution_id, E.EXECUTION_REQUESTED)
-        except (SubjectError, msgspec.DecodeError):
-            return []
+    async def _parent(self, execution_id: str) -> _Parent:
+        """A parent execution as stored: the DSL extensions and depth recorded with its request (none and
+        -1 when it is unknown), and its end if it has ended. The parent may be another controller's
+        (another partition): its stored events are read, not a state in memory."""
+        requested = await self._last(execution_id, E.EXECUTION_REQUESTED)
         request = requested.payload.get("request") if requested is not None else None
         exts = request.get("extensions") if isinstance(request, dict) else None
-        return [e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else []
+        depth = request.get("depth", 0) if isinstance(request, dict) else -1
+        ended: str | None = None
+        for name in (E.WORKFLOW_FINISHED, E.PLAYBOOK_PROCESSED):  # a rejected one has no workflow.finished
+            last = await self._last(execution_id, name)
+            if last is not None:
+                ended = str(last.payload.get("status") or last.status)
+                break
+        return _Parent(
+            extensions=[e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else [],
+            depth=depth if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0 else 0,
+            ended=ended,
+        )
+
+    def _child_problem(self, request: ExecutionRequest, parent: _Parent, depth: int) -> dict[str, Any] | None:
+        """Why a child request must not run, or None. Its parent task gave up on it (cancelled, failed,
+        deadline): a child started now would run unwatched, and start children of its own (a playbook
+        that runs itself would spawn them for ever)."""
+        if parent.ended is not None:
+            message = (
+                f"parent execution {request.parent_execution_id} has already ended ({parent.ended}): "
+                "no child of it is started"
+            )
+            return {"kind": "parent_ended", "message": message}
+        if depth > self.max_child_depth:
+            message = (
+                f"child playbook nested {depth} deep (parent execution {request.parent_execution_id}): at "
+                f"most {self.max_child_depth} ({MAX_CHILD_DEPTH_ENV} on the controller); does a playbook "
+                "run itself without a bound?"
+            )
+            return {"kind": "child_depth_exceeded", "message": message}
+        return None
 
     async def submit(self, raw: bytes, default_id: str | Callable[[], str]) -> tuple[str, str | None]:
         """Record the request (or its rejection). Returns ``(execution_id, error message or None)``."""
@@ -384,6 +482,21 @@ class Intake:
         execution_id = request.execution_id or _make(default_id)
         pinned: dict[str, Any] = {}
         extensions = {*request.extensions, *self.extensions}
+        if request.parent_execution_id is not None:
+            parent = await self._parent(request.parent_execution_id)
+            depth = parent.depth + 1 if parent.depth >= 0 else max(request.depth, 1)
+            problem = self._child_problem(request, parent, depth)
+            if problem is not None:
+                entity = _short(request.file or request.path or "<request>")
+                return await self._reject_new(execution_id, problem, entity, request.trace_id)
+            extensions.update(parent.extensions)
+            if request.playbook is not None and request.file:  # shipped with the parent: its references
+                attachments = rebase_attachments(request.attachments, request.file)
+                request = msgspec.structs.replace(request, depth=depth, attachments=attachments)
+            else:
+                request = msgspec.structs.replace(request, depth=depth)
+        elif request.depth:
+            request = msgspec.structs.replace(request, depth=0)  # a root, whatever it says
         if request.playbook is None:
             assert request.path is not None
             try:
@@ -401,8 +514,6 @@ class Intake:
             pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
             pinned = {"catalog": pin}
             extensions.update(registered)
-        if request.parent_execution_id is not None:
-            extensions.update(await self._extensions_of(request.parent_execution_id))
         if sorted(extensions) != request.extensions:
             request = msgspec.structs.replace(request, extensions=sorted(extensions))
         error = await self._check_playbook(request)

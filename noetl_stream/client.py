@@ -83,6 +83,9 @@ class Tracker:
                     s.ctx.update(patch)
         elif ev.name == E.PLAYBOOK_PROCESSED:
             s.status = str(ev.payload.get("status") or ("success" if ev.status == "success" else "failed"))
+            for step in s.steps.values():  # stopped by the end (cancel, failure, deadline), as the graph says
+                if step.status in ("scheduled", "running"):
+                    step.status = "cancelled"
             s.result = ev.payload.get("result")
             s.error = ev.payload.get("error")
             s.duration_s = round(time.monotonic() - self._started, 6)

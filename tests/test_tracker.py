@@ -24,7 +24,19 @@ def test_events_a_task_wrote_after_the_end_do_not_change_the_outcome() -> None:
     t.apply(event(E.STEP_DONE, "charge"))
     t.apply(event(E.CTX_PATCHED, patches=[{"late": 1}]))
     assert t.summary.status == "cancelled"
-    assert t.summary.steps["charge"].status == "scheduled" and t.summary.ctx == {}
+    assert t.summary.steps["charge"].status == "cancelled" and t.summary.ctx == {}
+
+
+def test_a_step_still_running_when_the_execution_ends_shows_as_cancelled() -> None:
+    """As the execution graph says (status showed the interrupted step as running for ever)."""
+    t = Tracker("e")
+    t.apply(event(E.STEP_DONE, "start"))
+    t.apply(event(E.STEP_STARTED, "slow", "in_progress"))
+    t.apply(event(E.PLAYBOOK_PROCESSED, None, "error", **{"status": "failed"}))
+    assert {name: step.status for name, step in t.summary.steps.items()} == {
+        "start": "done",
+        "slow": "cancelled",
+    }
 
 
 def test_a_retry_shows_the_ctx_it_resumed_with_and_what_it_added() -> None:

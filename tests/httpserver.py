@@ -20,7 +20,9 @@ class HttpServer:
     ``/flaky/{key}?fail=N&code=C&retry_after=S``  answers C (default 503) N times per key, then 200
     ``/setcookie``                     sets a cookie
     ``/pages/{name}?page=P&pageSize=Z`` a paginated API: ``data: {data: [...], paging: {page, hasMore}}``
-    ``/big?bytes=N&chunked=1``         N bytes of text, with a Content-Length or (chunked) without one
+    ``/big?bytes=N&chunked=1&status=S&type=T&char=C``  that status (200) and N bytes of C (``x``; a
+                                       multi-byte C counts its bytes), with a Content-Length or (chunked)
+                                       without one
     ``/drip?s=SECONDS``                a JSON body sent one byte every 0.1 s for that long
     """
 
@@ -97,15 +99,18 @@ class HttpServer:
         return web.json_response(info)
 
     async def _big(self, request: web.Request) -> web.StreamResponse:
-        size = int(request.query.get("bytes", "1048576"))
+        char = request.query.get("char", "x").encode()
+        body = char * (int(request.query.get("bytes", "1048576")) // len(char))
+        status = int(request.query.get("status", "200"))
+        ctype = request.query.get("type", "text/plain")
         if request.query.get("chunked") != "1":
-            return web.Response(body=b"x" * size, content_type="text/plain")
-        resp = web.StreamResponse()
-        resp.content_type = "text/plain"
+            return web.Response(status=status, body=body, content_type=ctype, charset="utf-8")
+        resp = web.StreamResponse(status=status)
+        resp.content_type = ctype
         resp.enable_chunked_encoding()
         await resp.prepare(request)
-        for start in range(0, size, 65536):
-            await resp.write(b"x" * min(65536, size - start))
+        for start in range(0, len(body), 65536):
+            await resp.write(body[start : start + 65536])
         await resp.write_eof()
         return resp
 

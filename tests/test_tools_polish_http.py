@@ -3,12 +3,10 @@ explicit ``json: null``, and an error status whose body is longer than ``spec.ma
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 from helpers import playbook, run
 from httpserver import HttpServer
 
@@ -19,60 +17,9 @@ from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
 
 
-class ErrorServer:
-    """``/error/{code}?bytes=N&chunked=1&type=T&char=C``: that status and N bytes of body (C repeated,
-    ``x`` by default; a multi-byte C counts its bytes), with a Content-Length or (chunked) without one."""
-
-    def __init__(self) -> None:
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self) -> ErrorServer:
-        app = web.Application()
-        app.router.add_get("/error/{code}", self._error)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _error(self, request: web.Request) -> web.StreamResponse:
-        code = int(request.match_info["code"])
-        char = request.query.get("char", "x").encode()
-        body = char * (int(request.query.get("bytes", "5000")) // len(char))
-        ctype = request.query.get("type", "text/plain")
-        if request.query.get("chunked") != "1":
-            return web.Response(status=code, body=body, content_type=ctype, charset="utf-8")
-        resp = web.StreamResponse(status=code)
-        resp.content_type = ctype
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        for start in range(0, len(body), 1000):
-            await resp.write(body[start : start + 1000])
-        await resp.write_eof()
-        return resp
-
-
 @pytest.fixture
 async def server() -> AsyncIterator[HttpServer]:
     srv = await HttpServer().start()
-    yield srv
-    await srv.stop()
-
-
-@pytest.fixture
-async def errors() -> AsyncIterator[ErrorServer]:
-    srv = await ErrorServer().start()
     yield srv
     await srv.stop()
 
@@ -217,9 +164,9 @@ async def test_json_null_from_a_playbook(
 
 @pytest.mark.parametrize("chunked", ["0", "1"])
 async def test_an_error_status_with_a_large_body_is_still_that_status(
-    errors: ErrorServer, services: WorkerServices, chunked: str
+    server: HttpServer, services: WorkerServices, chunked: str
 ) -> None:
-    url = f"{errors.url}/error/404?bytes=5000&chunked={chunked}"
+    url = f"{server.url}/big?status=404&bytes=5000&chunked={chunked}"
     out = await run_http({"url": url}, context(services, max_body_bytes=1000))
     assert out.error is not None and out.error["kind"] == "http_error", out.error
     assert out.error["status"] == 404 and out.error["retryable"] is False
@@ -230,19 +177,19 @@ async def test_an_error_status_with_a_large_body_is_still_that_status(
     assert out.result == "x" * 1000
 
 
-async def test_a_large_5xx_body_stays_retryable(errors: ErrorServer, services: WorkerServices) -> None:
+async def test_a_large_5xx_body_stays_retryable(server: HttpServer, services: WorkerServices) -> None:
     out = await run_http(
-        {"url": f"{errors.url}/error/503?bytes=5000&chunked=1"}, context(services, max_body_bytes=1000)
+        {"url": f"{server.url}/big?status=503&bytes=5000&chunked=1"}, context(services, max_body_bytes=1000)
     )
     assert out.error is not None and out.error["kind"] == "http_error"
     assert out.error["status"] == 503 and out.error["retryable"] is True
 
 
 async def test_a_cut_body_is_text_not_json_and_splits_no_character(
-    errors: ErrorServer, services: WorkerServices
+    server: HttpServer, services: WorkerServices
 ) -> None:
     cut_json = await run_http(
-        {"url": f"{errors.url}/error/400?bytes=5000&type=application/json"},
+        {"url": f"{server.url}/big?status=400&bytes=5000&type=application/json"},
         context(services, max_body_bytes=999),
     )
     assert cut_json.error is not None and cut_json.error["status"] == 400
@@ -250,7 +197,7 @@ async def test_a_cut_body_is_text_not_json_and_splits_no_character(
     assert "json_error" not in cut_json.as_scope()["http"]
     # "é" is two bytes: the 999th byte would be half of one; it is dropped, not replaced by U+FFFD
     split = await run_http(
-        {"url": f"{errors.url}/error/500?bytes=5000&char=%C3%A9"}, context(services, max_body_bytes=999)
+        {"url": f"{server.url}/big?status=500&bytes=5000&char=%C3%A9"}, context(services, max_body_bytes=999)
     )
     assert split.error is not None and split.error["status"] == 500
     assert split.result == "é" * 499
@@ -262,7 +209,7 @@ async def test_a_large_2xx_body_is_still_too_large(server: HttpServer, services:
 
 
 async def test_a_policy_routes_on_the_404_of_a_large_body(
-    nats_server: EmbeddedNats, topology: Topology, errors: ErrorServer
+    nats_server: EmbeddedNats, topology: Topology, server: HttpServer
 ) -> None:
     # only the outcome of the 404 (an http_error) continues: anything else fails the step
     text = playbook(
@@ -271,7 +218,7 @@ async def test_a_policy_routes_on_the_404_of_a_large_body(
           tool:
             - name: fetch
               kind: http
-              url: "{errors.url}/error/404?bytes=5000"
+              url: "{server.url}/big?status=404&bytes=5000"
               spec:
                 max_body_bytes: 1000
                 policy:

@@ -420,12 +420,9 @@ class Intake:
         request = requested.payload.get("request") if requested is not None else None
         exts = request.get("extensions") if isinstance(request, dict) else None
         depth = request.get("depth", 0) if isinstance(request, dict) else -1
-        ended: str | None = None
-        for name in (E.WORKFLOW_FINISHED, E.PLAYBOOK_PROCESSED):  # a rejected one has no workflow.finished
-            last = await self._last(execution_id, name)
-            if last is not None:
-                ended = str(last.payload.get("status") or last.status)
-                break
+        # Every execution that ran ends with workflow.finished (a rejected one never ran a task: no child).
+        finished = await self._last(execution_id, E.WORKFLOW_FINISHED)
+        ended = str(finished.payload.get("status") or finished.status) if finished is not None else None
         return _Parent(
             extensions=[e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else [],
             depth=depth if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0 else 0,

@@ -289,7 +289,7 @@ class Reducer:
             )
         )
         run = _Run(self, state, plan, fx)
-        run.at = _epoch(event.timestamp)
+        run.timestamp = event.timestamp
         resume = raw.get("resume")
         if isinstance(resume, dict) and resume.get("tokens"):
             # A retry: the recorded results and ctx stand; only the given steps run again.

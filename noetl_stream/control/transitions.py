@@ -43,13 +43,18 @@ class Run:
         self.state = state
         self.plan = plan
         self.fx = fx
-        self.at = 0.0
-        """When the event being folded happened (epoch seconds, its timestamp): the reducer's clock,
-        the same in replay."""
+        self.timestamp = ""
+        """The timestamp of the event being folded: the reducer's clock, the same in replay (`at`)."""
+
+    @property
+    def at(self) -> float:
+        """`timestamp` in epoch seconds (0.0 when there is none). Parsed only where a deadline needs it:
+        not on every event of the fold."""
+        return _epoch(self.timestamp) if self.timestamp else 0.0
 
     # -- dispatch ---------------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
-        self.at = _epoch(event.timestamp)
+        self.timestamp = event.timestamp
         if event.name in E.BOUNDARY_EVENTS:
             self.on_boundary(event)
         elif event.name in (E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED):

@@ -149,9 +149,7 @@ class Worker:
         self._end(ev.execution_id, f"the execution ended ({status}) while this step was running")
 
     def _end(self, execution_id: str, reason: str) -> None:
-        self.ended[execution_id] = reason
-        while len(self.ended) > 10_000:
-            self.ended.popitem(last=False)
+        _remember(self.ended, execution_id, reason)
 
     async def _ended_before(self, cmd: Command) -> None:
         """A command issued before this worker listened for ends (a backlog: a pool scaled from zero, a
@@ -163,9 +161,7 @@ class Worker:
             raw = await self.js.get_last_msg(self.topology.events_stream, subject)
             status = decode_event(raw.data or b"").payload.get("status")
         except NotFoundError:
-            self._running_when_checked[cmd.execution_id] = None
-            while len(self._running_when_checked) > 10_000:
-                self._running_when_checked.popitem(last=False)
+            _remember(self._running_when_checked, cmd.execution_id, None)
             return  # still running
         except Exception as exc:  # NATS slow or down: run it (its events could not be written anyway)
             self._log.warning("worker.end_check_failed", error=str(exc) or type(exc).__name__)
@@ -291,3 +287,13 @@ class Worker:
                     await msg.in_progress()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run.wake.wait(), PROGRESS_EVERY_S)
+
+
+REMEMBERED = 10_000
+"""Executions a worker keeps in `Worker.ended` and in its record of those found running (the oldest go)."""
+
+
+def _remember(seen: OrderedDict[str, Any], execution_id: str, value: Any) -> None:
+    seen[execution_id] = value
+    while len(seen) > REMEMBERED:
+        seen.popitem(last=False)

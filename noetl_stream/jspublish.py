@@ -235,8 +235,11 @@ class _Batch:
         # index of each message of a caller to a stream that may refuse one message -> that caller's acks
         self.alone: dict[int, _AllOf] = {}
 
-    def add(self, messages: list[_Ready], stream: str, fut: asyncio.Future[PubAck], alone: bool) -> None:
-        self.size += sum(len(m[2]) for m in messages)
+    def add(
+        self, messages: list[_Ready], size: int, stream: str, fut: asyncio.Future[PubAck], alone: bool
+    ) -> None:
+        """`size`: the payload bytes of `messages`."""
+        self.size += size
         self.messages.extend(messages)
         if alone:  # its own acks: another message stored after one says nothing of that one
             settles = _AllOf(fut, len(messages))
@@ -440,23 +443,26 @@ class Publisher:
         now = loop.time()
         deadline = now + timeout_s
         known = self._streams
-        checked: list[tuple[list[_Ready], str, bool]] = []
+        checked: list[tuple[list[_Ready], int, str, bool]] = []
         stale = False
         size = 0
         for messages, stream in groups:  # what nats-py would refuse fails this caller only, before any write
             ready: list[_Ready] = []
+            group_size = 0
             for subject, payload, msg_id in messages:
                 if not msg_id.isprintable():  # a CR or LF would end the header (or inject another)
                     raise nats.errors.BadHeaderError(MSG_ID)
                 mid = msg_id.encode()
-                if _HEADER_LEN + len(mid) + len(payload) > max_payload:  # headers count (see `send`)
+                n = len(payload)
+                if _HEADER_LEN + len(mid) + n > max_payload:  # headers count (see `send`)
                     raise nats.errors.MaxPayloadError
-                size += len(payload)
+                group_size += n
                 ready.append((_subject(subject), mid, payload))
+            size += group_size
             looked = known.get(stream)  # (may it refuse one message, when to look again)
             if looked is None or looked[1] <= now:
                 stale = True
-            checked.append((ready, stream, True if looked is None else looked[0]))
+            checked.append((ready, group_size, stream, True if looked is None else looked[0]))
         if stale:  # a stream not looked at yet is waited for; one looked at a minute ago, not
             check_writable(nc, 0)  # closed: no request
             checked = await self._look_up(checked, now, deadline)
@@ -469,9 +475,9 @@ class Publisher:
         elif deadline < batch.deadline:
             batch.deadline = deadline  # the shortest timeout of the turn's callers holds for the write
         futures: list[asyncio.Future[PubAck]] = []
-        for ready, stream, alone in checked:
+        for ready, group_size, stream, alone in checked:
             fut: asyncio.Future[PubAck] = loop.create_future()
-            batch.add(ready, stream, fut, alone)
+            batch.add(ready, group_size, stream, fut, alone)
             futures.append(fut)
         return futures
 
@@ -511,8 +517,8 @@ class Publisher:
 
     # -- stream configurations -----------------------------------------------------------------------
     async def _look_up(
-        self, checked: list[tuple[list[_Ready], str, bool]], now: float, deadline: float
-    ) -> list[tuple[list[_Ready], str, bool]]:
+        self, checked: list[tuple[list[_Ready], int, str, bool]], now: float, deadline: float
+    ) -> list[tuple[list[_Ready], int, str, bool]]:
         """Look at the configuration of the streams of `checked` not looked at yet (awaited, until
         `deadline` at most) or a while ago (not awaited: the answer of then holds meanwhile); `checked`
         with what is known after. While the connection is not connected, nothing is requested: a stream
@@ -520,7 +526,7 @@ class Publisher:
         nc = self._conn()
         known, lookups = self._streams, self._lookups
         wait: set[asyncio.Task[None]] = set()
-        for _, stream, _ in checked:
+        for _, _, stream, _ in checked:
             k = known.get(stream)
             if k is not None and k[1] > now:
                 continue
@@ -536,8 +542,8 @@ class Publisher:
             return checked
         await asyncio.wait(wait, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
         return [
-            (ready, stream, alone if (k := known.get(stream)) is None else k[0])
-            for ready, stream, alone in checked
+            (ready, size, stream, alone if (k := known.get(stream)) is None else k[0])
+            for ready, size, stream, alone in checked
         ]
 
     async def _stream_info(self, stream: str) -> None:
@@ -651,13 +657,15 @@ def _subject(subject: str) -> bytes:
     return subject.encode()
 
 
-_PUBLISHERS: weakref.WeakKeyDictionary[NATS, Publisher] = weakref.WeakKeyDictionary()
+_ATTR = "_noetl_publisher"
 
 
 def publisher(nc: NATS) -> Publisher:
-    """The connection's `Publisher` (one per connection: one ack subscription, one counter)."""
-    pub = _PUBLISHERS.get(nc)
+    """The connection's `Publisher` (one per connection: one ack subscription, one counter), kept on the
+    connection itself (it refers back to it weakly): every flush asks for it."""
+    pub: Publisher | None = getattr(nc, _ATTR, None)
     if pub is None:
         require_client_internals(nc)  # connections not made by natsconn.connect are checked here
-        pub = _PUBLISHERS[nc] = Publisher(nc)
+        pub = Publisher(nc)
+        setattr(nc, _ATTR, pub)
     return pub

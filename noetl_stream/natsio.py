@@ -6,6 +6,7 @@ reply subject alone. They use nats-py internals, checked once per connection (`r
 from __future__ import annotations
 
 import asyncio
+import re
 import weakref
 from collections.abc import Callable
 
@@ -30,6 +31,7 @@ __all__ = [
     "check_writable",
     "num_delivered",
     "num_pending",
+    "parse_header_lines",
     "require_client_internals",
     "stream_seq",
     "subscribe_inline",
@@ -63,9 +65,34 @@ _CLIENT_ATTRS = (
     "_disconnected_cb",
     "_send_command",
     "_flush_pending",
+    "_parse_header_lines",
 )
 _MSG_ATTRS = ("_ackd", "_client")
 _checked: weakref.WeakSet[NATS] = weakref.WeakSet()
+_WHITESPACE = re.compile(r"\s")
+_CRLF = b"\r\n"
+
+
+def parse_header_lines(raw: bytes) -> dict[str, str]:
+    """nats-py's ``Client._parse_header_lines`` (``Name: Value`` per line, names without whitespace, values
+    decoded with ``errors="replace"``), with one regex search per name instead of a generator step per
+    character: every delivered event and command carries its ``Nats-Msg-Id``, so this runs for each one.
+    tests/test_natsio_headers.py holds it to nats-py's own on arbitrary bytes."""
+    out: dict[str, str] = {}
+    for line in raw.split(_CRLF):
+        if not line:
+            continue
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        try:
+            key = name.strip().decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        if _WHITESPACE.search(key) is not None:
+            continue
+        out[key] = value.strip().decode("utf-8", "replace")
+    return out
 
 
 class UnsupportedClientError(RuntimeError):
@@ -87,6 +114,8 @@ def require_client_internals(nc: NATS) -> None:
             f"nats-py {NATS_PY_VERSION} lacks {', '.join(missing)}, which noetl-stream "
             f"uses on its hot path; install nats-py {NATS_PY_TESTED}.x (pyproject.toml pins it)"
         )
+    # Its header parser, on this connection only: the static method is looked up through the instance.
+    nc._parse_header_lines = parse_header_lines  # type: ignore[method-assign]
     _checked.add(nc)
 
 

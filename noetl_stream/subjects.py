@@ -56,6 +56,23 @@ def partition_of(execution_id: str, partitions: int) -> int:
     return h % partitions
 
 
+@functools.lru_cache(maxsize=65536)  # every event an execution writes names one of a few subjects
+def _event_subject(prefix: str, execution_id: str, event_name: str) -> str:
+    check_token(execution_id, "execution id")
+    return f"{prefix}.events.{execution_id}.{_check_event_name(event_name)}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _command_subject(prefix: str, pool: str, execution_id: str) -> str:
+    check_token(execution_id, "execution id")
+    return f"{prefix}.cmd.{check_pool(pool)}.{execution_id}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_prefix(prefix: str) -> str:
+    return prefix.upper()
+
+
 class TopologyError(ConfigurationError, ValueError):
     """An invalid topology setting."""
 
@@ -173,7 +190,7 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def _stream_prefix(self) -> str:
-        return self.prefix.upper()
+        return _stream_prefix(self.prefix)
 
     # --- subjects -------------------------------------------------------------------------------
     @property
@@ -183,8 +200,9 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
 
     def event_subject(self, execution_id: str, event_name: str) -> str:
         """``noetl.events.<id>.step.done`` for event ``step.done``."""
-        check_token(execution_id, "execution id")
-        return f"{self.prefix}.events.{execution_id}.{_check_event_name(event_name)}"
+        if type(execution_id) is not str:  # (cached by value: what is no string is refused uncached)
+            check_token(execution_id, "execution id")
+        return _event_subject(self.prefix, execution_id, event_name)
 
     def events_filter(self, execution_id: str) -> str:
         """All events of one execution: ``noetl.events.<id>.>`` (as published and as stored)."""
@@ -252,8 +270,10 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
 
     def command_subject(self, pool: str, execution_id: str) -> str:
         """``noetl.cmd.<pool>.<id>``."""
-        check_token(execution_id, "execution id")
-        return f"{self.prefix}.cmd.{check_pool(pool)}.{execution_id}"
+        if type(execution_id) is not str or type(pool) is not str:  # (cached by value, as event_subject)
+            check_token(execution_id, "execution id")
+            check_pool(pool)
+        return _command_subject(self.prefix, pool, execution_id)
 
     def execution_commands_filter(self, execution_id: str) -> str:
         """Every command of one execution, any pool: ``noetl.cmd.*.<id>``."""

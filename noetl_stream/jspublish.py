@@ -433,15 +433,50 @@ class Publisher:
         """`confirm` for several (messages, stream) groups at once, all or nothing: either every group
         joins the turn's write (one future each, in order) or, if one of them cannot be published, none
         does and the error is raised (a flush's events are never written without its commands)."""
-        if not groups or any(not messages for messages, _ in groups):
-            raise ValueError("confirm: no messages")
+        futures = self.confirm_all_nowait(groups, timeout_s)
+        if futures is not None:
+            return futures
         nc = self._conn()
         if not self._prefix:
             await self._subscribe()
-        max_payload = nc._max_payload
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = asyncio.get_running_loop().time()
         deadline = now + timeout_s
+        checked, size, stale = self._check(nc, groups, now)
+        if stale:  # a stream not looked at yet is waited for; one looked at a minute ago, not
+            check_writable(nc, 0)  # closed: no request
+            checked = await self._look_up(checked, now, deadline)
+        return self._enqueue(nc, checked, size, deadline)
+
+    def confirm_all_nowait(
+        self, groups: list[tuple[list[Message], str]], timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> list[asyncio.Future[PubAck]] | None:
+        """`confirm_all` without a coroutine when nothing needs waiting for first (the ack subscription
+        exists and every stream's configuration was looked at: every confirm but a connection's first
+        few, each a coroutine less on the hot path); None otherwise, having published nothing: then
+        `confirm_all` it. Raises what `confirm_all` raises for the messages themselves."""
+        nc = self._conn()
+        if not self._prefix:
+            return None
+        now = asyncio.get_running_loop().time()
+        checked, size, stale = self._check(nc, groups, now)
+        if stale:
+            for _, _, stream, _ in checked:
+                looked = self._streams.get(stream)
+                if looked is None:
+                    return None  # waited for: `confirm_all`
+                if looked[1] <= now:  # looked at a while ago: again, without waiting for it
+                    check_writable(nc, 0)
+                    self._start_lookup(nc, stream)
+        return self._enqueue(nc, checked, size, now + timeout_s)
+
+    def _check(
+        self, nc: NATS, groups: list[tuple[list[Message], str]], now: float
+    ) -> tuple[list[tuple[list[_Ready], int, str, bool]], int, bool]:
+        """The groups' messages as bytes, each group's and the total payload size, and whether a stream's
+        configuration is to be looked at (again); raises what nats-py would refuse, before any write."""
+        if not groups or any(not messages for messages, _ in groups):
+            raise ValueError("confirm: no messages")
+        max_payload = nc._max_payload
         known = self._streams
         checked: list[tuple[list[_Ready], int, str, bool]] = []
         stale = False
@@ -463,12 +498,16 @@ class Publisher:
             if looked is None or looked[1] <= now:
                 stale = True
             checked.append((ready, group_size, stream, True if looked is None else looked[0]))
-        if stale:  # a stream not looked at yet is waited for; one looked at a minute ago, not
-            check_writable(nc, 0)  # closed: no request
-            checked = await self._look_up(checked, now, deadline)
+        return checked, size, stale
+
+    def _enqueue(
+        self, nc: NATS, checked: list[tuple[list[_Ready], int, str, bool]], size: int, deadline: float
+    ) -> list[asyncio.Future[PubAck]]:
+        """Join the checked groups to this turn's write: one future each."""
         batch = self._batch
         # While reconnecting, writes are buffered: the limit counts what this turn collected so far too.
         check_writable(nc, size + (batch.size if batch is not None else 0))
+        loop = asyncio.get_running_loop()
         if batch is None:
             batch = self._batch = _Batch(deadline)
             loop.call_soon(self._write_batch, batch)
@@ -524,19 +563,14 @@ class Publisher:
         with what is known after. While the connection is not connected, nothing is requested: a stream
         not looked at yet counts as one that may refuse a message, for this confirm."""
         nc = self._conn()
-        known, lookups = self._streams, self._lookups
+        known = self._streams
         wait: set[asyncio.Task[None]] = set()
         for _, _, stream, _ in checked:
             k = known.get(stream)
             if k is not None and k[1] > now:
                 continue
-            task = lookups.get(stream)
-            if task is None:
-                if nc._status != _CONNECTED:
-                    continue
-                task = lookups[stream] = asyncio.create_task(self._stream_info(stream))
-                task.add_done_callback(functools.partial(_forget_lookup, lookups, stream))
-            if k is None:
+            task = self._start_lookup(nc, stream)
+            if task is not None and k is None:
                 wait.add(task)
         if not wait:
             return checked
@@ -545,6 +579,18 @@ class Publisher:
             (ready, size, stream, alone if (k := known.get(stream)) is None else k[0])
             for ready, size, stream, alone in checked
         ]
+
+    def _start_lookup(self, nc: NATS, stream: str) -> asyncio.Task[None] | None:
+        """The stream info request in flight for `stream`, started now if there is none (none while the
+        connection is not connected)."""
+        lookups = self._lookups
+        task = lookups.get(stream)
+        if task is None:
+            if nc._status != _CONNECTED:
+                return None
+            task = lookups[stream] = asyncio.create_task(self._stream_info(stream))
+            task.add_done_callback(functools.partial(_forget_lookup, lookups, stream))
+        return task
 
     async def _stream_info(self, stream: str) -> None:
         """Request the stream's info and note whether it may refuse one message (yes if it cannot be

@@ -188,7 +188,10 @@ class Outbox:
                     self._sent_reconnects = self.nc.stats["reconnects"]
                     new = {i + len(self._sent): on for i, on in new.items()}
                     events = self._sent + [m for m in events if m not in self._sent]
-                await self._publish(events, commands, new)
+                if new:
+                    await self._publish_new(events, commands, new)
+                else:
+                    await self._publish(events, commands)
                 if self._sent and self.nc.stats["reconnects"] != self._sent_reconnects:
                     continue  # it reconnected while this flush waited: the old socket's bytes again
                 self._sent = []
@@ -205,23 +208,33 @@ class Outbox:
                 )
                 await asyncio.sleep(delay)
 
-    async def _publish(self, events: list[Message], commands: list[Message], new: dict[int, str]) -> None:
-        if new:
-            await self._publish_new(events, commands, new)
-            return
+    async def _publish(self, events: list[Message], commands: list[Message]) -> None:
         # Joins the connection's write at the end of this turn of the event loop, with the other
         # handlers' flushes: one ack per stream for all of them (`Publisher.confirm`).
-        futures: list[asyncio.Future[PubAck]] = []
+        futures: list[asyncio.Future[PubAck]] | None = None
         groups = [(events, self.topology.events_stream)] if events else []
         if commands:
             groups.append((commands, self.topology.commands_stream))
         ok = False
         try:
-            futures = await self._pub.confirm_all(groups, self.ack_timeout_s)  # all of the flush, or nothing
-            await _settle(futures)
+            # all of the flush, or nothing; without a coroutine once the publisher knows the streams
+            futures = self._pub.confirm_all_nowait(groups, self.ack_timeout_s)
+            if futures is None:
+                futures = await self._pub.confirm_all(groups, self.ack_timeout_s)
+            # Every ack was asked for already (no round trip each): wait for all, raise the first failure.
+            # A publish the server never answers fails at the ack timeout (TimeoutError): not acked, the
+            # caller's input is redelivered.
+            first_error: BaseException | None = None
+            for fut in futures:
+                try:
+                    await fut
+                except Exception as exc:
+                    first_error = first_error or exc
+            if first_error is not None:
+                raise first_error
             ok = True
         finally:
-            if not ok:
+            if not ok and futures:
                 _discard(futures)  # failed or cancelled: an ack that comes later is ignored
 
     async def _publish_new(self, events: list[Message], commands: list[Message], new: dict[int, str]) -> None:
@@ -258,20 +271,6 @@ class Outbox:
             raise refused  # final, whatever else failed: no retry could store it
         if first_error is not None:
             raise first_error
-
-
-async def _settle(futures: list[asyncio.Future[PubAck]]) -> None:
-    """Wait for every ack (all were sent already: no extra round trip); raise the first failure. A
-    publish the server never answers (it died mid-request) must not hang the handler: its future fails
-    after the ack timeout (TimeoutError), the caller does not ack, and its input is redelivered."""
-    first_error: BaseException | None = None
-    for fut in futures:
-        try:
-            await fut
-        except Exception as exc:
-            first_error = first_error or exc
-    if first_error is not None:
-        raise first_error
 
 
 def _in_process(exc: Exception) -> bool:

@@ -100,6 +100,16 @@ class ExecutionCache:
             self.remember(state)
         return state
 
+    def ready(self, state: ExecutionState) -> bool:
+        """Whether `ensure_plan` and `ensure_items` have nothing to load for `state` (the usual case)."""
+        if state.content_hash and self.reducer.plans.get(state.content_hash) is None:
+            return False
+        for run in state.runs.values():
+            lr = run.loop
+            if lr is not None and not lr.finished:
+                return False  # (`ensure_items` decides)
+        return True
+
     async def ensure_plan(self, state: ExecutionState) -> None:
         """A state resumed from a snapshot needs its compiled playbook: compile the exact text its request
         recorded (read with a direct get, no consumer)."""

@@ -347,8 +347,12 @@ class Controller:
         # A request delivered for the first time starts a new execution. A redelivered one may belong to an
         # execution whose later events a previous controller already handled: rebuild it from the stream.
         new = first.name == E.EXECUTION_REQUESTED and num_delivered(batch[0][0]) == 1
-        cached = eid in self.states
-        state = await self.cache.load(eid, new)
+        state = self.states.get(eid)
+        cached = state is not None
+        if state is not None:  # (the usual case, without a coroutine)
+            self.states.move_to_end(eid)
+        else:
+            state = await self.cache.load(eid, new)
         if state is None and first.name == E.EXECUTION_REQUESTED and "rejected" not in first.payload:
             request = first.payload.get("request")  # compiled off the loop when long (intake did)
             if isinstance(request, dict) and isinstance(text := request.get("playbook"), str):
@@ -356,7 +360,7 @@ class Controller:
                 exts = request.get("extensions")
                 extensions = [e for e in exts if isinstance(e, str)] if isinstance(exts, list) else ()
                 await self.reducer.plans.load_off_loop(text, str(file), extensions)
-        if state is not None and not state.terminal:
+        if state is not None and not state.terminal and not self.cache.ready(state):
             await self.cache.ensure_plan(state)  # the plan cache may have evicted it
             await self.cache.ensure_items(state)
         # A state loaded from its snapshot may have folded later events already (resume): as changed.
@@ -394,7 +398,9 @@ class Controller:
                 if spec is not None:
                     async with self.cache.replays:  # it reads the loop's events back (a consumer)
                         ev = await complete(self.js, self.topology, self.results, ev, spec)
-                ev, data = await fit(self.results, ev)
+                data = encode(ev)
+                if len(data) > SAFE_MESSAGE_BYTES:  # a large result goes by reference
+                    ev, data = await fit(self.results, ev, data)
                 outbox.event(ev, data)
             for cmd in fx.commands:
                 data = encode(cmd)
@@ -411,10 +417,15 @@ class Controller:
                 self.cache.changed[eid] = time.time()
             self.cache.remember(state)
             self.deadlines.arm_state(state)
-            deadline = any(ev.name == E.EXECUTION_DEADLINE_EXCEEDED for _, ev, _ in batch)
-            await self.deadlines.track(state, was_terminal, deadline)
+            if state.deadline_at is not None:
+                deadline = any(ev.name == E.EXECUTION_DEADLINE_EXCEEDED for _, ev, _ in batch)
+                await self.deadlines.track(state, was_terminal, deadline)
             # Under the lease this fold published with. A final snapshot stored: keep a lean copy.
-            if await self.snapshots.after_fold(state, fence) and self.states.get(eid) is state:
+            if (
+                not self.snapshots.after_fold_nowait(state)
+                and await self.snapshots.after_fold(state, fence)
+                and self.states.get(eid) is state
+            ):
                 keys = state.items_keys
                 self.cache.retire(state)  # its results and loops are in the snapshot and the events
                 await self.cache.delete_items(eid, keys)

@@ -94,10 +94,11 @@ async def assemble(
     return out
 
 
-async def fit(results: ResultStore, ev: Event) -> tuple[Event, bytes]:
-    """``ev`` encoded; a result that makes it larger than the limit is moved to the object store (a
-    boundary the controller writes itself with a large result)."""
-    data = encode(ev)
+async def fit(results: ResultStore, ev: Event, data: bytes | None = None) -> tuple[Event, bytes]:
+    """``ev`` encoded (``data``, if the caller has it); a result that makes it larger than the limit is
+    moved to the object store (a boundary the controller writes itself with a large result)."""
+    if data is None:
+        data = encode(ev)
     if len(data) > SAFE_MESSAGE_BYTES and "result" in ev.payload:
         ref = await results.put(f"{ev.execution_id}/{ev.entity_id}/result", ev.payload["result"])
         ev = msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})

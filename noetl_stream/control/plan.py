@@ -25,6 +25,9 @@ class Plan:
     keychain_readers: frozenset[str] = frozenset()
     """Steps whose templates read ``keychain`` or whose tasks name a declared entry in ``auth``: their
     commands carry the playbook's keychain declarations (the worker resolves them)."""
+    scoped_routes: frozenset[str] = frozenset()
+    """Steps whose routing renders something (an arc's ``when`` or ``args``): only their boundaries need a
+    template scope (building one copies the workload and every result so far)."""
 
     @classmethod
     def build(cls, playbook: Playbook, text: str, content_hash: str, default_pool: str = "default") -> Plan:
@@ -47,8 +50,14 @@ class Plan:
                 for t in tasks
                 if t.kind == "playbook" and isinstance(t.config.get("path"), str)
             )
+        scoped = {
+            s.name
+            for s in playbook.workflow
+            if s.next is not None and any(a.when is not None or a.args for a in s.next.arcs)
+        }
         return cls(
             keychain_readers=frozenset(readers),
+            scoped_routes=frozenset(scoped),
             workbook_refs=workbook_refs,
             playbook_refs=playbook_refs,
             playbook=playbook,

@@ -84,6 +84,24 @@ class SnapshotWriter:
         """Its final snapshot is stored and its cached copy made lean: never write it again."""
         self.retired.add(execution_id)
 
+    def after_fold_nowait(self, state: ExecutionState) -> bool:
+        """What `after_fold` does when the policy writes no snapshot now (most folds), without a
+        coroutine: True when that is so, False when one is due (then `after_fold` it)."""
+        eid = state.execution_id
+        last = self.written_at.get(eid)
+        if state.terminal or last is None:
+            if last is None and not state.terminal:
+                now = time.monotonic()
+                self.written_at[eid] = now  # short executions are written once, at the end
+                self.unsaved.setdefault(eid, now)
+                return True
+            return False
+        now = time.monotonic()
+        if now - last >= self.interval_s:
+            return False
+        self.unsaved.setdefault(eid, now)
+        return True
+
     async def after_fold(self, state: ExecutionState, fence: int) -> bool:
         """Write the snapshot of a state a fold changed, if the policy says so. True when a terminal
         state's final snapshot was written (its cached copy may be made lean)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from noetl_stream import events as E
@@ -25,6 +27,10 @@ from noetl_stream.wire import (
 
 if TYPE_CHECKING:
     from noetl_stream.control.reducer import Reducer
+
+
+_NO_SCOPE: Mapping[str, Any] = MappingProxyType({})
+"""What routing without conditions or args renders with: nothing (`Plan.scoped_routes`)."""
 
 
 class _Unroutable(Exception):
@@ -494,7 +500,7 @@ class Run:
         self.state.step_status[name] = run.status
         ev = dict(payload)
         ev.update(name=event.name, status=event.status, step=name, step_run_id=run.run_id)
-        scope = self.scope(run.args, ev)
+        scope = self.scope(run.args, ev) if name in self.plan.scoped_routes else _NO_SCOPE
         try:
             if conflict is not None:  # not routed, like a routing error: the playbook must change
                 raise _Unroutable(conflict)

@@ -8,7 +8,6 @@ limit (a large result goes to the object store). The `Worker` (worker.py) pulls,
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import time
 from dataclasses import replace
@@ -19,7 +18,7 @@ import msgspec
 from noetl_stream import events as E
 from noetl_stream import tracing
 from noetl_stream.dataplane.checkpoints import Checkpoints
-from noetl_stream.dataplane.children import in_iteration
+from noetl_stream.dataplane.children import current_iteration, in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline, task_run_id
@@ -29,7 +28,7 @@ from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.history import read_events
-from noetl_stream.kv.refs import resolve_refs
+from noetl_stream.kv.refs import may_hold_refs, resolve_refs
 from noetl_stream.kv.results import inline_limit
 from noetl_stream.outbox import Outbox
 from noetl_stream.wire import Command, Event, encode, event_id, now_iso
@@ -73,6 +72,7 @@ class CommandRun:
         """References of the large results this run stored, by checksum (`fit`: each is stored once)."""
         self._holding: dict[str, TaskEvents] = {}
         """Scopes whose first task events are held (``--task-events informative``), by scope id."""
+        self._inline_limit: int | None = None
 
     @property
     def redelivered(self) -> bool:
@@ -146,9 +146,13 @@ class CommandRun:
                 self.outbox.event(*await self.fit(ev, data))
         await self.outbox.flush()
 
-    @functools.cached_property
+    @property
     def inline_limit(self) -> int:
-        return inline_limit(self.cmd.executor_spec)
+        """Bytes of an event's result that travel inline (the executor's limit; computed once)."""
+        limit = self._inline_limit
+        if limit is None:
+            limit = self._inline_limit = inline_limit(self.cmd.executor_spec)
+        return limit
 
     async def fit(self, ev: Event, data: bytes | None = None) -> tuple[Event, bytes]:
         """Reference-first: a result above the inline limit goes to the object store and the event
@@ -252,9 +256,12 @@ class CommandRun:
         step = cmd.step_def
         # Results by reference, at any depth: what the step reads, its args, a distributed iteration's
         # item and a large outer iteration (children.py). One encode each when there are none (kv/refs.py).
+        # (`may_hold_refs` first: no coroutine for what holds none, the usual case)
         fetch, fetched = self.worker.results.get, dict[str, Any]()
-        cmd.results = await resolve_refs(cmd.results, fetch, fetched)
-        cmd.args = await resolve_refs(cmd.args, fetch, fetched)
+        if cmd.results and may_hold_refs(cmd.results):
+            cmd.results = await resolve_refs(cmd.results, fetch, fetched)
+        if cmd.args and may_hold_refs(cmd.args):
+            cmd.args = await resolve_refs(cmd.args, fetch, fetched)
         if cmd.iteration is not None:
             cmd.iteration.item = await resolve_refs(cmd.iteration.item, fetch, fetched)
         if cmd.parent_iter is not None:
@@ -327,8 +334,11 @@ class CommandRun:
         if step.loop is not None:
             await self.local_loop(base)
             return
-        with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
+        if current_iteration.get() is cmd.parent_iter:  # (the usual case: None, as already set)
             res = await run_pipeline(base, self.task_hook(run_id))
+        else:
+            with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
+                res = await run_pipeline(base, self.task_hook(run_id))
         self.settle(run_id, res.status == "ok")
         if res.status == "ok":
             self.event(

@@ -107,7 +107,6 @@ async def run_pipeline(
 ) -> PipelineResult:
     step = inp.step
     tasks = step.tasks
-    index = {t.name: i for i, t in enumerate(tasks)}
     scope = dict(inp.scope)
     iter_scope: dict[str, Any] = dict(inp.iter or {})
     scope["iter"] = iter_scope
@@ -172,7 +171,8 @@ async def run_pipeline(
                 on_task("task.started", task, out.task_runs, attempt, {})
             spec = _task_spec(inp, task)
             outcome = await _run_task(inp, task, spec, scope, attempt, prev, resources, out.task_runs)
-            where = f"step '{step.name}' task '{task.name}' spec.policy"
+            # (what a policy's error names; without a policy nothing renders)
+            where = f"step '{step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
             scope["outcome"] = outcome.as_scope()
             delay = 0.0
             try:
@@ -247,7 +247,7 @@ async def run_pipeline(
                 pc += 1
             elif do == "jump":
                 prev = outcome.result
-                target = index[then.to] if then.to in index else len(tasks)
+                target = next((i for i, t in enumerate(tasks) if t.name == then.to), len(tasks))
                 if target <= pc and inp.checkpoints is not None and not (secret or outcome.secret):
                     # A backward jump is a loop inside the pipeline (pagination): remember where it
                     # stands, so a redelivered command resumes at this page instead of the first, with

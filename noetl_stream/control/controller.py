@@ -28,6 +28,7 @@ from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.pools import PoolWatch
 from noetl_stream.control.reducer import (
     ITERATION_RESULTS,
+    Effects,
     PlanCache,
     Reducer,
     folds,
@@ -47,6 +48,19 @@ from noetl_stream.wire import Command, Event, decode_event, encode
 log = structlog.get_logger(__name__)
 
 __all__ = ["SAFE_MESSAGE_BYTES", "Controller"]
+
+
+class _Folded:
+    """One execution's fold of a batch: its state after, what to publish, and what it was before."""
+
+    __slots__ = ("before", "effects", "ended_before", "state", "was_terminal")
+
+    def __init__(self, before: tuple[int, int, int, str], was_terminal: bool, ended_before: bool) -> None:
+        self.before = before
+        self.was_terminal = was_terminal
+        self.ended_before = ended_before
+        self.state: ExecutionState | None = None
+        self.effects: list[Effects] = []
 
 
 class PartitionReleased(LookupError):
@@ -75,6 +89,9 @@ class Controller:
         self.concurrency = concurrency
         self.snapshot_interval_s = snapshot_interval_s
         self._queues: dict[str, list[tuple[Msg, Event, int]]] = {}
+        """Executions whose events a handler folds (claimed), and the events queued for it meanwhile."""
+        self._ready: dict[int, list[str]] = {}
+        """Per partition, the executions the first handler of this turn of the event loop will fold."""
         self.controller_id = controller_id or default_controller_id()
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
@@ -175,9 +192,9 @@ class Controller:
         """Whether this controller holds the partition of execution `eid` (metrics count only those)."""
         return self._holds(self.topology.partition_of(eid))
 
-    def _check_holds(self, eid: str) -> None:
-        if not self._holds(self.topology.partition_of(eid)):
-            raise PartitionReleased(f"execution {eid}: its partition's lease is not (validly) held here")
+    def _check_partition(self, partition: int) -> None:
+        if not self._holds(partition):
+            raise PartitionReleased(f"partition {partition}: its lease is not (validly) held here")
 
     def _partition_lock(self, partition: int) -> asyncio.Lock:
         """Starting a partition waits for the end of its previous stop (a lease lost and taken back)."""
@@ -298,51 +315,138 @@ class Controller:
         item = (msg, event, stream_seq(msg))
         queue = self._queues.get(eid)
         if queue is not None:
-            queue.append(item)  # the handler draining this execution will fold it
+            queue.append(item)  # the handler folding this execution takes it next
             return
-        queue = self._queues[eid] = [item]
-        with bound(execution_id=eid):  # on every log line of the fold
-            await self._drain(eid, queue)
+        self._queues[eid] = [item]
+        partition = self.topology.partition_of(eid)
+        ready = self._ready.get(partition)
+        if ready is not None:
+            ready.append(eid)  # the partition's batch of this turn folds it
+            return
+        # The first of the partition in this turn of the event loop: the other events of the same read are
+        # filed while it yields (their handlers run next, in order), then it folds them all, one flush.
+        ready = self._ready[partition] = [eid]
+        try:
+            await asyncio.sleep(0)
+        except BaseException:  # stopped before anything was taken: their events come again
+            for e in ready:
+                self._queues.pop(e, None)
+            raise
+        finally:
+            del self._ready[partition]
+        await self._fold_all(partition, ready)
 
     async def _drain(self, eid: str, queue: list[tuple[Msg, Event, int]]) -> None:
-        """Fold whatever has queued up for one execution, publish all effects with one flush, then ack.
+        """Fold what queued up for one execution whose queue is claimed (`queue`, in `_queues`)."""
+        await self._fold_all(self.topology.partition_of(eid), [eid])
 
-        Under load this is a group commit: N events of one execution cost one round trip.
-        """
+    async def _fold_all(self, partition: int, eids: list[str]) -> None:
+        """Fold what has queued up for each of `eids` (of one partition; their queues are claimed here),
+        publish every effect with one flush, then ack; again for those that got more meanwhile. Under
+        load this is a group commit: the events of many executions cost one flush.
+
+        An execution whose effects need the object store (a large result, a loop's assembled result, a
+        large command) is flushed on its own after the others, so no other execution waits for it."""
+        held = set(eids)
         try:
-            while queue:
-                batch = list(queue)
-                queue.clear()
-                try:
-                    await self._fold(eid, batch)
-                except Exception as exc:
-                    # Effects may not be stored: forget the in-memory state (it is rebuilt from the
-                    # snapshot and the stream) and let JetStream redeliver the batch.
-                    self.cache.drop(eid)
-                    delay = RETRY_DELAY_S
-                    if isinstance(exc, PartitionReleased):
-                        # The partition was released (a stop, a lost lease) while the batch was in
-                        # flight: its next owner folds it. Expected at every handover, not a failure.
-                        log.info("controller.batch_handed_back", execution_id=eid, events=len(batch))
+            while eids:
+                batches: list[tuple[str, list[tuple[Msg, Event, int]]]] = []
+                for eid in eids:
+                    queue = self._queues[eid]
+                    batches.append((eid, list(queue)))
+                    queue.clear()
+                await self._fold_batches(partition, batches)
+                eids = []
+                for eid, _ in batches:
+                    if self._queues.get(eid):
+                        eids.append(eid)  # more came meanwhile: still claimed, folded next
                     else:
-                        attempt = max(num_delivered(m) for m, _, _ in batch)
-                        delay = _retry_delay(attempt)
-                        log.warning(
-                            "controller.batch_failed",
-                            execution_id=eid,
-                            error=str(exc) or type(exc).__name__,
-                            attempt=attempt,
-                            retry_in_s=delay,
-                        )
-                    for msg, _, _ in batch:
-                        with contextlib.suppress(Exception):
-                            await msg.nak(delay=delay)
+                        self._queues.pop(eid, None)
+                        held.discard(eid)
         finally:
-            self._queues.pop(eid, None)
+            for eid in held:  # cancelled: the unfolded events come again (unacked)
+                self._queues.pop(eid, None)
 
-    async def _fold(self, eid: str, batch: list[tuple[Msg, Event, int]]) -> None:
-        self._check_holds(eid)  # released while these were in flight: the partition's next owner takes them
-        fence = self._fences[self.topology.partition_of(eid)]
+    async def _fold_batches(
+        self, partition: int, batches: list[tuple[str, list[tuple[Msg, Event, int]]]]
+    ) -> None:
+        try:
+            self._check_partition(partition)  # released while these were in flight: its next owner takes them
+        except PartitionReleased as exc:
+            for eid, batch in batches:
+                await self._failed(eid, batch, exc)
+            return
+        fence = self._fences[partition]
+        outbox = Outbox(self.js, self.topology)
+        folded: list[tuple[str, list[tuple[Msg, Event, int]], _Folded]] = []
+        alone: list[tuple[str, list[tuple[Msg, Event, int]], _Folded]] = []
+        for eid, batch in batches:
+            with bound(execution_id=eid):  # on every log line of the fold
+                try:
+                    f = await self._fold(eid, batch)
+                except Exception as exc:
+                    await self._failed(eid, batch, exc)
+                    continue
+            if self._queue_effects_now(eid, f, fence, outbox):
+                folded.append((eid, batch, f))
+            else:
+                alone.append((eid, batch, f))
+        if folded:
+            try:
+                await self._publish(partition, outbox)
+            except Exception as exc:
+                for eid, batch, _ in folded:
+                    with bound(execution_id=eid):
+                        await self._failed(eid, batch, exc)
+                folded = []
+        for eid, batch, f in folded:
+            with bound(execution_id=eid):
+                try:
+                    await self._after(eid, batch, f, fence)
+                except Exception as exc:
+                    await self._failed(eid, batch, exc)
+        for eid, batch, f in alone:
+            with bound(execution_id=eid):
+                try:
+                    outbox = Outbox(self.js, self.topology)
+                    await self._queue_effects(eid, f, fence, outbox)
+                    await self._publish(partition, outbox)
+                    await self._after(eid, batch, f, fence)
+                except Exception as exc:
+                    await self._failed(eid, batch, exc)
+
+    async def _publish(self, partition: int, outbox: Outbox) -> None:
+        self._check_partition(partition)  # the loads and replays of the folds can take long
+        await outbox.flush()
+        self._check_partition(
+            partition
+        )  # not acked: the next owner re-derives the same (deduplicated) effects
+
+    async def _failed(self, eid: str, batch: list[tuple[Msg, Event, int]], exc: Exception) -> None:
+        """The batch's effects may not be stored: forget the in-memory state (it is rebuilt from the
+        snapshot and the stream) and let JetStream redeliver the batch."""
+        self.cache.drop(eid)
+        delay = RETRY_DELAY_S
+        if isinstance(exc, PartitionReleased):
+            # The partition was released (a stop, a lost lease) while the batch was in flight: its next
+            # owner folds it. Expected at every handover, not a failure.
+            log.info("controller.batch_handed_back", execution_id=eid, events=len(batch))
+        else:
+            attempt = max(num_delivered(m) for m, _, _ in batch)
+            delay = _retry_delay(attempt)
+            log.warning(
+                "controller.batch_failed",
+                execution_id=eid,
+                error=str(exc) or type(exc).__name__,
+                attempt=attempt,
+                retry_in_s=delay,
+            )
+        for msg, _, _ in batch:
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=delay)
+
+    async def _fold(self, eid: str, batch: list[tuple[Msg, Event, int]]) -> _Folded:
+        """Load the execution (if it is not in memory) and fold the batch into it: what to publish."""
         first = batch[0][1]
         # A request delivered for the first time starts a new execution. A redelivered one may belong to an
         # execution whose later events a previous controller already handled: rebuild it from the stream.
@@ -364,11 +468,11 @@ class Controller:
             await self.cache.ensure_plan(state)  # the plan cache may have evicted it
             await self.cache.ensure_items(state)
         # A state loaded from its snapshot may have folded later events already (resume): as changed.
-        before = _version(state if cached else None)
-        was_terminal = cached and state is not None and state.terminal
-        ended_before = state is not None and state.terminal  # loaded so (a late event): not a change
-        outbox = Outbox(self.js, self.topology)
-        dropped: list[str] = []
+        f = _Folded(
+            before=_version(state if cached else None),
+            was_terminal=cached and state is not None and state.terminal,
+            ended_before=state is not None and state.terminal,  # loaded so (a late event): not a change
+        )
         for _, event, seq in batch:
             if state is not None and seq and seq <= state.last_seq:
                 continue  # already applied (a redelivery after a crash)
@@ -389,9 +493,41 @@ class Controller:
                 )
             if self.observer is not None:
                 self.observer(event, fx.events, state)
+            f.effects.append(fx)
+        f.state = state
+        return f
+
+    def _queue_effects_now(self, eid: str, f: _Folded, fence: int, outbox: Outbox) -> bool:
+        """Queue the fold's effects in `outbox` if none needs the object store first (the usual case);
+        False, queueing nothing, otherwise (`_queue_effects`)."""
+        ready: list[tuple[Event | Command, bytes]] = []
+        for fx in f.effects:
+            if fx.blobs or fx.loop_results:
+                return False
+            for ev in fx.events:
+                ev.controller, ev.fence = self.controller_id, fence
+                data = encode(ev)
+                if len(data) > SAFE_MESSAGE_BYTES:
+                    return False
+                ready.append((ev, data))
+            for cmd in fx.commands:
+                data = encode(cmd)
+                if len(data) > SAFE_MESSAGE_BYTES:
+                    return False
+                ready.append((cmd, data))
+        for item, data in ready:
+            if isinstance(item, Event):
+                outbox.event(item, data)
+            else:
+                outbox.command(item, data)
+                self.pools.scheduled(item.pool, eid, item.step)
+        return True
+
+    async def _queue_effects(self, eid: str, f: _Folded, fence: int, outbox: Outbox) -> None:
+        """Queue the fold's effects in `outbox`, storing first what goes to the object store."""
+        for fx in f.effects:
             for blob in fx.blobs:  # before anything that depends on it is published or snapshotted
                 await self.results.put_encoded(blob.key, blob.data)
-            dropped += fx.dropped
             for ev in fx.events:
                 ev.controller, ev.fence = self.controller_id, fence
                 spec = fx.loop_results.get(ev.event_id)
@@ -409,17 +545,19 @@ class Controller:
                     data = encode(cmd)
                 outbox.command(cmd, data)
                 self.pools.scheduled(cmd.pool, eid, cmd.step)
-        self._check_holds(eid)  # the loads and replays above can take long
-        await outbox.flush()
-        self._check_holds(eid)  # not acked: the next owner re-derives the same (deduplicated) effects
-        if state is not None and _version(state) != before:
-            if not ended_before:
+
+    async def _after(self, eid: str, batch: list[tuple[Msg, Event, int]], f: _Folded, fence: int) -> None:
+        """The fold's effects are stored: record the state, index its deadline, write its snapshot when
+        due, delete what it no longer needs, and ack the batch."""
+        state = f.state
+        if state is not None and _version(state) != f.before:
+            if not f.ended_before:
                 self.cache.changed[eid] = time.time()
             self.cache.remember(state)
             self.deadlines.arm_state(state)
             if state.deadline_at is not None:
                 deadline = any(ev.name == E.EXECUTION_DEADLINE_EXCEEDED for _, ev, _ in batch)
-                await self.deadlines.track(state, was_terminal, deadline)
+                await self.deadlines.track(state, f.was_terminal, deadline)
             # Under the lease this fold published with. A final snapshot stored: keep a lean copy.
             if (
                 not self.snapshots.after_fold_nowait(state)
@@ -429,6 +567,7 @@ class Controller:
                 keys = state.items_keys
                 self.cache.retire(state)  # its results and loops are in the snapshot and the events
                 await self.cache.delete_items(eid, keys)
+        dropped = [key for fx in f.effects for key in fx.dropped]
         if dropped:  # a finished loop's items: what needs them now is rebuilt from the events
             await self.cache.delete_items(eid, dropped)
         for msg, _, _ in batch:

@@ -36,6 +36,7 @@ settles as stored or `AlreadyStored`.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats.errors
 import structlog
@@ -161,6 +162,34 @@ class Outbox:
 
     def __len__(self) -> int:
         return len(self._events) + len(self._commands)
+
+    @property
+    def sent(self) -> bool:
+        """`send_now` published events that no flush has confirmed yet."""
+        return bool(self._sent)
+
+    def clear(self) -> None:
+        """Forget what is queued (not what `send_now` published)."""
+        self._events, self._commands, self._new = [], [], {}
+
+    def flush_nowait(self) -> asyncio.Future[Any] | None:
+        """`flush`'s first attempt, without waiting: what is queued joins this turn's write, and the future
+        settles (with the last ack) once all of it is stored, or fails with the first failure. None,
+        having published nothing, when it cannot be done so (conditional events, events `send_now`
+        published, a publisher that has not looked at the streams yet): then `flush`. A failed future is
+        not retried: `flush` the same messages again (kept by the caller) to retry."""
+        if self._new or self._sent or (not self._events and not self._commands):
+            return None
+        groups = [(self._events, self.topology.events_stream)] if self._events else []
+        if self._commands:
+            groups.append((self._commands, self.topology.commands_stream))
+        futures = self._pub.confirm_all_nowait(groups, self.ack_timeout_s)
+        if futures is None:
+            return None
+        self._events, self._commands = [], []
+        if len(futures) == 1:
+            return futures[0]
+        return asyncio.gather(*futures)
 
     async def flush(self) -> None:
         """Publish everything queued and wait until it is stored; raise on any failure (do not ack then).

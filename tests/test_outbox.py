@@ -105,6 +105,57 @@ async def test_concurrent_outbox_flushes_share_one_write_and_one_ack_per_stream(
         assert stored == [f"{x}:s{s}:step.started" for s in range(3)]
 
 
+async def test_a_flush_without_waiting_joins_the_turns_write_and_settles_when_stored(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """`flush_nowait` (the worker's path): the outboxes of one turn share the write and its acks, each
+    future settles once its messages are stored, and the outbox is empty at once."""
+    await provision(js, topology, ("default",))
+    warm = Outbox(js, topology)
+    warm.event(step_started("w", "s0"))
+    warm.command(_command("w"))
+    await warm.flush()  # the publisher has looked at both streams now
+    pub = publisher(nc)
+    before = pub._next
+    outboxes, futures = [], []
+    for i in range(10):
+        outbox = Outbox(js, topology)
+        outbox.event(step_started(f"x{i}", "s0"))
+        outbox.event(step_started(f"x{i}", "s1"))
+        if i % 2:
+            outbox.command(_command(f"x{i}"))
+        fut = outbox.flush_nowait()
+        assert fut is not None and len(outbox) == 0
+        outboxes.append(outbox)
+        futures.append(fut)
+    await asyncio.wait_for(asyncio.gather(*futures), 10)
+    assert pub._next - before == 2
+    assert (await js.stream_info(topology.events_stream)).state.messages == 1 + 20
+    assert (await js.stream_info(topology.commands_stream)).state.messages == 1 + 5
+
+
+async def test_a_flush_without_waiting_publishes_nothing_it_cannot_confirm_at_once(
+    own_server: EmbeddedNats,
+) -> None:
+    """A new connection's publisher has not looked at the streams yet, and conditional events need their
+    own acks: `flush_nowait` says so (None) and leaves everything queued for `flush`."""
+    topo = Topology(prefix="nowait")
+    nc = await connect(own_server.url, name="pytest-nowait", connect_wait_s=10)
+    try:
+        js = nc.jetstream(timeout=10)
+        await provision(js, topo, ("default",))
+        outbox = Outbox(js, topo)
+        outbox.event(step_started("e1", "s0"))
+        assert outbox.flush_nowait() is None and len(outbox) == 1
+        await outbox.flush()
+        outbox.event(step_started("e2", "s0"), expect_new=True)
+        assert outbox.flush_nowait() is None and len(outbox) == 1
+        await outbox.flush()
+        assert (await js.stream_info(topo.events_stream)).state.messages == 2
+    finally:
+        await nc.close()
+
+
 # --- a server that freezes, dies and comes back ----------------------------------------------------
 
 
@@ -211,3 +262,40 @@ async def test_racing_expect_new_events_on_a_cluster_settle_as_one_stored_and_th
     assert results.count(None) == 1, results
     assert all(isinstance(r, AlreadyStored) for r in results if r is not None), results
     assert len([ev async for _, ev in read_events(r3.js, r3.topology, "race")]) == 1
+
+
+async def test_what_a_flush_without_waiting_published_into_a_dying_server_is_stored_once_when_published_again(
+    own_server: EmbeddedNats,
+) -> None:
+    """The worker's no-wait path across a restart: the future fails (the acks of the old connection never
+    come), the same messages are flushed again after the reconnect (same ids), and each is stored once."""
+    topo = Topology(prefix="nowaitdies")
+    nc = await connect(own_server.url, name="pytest-nowait-dies", connect_wait_s=10)
+    try:
+        js = nc.jetstream(timeout=10)
+        await provision(js, topo, ("default",))
+        warm = Outbox(js, topo)
+        warm.event(step_started("w", "s0"))
+        await warm.flush()
+        events = [step_started("e1", f"s{i}") for i in range(4)]
+        assert own_server.pid is not None
+        os.kill(own_server.pid, signal.SIGSTOP)
+        await asyncio.sleep(0.1)
+        outbox = Outbox(js, topo, ack_timeout_s=5.0)
+        for ev in events:
+            outbox.event(ev)
+        fut = outbox.flush_nowait()
+        assert fut is not None
+        await asyncio.sleep(0.3)
+        own_server.kill()
+        with pytest.raises(Exception):  # noqa: B017 - reconnecting, or the ack timeout: either is a failure
+            await asyncio.wait_for(fut, 30)
+        await asyncio.to_thread(own_server.start)
+        again = Outbox(js, topo, ack_timeout_s=5.0)
+        for ev in events:
+            again.event(ev)
+        await asyncio.wait_for(again.flush(), 30)
+        stored = [ev.event_id async for _, ev in read_events(js, topo, "e1")]
+        assert stored == [ev.event_id for ev in events]
+    finally:
+        await nc.close()

@@ -73,6 +73,8 @@ class CommandRun:
         self._holding: dict[str, TaskEvents] = {}
         """Scopes whose first task events are held (``--task-events informative``), by scope id."""
         self._inline_limit: int | None = None
+        self._unconfirmed: list[tuple[Event, bytes]] = []
+        """What `publish_pending_nowait` published, kept until it is known to be stored."""
 
     @property
     def redelivered(self) -> bool:
@@ -134,6 +136,39 @@ class CommandRun:
         if done:
             self.worker._log.info("worker.loop_resumed", step_run_id=cmd.step_run_id, completed=len(done))
         return done
+
+    def publish_pending_nowait(self) -> asyncio.Future[Any] | None:
+        """`publish_pending` without waiting: the events join this turn's write, and the returned future
+        settles when they are stored (or fails: then `publish_pending` them). None, having published
+        nothing, when they need more first (a large result for the object store, progress sent before,
+        a publisher that has not looked at the stream yet)."""
+        outbox = self.outbox
+        if outbox.sent:
+            return None
+        limit = self.inline_limit
+        ready: list[tuple[Event, bytes]] = []
+        for ev in self.pending:
+            data = encode(ev)
+            if len(data) > limit:
+                return None
+            ready.append((ev, data))
+        for ev, data in ready:
+            outbox.event(ev, data)
+        fut = outbox.flush_nowait()
+        if fut is None:
+            outbox.clear()
+            return None
+        self.pending = []
+        self._unconfirmed = ready
+        return fut
+
+    async def publish_unconfirmed(self) -> None:
+        """Publish again, waiting and retrying as `publish_pending`, what `publish_pending_nowait` published
+        when its future failed (same ids: what was stored after all is dropped as a duplicate)."""
+        ready, self._unconfirmed = self._unconfirmed, []
+        for ev, data in ready:
+            self.outbox.event(ev, data)
+        await self.outbox.flush()
 
     async def publish_pending(self) -> None:
         pending, self.pending = self.pending, []

@@ -88,6 +88,9 @@ class Worker:
         # Commands running, for the progress scan: their message, start time and logging context.
         self._active: dict[CommandRun, tuple[Msg, float, contextvars.Context]] = {}
         self._scan: asyncio.TimerHandle | None = None
+        # Commands whose events are published and not yet known stored (acked then), and their republishing.
+        self._unconfirmed: dict[asyncio.Future[Any], tuple[Msg, CommandRun]] = {}
+        self._republishing: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -181,11 +184,14 @@ class Worker:
             # Just before the puller cancels what still runs at the end of the grace, name it: these
             # commands are left unacknowledged and run again on another worker after AckWait.
             expiry = asyncio.get_running_loop().call_later(max(grace_s - 0.05, 0.0), self._grace_expired)
+            started = asyncio.get_running_loop().time()
             try:
                 await self._puller.stop(timeout=grace_s)
             finally:
                 expiry.cancel()
             self._puller = None
+            left = grace_s - (asyncio.get_running_loop().time() - started)
+            await self._settle_unconfirmed(max(left, 1.0))
         if self._ended_sub is not None:
             with contextlib.suppress(Exception):
                 await self._ended_sub.unsubscribe()
@@ -238,8 +244,49 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await msg.nak()
                 return
-            await run.publish_pending()
+            fut = run.publish_pending_nowait()
+            if fut is None:
+                await run.publish_pending()
+                ack_soon(msg)
+                return
+            # Settled when the events are stored (`_stored`): the handler's slot is free meanwhile.
+            self._unconfirmed[fut] = (msg, run)
+            fut.add_done_callback(self._stored)
+
+    def _stored(self, fut: asyncio.Future[Any]) -> None:
+        """A command's events are stored: ack it. Their publish failed: publish them again, waiting and
+        retrying as the outbox does, then ack (or hand the command back, as a failed handler does)."""
+        msg, run = self._unconfirmed.pop(fut)
+        if not fut.cancelled() and fut.exception() is None:
+            try:
+                ack_soon(msg)
+            except Exception as exc:  # the connection is gone: the command comes again
+                self._log.warning("worker.ack_failed", error=str(exc) or type(exc).__name__)
+            return
+        task = asyncio.ensure_future(self._republish(msg, run))
+        self._republishing.add(task)
+        task.add_done_callback(self._republishing.discard)
+
+    async def _republish(self, msg: Msg, run: CommandRun) -> None:
+        try:
+            await run.publish_unconfirmed()
             ack_soon(msg)
+        except Exception:
+            self._log.exception("worker.publish_failed", subject=msg.subject)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+
+    async def _settle_unconfirmed(self, timeout: float) -> None:
+        """Wait (up to `timeout`) for the commands whose events are being stored to be settled."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._unconfirmed or self._republishing:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                self._log.warning(
+                    "worker.unsettled_at_stop", commands=len(self._unconfirmed) + len(self._republishing)
+                )
+                return
+            await asyncio.wait([*self._unconfirmed, *self._republishing], timeout=left)
 
     async def _supervise(self, msg: Msg, run: CommandRun) -> None:
         """Run the command. If it is still running after ``PROGRESS_EVERY_S``, a watcher publishes its

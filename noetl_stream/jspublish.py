@@ -279,7 +279,16 @@ class Publisher:
         self._streams: dict[str, tuple[bool, float]] = {}
         self._lookups: dict[str, asyncio.Task[None]] = {}  # stream -> its stream info request in flight
         self._init_lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The connection's event loop, kept: ``asyncio.get_running_loop()`` costs a ``getpid`` system call
+        (a fork check), several times per flush otherwise."""
         self._chain_disconnected(nc)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     @property
     def pending(self) -> int:
@@ -457,7 +466,7 @@ class Publisher:
         nc = self._conn()
         if not self._prefix:
             return None
-        now = asyncio.get_running_loop().time()
+        now = self._running_loop().time()
         checked, size, stale = self._check(nc, groups, now)
         if stale:
             for _, _, stream, _ in checked:
@@ -507,7 +516,7 @@ class Publisher:
         batch = self._batch
         # While reconnecting, writes are buffered: the limit counts what this turn collected so far too.
         check_writable(nc, size + (batch.size if batch is not None else 0))
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         if batch is None:
             batch = self._batch = _Batch(deadline)
             loop.call_soon(self._write_batch, batch)
@@ -547,7 +556,7 @@ class Publisher:
                 reply = self._prefix_b + token.encode()
                 parts.append(_HPUB_REPLY % (subject, reply, hlen, hlen + n, mid, payload))
             if self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(_TICK_S, self._expire)
+                self._timer = self._running_loop().call_later(_TICK_S, self._expire)
             write_soon(nc, b"".join(parts), len(batch.messages), size)
         except Exception as exc:  # the connection is gone: each caller hears it (and publishes again)
             for settles in acked.values():

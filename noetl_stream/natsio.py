@@ -197,7 +197,21 @@ def write_soon(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> None
             nc._pending = []
             nc._pending_data_size = 0
             return
-        queue.put_nowait(asyncio.get_running_loop().create_future())
+        queue.put_nowait(_settled(nc))
+
+
+_SETTLED = "_noetl_settled"
+
+
+def _settled(nc: NATS) -> asyncio.Future[None]:
+    """The connection's one settled future: what `write_soon` hands the flusher, which only looks whether
+    it is done (a new one per write cost a ``getpid`` system call, in ``asyncio.get_running_loop``)."""
+    fut: asyncio.Future[None] | None = getattr(nc, _SETTLED, None)
+    if fut is None:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        setattr(nc, _SETTLED, fut)
+    return fut
 
 
 async def ack(msg: Msg) -> None:

@@ -36,6 +36,7 @@ settles as stored or `AlreadyStored`.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import nats.errors
@@ -207,8 +208,7 @@ class Outbox:
             if not self._sent:
                 return
             events = self._sent[-1:]  # published again with an ack: it confirms the ones before it
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_s
+        deadline = time.monotonic() + self.retry_s  # (not the loop's clock: a getpid system call to find it)
         attempt = 0
         while True:
             try:
@@ -229,7 +229,7 @@ class Outbox:
                 if not isinstance(exc, _TRANSIENT) and not _in_process(exc):
                     raise
                 delay = min(2.0, 0.1 * 2**attempt)
-                if loop.time() + delay > deadline:
+                if time.monotonic() + delay > deadline:
                     raise
                 attempt += 1
                 log.warning(

@@ -91,6 +91,9 @@ class ContinuousPuller:
         self._log = log.bind(stream=stream, consumer=consumer)
 
         self._sub: Subscription | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The running loop, kept: ``asyncio.get_running_loop()`` costs a ``getpid`` system call (a fork
+        check), per message here."""
         self._inbox = ""
         self._outstanding = 0  # requested, not yet delivered
         self._held = 0  # delivered, not yet handled (queued or running)
@@ -162,7 +165,7 @@ class ContinuousPuller:
         info = await self._nc.jetstream().consumer_info(self.stream, self.consumer)
         ack_wait = info.config.ack_wait or 30.0
         self._progress_every = max(0.5, ack_wait / 3)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._last_activity = loop.time()
         self._reconnects = self._nc.stats["reconnects"]
         self._inbox = self._nc.new_inbox()
@@ -220,7 +223,9 @@ class ContinuousPuller:
     # --- intake -----------------------------------------------------------------------------------
     def _on_msg(self, msg: Msg) -> None:
         """Called in the connection's read loop (`subscribe_inline`): file the message, start handlers."""
-        self._last_activity = asyncio.get_running_loop().time()
+        loop = self._loop
+        assert loop is not None  # (subscribed in start)
+        self._last_activity = loop.time()
         if not msg.reply.startswith(_ACK_PREFIX):
             self._spawn(self._on_status(msg))
             return
@@ -290,9 +295,11 @@ class ContinuousPuller:
     # --- handlers ---------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         """Start handlers for queued messages while there is a free slot."""
+        loop = self._loop
+        assert loop is not None  # (started)
         while self._queue and self._running < self.max_concurrency and not self._stopping:
             self._running += 1
-            task = asyncio.create_task(self._work(self._queue.popleft().msg))
+            task = loop.create_task(self._work(self._queue.popleft().msg))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

@@ -91,6 +91,7 @@ class Worker:
         # Commands whose events are published and not yet known stored (acked then), and their republishing.
         self._unconfirmed: dict[asyncio.Future[Any], tuple[Msg, CommandRun]] = {}
         self._republishing: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -106,6 +107,7 @@ class Worker:
     async def start(self) -> None:
         if self._puller is not None:
             return
+        self._loop = asyncio.get_running_loop()
         self._puller = ContinuousPuller(
             self.nc,
             self.topology.commands_stream,
@@ -292,7 +294,8 @@ class Worker:
         """Run the command. If it is still running after ``PROGRESS_EVERY_S``, a watcher publishes its
         progress events and keeps the message alive until it ends. One periodic scan finds such commands
         (fast commands pay a dict entry, not a timer each)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop  # (kept: asyncio.get_running_loop() costs a getpid system call)
+        assert loop is not None  # (started)
         self._active[run] = (msg, loop.time(), contextvars.copy_context())
         if self._scan is None:
             self._scan = loop.call_later(PROGRESS_EVERY_S / 2, self._scan_active)

@@ -35,6 +35,7 @@ __all__ = [
     "require_client_internals",
     "stream_seq",
     "subscribe_inline",
+    "term_soon",
     "write",
     "write_soon",
 ]
@@ -228,6 +229,18 @@ def ack_soon(msg: Msg) -> None:
     nc = msg._client
     check_writable(nc, 4)
     write_soon(nc, b"PUB %b 4\r\n+ACK\r\n" % msg.reply.encode(), 1, 4)
+    msg._ackd = True
+
+
+def term_soon(msg: Msg) -> None:
+    """``msg.term()`` for code that cannot await: the delivery is never redelivered (`ack_soon`'s way)."""
+    if msg._ackd:
+        raise MsgAlreadyAckdError(msg)
+    if not msg.reply:
+        raise NotJSMessageError
+    nc = msg._client
+    check_writable(nc, 5)
+    write_soon(nc, b"PUB %b 5\r\n+TERM\r\n" % msg.reply.encode(), 1, 5)
     msg._ackd = True
 
 

@@ -30,6 +30,8 @@ __all__ = ["ContinuousPuller", "Handler"]
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
+Intake = Callable[[Msg], Coroutine[Any, Any, None] | None]
+"""Files a message as it is parsed (in the connection's read loop): returns work to run as a task, or None."""
 
 _ACK_PREFIX = "$JS.ACK."
 _PENDING_MSGS = "Nats-Pending-Messages"
@@ -54,11 +56,11 @@ class ContinuousPuller:
     Pulls are re-issued after a reconnect, an expired request or missed idle heartbeats.
     A puller is started once and stopped once.
 
-    With `ordered`, handlers START in delivery order (each message gets a task of its own, and tasks
-    run in creation order): a handler whose synchronous prefix files the message (the controller
-    queues it per execution) sees messages in stream order. Without it, a handler task that finishes
-    one message takes the next queued one itself, which can overtake a task created earlier for an
-    older message that has not started yet.
+    With `intake` instead of `handler`, each message is given to `intake` as it is parsed, in delivery
+    order, without a task of its own: it files the message (the controller queues it per execution and
+    settles it later) and may return work (a coroutine) to run as a task, which `stop()` waits for like
+    a handler. The window then counts only what is requested: what is filed is the intake's, bounded by
+    the consumer's ``max_ack_pending``. An intake that raises has the message nak'ed.
     """
 
     def __init__(
@@ -66,7 +68,7 @@ class ContinuousPuller:
         nc: NATS,
         stream: str,
         consumer: str,
-        handler: Handler,
+        handler: Handler | None,
         *,
         max_concurrency: int = 100,
         batch: int | None = None,
@@ -74,8 +76,10 @@ class ContinuousPuller:
         heartbeat_s: float = 5.0,
         error_nak_delay_s: float | None = 1.0,
         api_prefix: str = "$JS.API",
-        ordered: bool = False,
+        intake: Intake | None = None,
     ) -> None:
+        if (handler is None) == (intake is None):
+            raise ValueError("give a handler or an intake, not both")
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         if not 0 < heartbeat_s * 2 <= expires_s:
@@ -86,7 +90,7 @@ class ContinuousPuller:
         self._expires_ns = int(expires_s * 1e9)
         self._hb_s = heartbeat_s
         self._nak_delay = error_nak_delay_s
-        self._ordered = ordered
+        self._intake = intake
         self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._log = log.bind(stream=stream, consumer=consumer)
 
@@ -234,10 +238,40 @@ class ContinuousPuller:
         if self._stopping:
             self._spawn(self._hand_back(msg))
             return
+        if self._intake is not None:
+            self._file(msg, loop)
+            return
         # A delivery moves a message from requested to held: the window is unchanged, no pull to top up.
         self._held += 1
         self._queue.append(_Queued(msg, self._last_activity))
         self._dispatch()
+
+    def _file(self, msg: Msg, loop: asyncio.AbstractEventLoop) -> None:
+        """Give a message to the intake; run the work it returns as a handler task; top the window up."""
+        assert self._intake is not None
+        try:
+            work = self._intake(msg)
+        except Exception:
+            self._log.exception("puller.intake_failed", subject=msg.subject)
+            self._spawn(self._nak_unsettled(msg))
+            work = None
+        if work is not None:
+            self._running += 1
+            task = loop.create_task(self._run_intake_work(work))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        n = self._pull_size()
+        if n:
+            self._outstanding += n  # reserved now: the pull itself goes out from a task
+            self._spawn(self._send_pull(n))
+
+    async def _run_intake_work(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except Exception:
+            self._log.exception("puller.intake_work_failed")
+        finally:
+            self._running -= 1
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run the rare asynchronous part of intake (a status, a hand-back) as a task stop() waits for."""
@@ -276,8 +310,12 @@ class ContinuousPuller:
             await self._pull(n)
 
     async def _pull(self, n: int) -> None:
-        req = {"batch": n, "expires": self._expires_ns, "idle_heartbeat": int(self._hb_s * 1e9)}
         self._outstanding += n
+        await self._send_pull(n)
+
+    async def _send_pull(self, n: int) -> None:
+        """Request `n` messages (already counted as outstanding)."""
+        req = {"batch": n, "expires": self._expires_ns, "idle_heartbeat": int(self._hb_s * 1e9)}
         try:
             await self._nc.publish(self._next_subject, msgspec.json.encode(req), reply=self._inbox)
             self._pulls += 1
@@ -305,28 +343,31 @@ class ContinuousPuller:
 
     async def _work(self, msg: Msg) -> None:
         """Handle `msg`, then keep taking queued messages while there are any."""
+        handler = self._handler
+        assert handler is not None  # (an intake files its messages itself: `_file`)
         try:
             while True:
                 try:
-                    await self._handler(msg)
+                    await handler(msg)
                 except Exception:
                     await self._failed(msg)
                 finally:
                     self._held -= 1
-                if self._stopping or not self._queue or self._ordered:
+                if self._stopping or not self._queue:
                     break
                 msg = self._queue.popleft().msg
                 if n := self._pull_size():
                     await self._pull(n)
         finally:
             self._running -= 1
-        if self._ordered:
-            self._dispatch()  # queued messages start in delivery order, each in a task of its own
         if n := self._pull_size():
             await self._pull(n)
 
     async def _failed(self, msg: Msg) -> None:
         self._log.exception("puller.handler_failed", subject=msg.subject)
+        await self._nak_unsettled(msg)
+
+    async def _nak_unsettled(self, msg: Msg) -> None:
         if self._nak_delay is not None and not msg.is_acked:
             try:
                 await msg.nak(delay=self._nak_delay)

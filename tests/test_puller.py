@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -236,30 +236,44 @@ async def test_connect_gives_up_when_no_server_answers() -> None:
         await connect(f"nats://127.0.0.1:{port}", connect_wait_s=0.5)
 
 
-@pytest.mark.parametrize("ordered", [True, False])
-async def test_ordered_handlers_start_in_delivery_order(
-    nc: NATS, js: JetStreamContext, topology: Topology, eventually: Eventually, ordered: bool
+async def test_an_intake_files_every_message_in_delivery_order_and_runs_its_work_as_tasks(
+    nc: NATS, js: JetStreamContext, topology: Topology, eventually: Eventually
 ) -> None:
-    """With ``ordered``, the synchronous start of each handler sees the messages in stream order, even
-    when handlers take turns at random. (The controller files each event of an execution in its
-    per-execution queue there; a later event filed before an older one was a lost event.)"""
-    import random
-
+    """With an ``intake`` (the controller's), each message is filed as it is parsed, in stream order,
+    without a task of its own; the work it returns runs as a task, which ``stop()`` waits for. (The
+    controller files each event of an execution in its queue there; a later event filed before an older
+    one was a lost event.)"""
     n = 600
     await _setup(js, topology, n)
-    rnd = random.Random(5)
-    started: list[int] = []
+    filed: list[int] = []
+    unsettled: list[Msg] = []
+    finished: list[int] = []
 
-    async def handler(msg: Msg) -> None:
-        started.append(msg.metadata.sequence.stream)  # the synchronous prefix
-        for _ in range(rnd.randint(0, 3)):
-            await asyncio.sleep(0)
-        await msg.ack()
+    async def settle(batch: list[Msg]) -> None:
+        await asyncio.sleep(0.01)  # still running when the puller is told to stop: stop waits for it
+        for msg in batch:
+            await msg.ack()
+        finished.append(len(batch))
 
-    async with _puller(nc, topology, handler, max_concurrency=4, ordered=ordered):  # type: ignore[arg-type]
-        await eventually(lambda: len(started) == n)
-    overtaken = sum(1 for a, b in itertools.pairwise(started) if b < a)
-    if ordered:
-        assert overtaken == 0 and started == sorted(started)
-    else:  # the unordered puller lets a finishing handler take the next message itself
-        assert overtaken > 0
+    def intake(msg: Msg) -> Coroutine[Any, Any, None] | None:
+        filed.append(msg.metadata.sequence.stream)
+        unsettled.append(msg)
+        if len(unsettled) < 7 and len(filed) < n:
+            return None
+        batch = list(unsettled)
+        unsettled.clear()
+        return settle(batch)
+
+    puller = ContinuousPuller(
+        nc, topology.commands_stream, topology.pool_consumer(POOL), None, max_concurrency=4, intake=intake
+    )
+    async with puller:
+        await eventually(lambda: len(filed) == n)
+    assert filed == sorted(filed) and len(set(filed)) == n
+    assert sum(finished) == n  # every piece of work ran to its end before stop() returned
+    await eventually(lambda: _ack_pending_is(js, topology, 0))
+
+
+def test_a_puller_takes_a_handler_or_an_intake() -> None:
+    with pytest.raises(ValueError, match="handler or an intake"):
+        ContinuousPuller(None, "S", "c", None)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import msgspec
@@ -39,7 +39,7 @@ from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.logs import bound
-from noetl_stream.natsio import ack_soon, num_delivered, stream_seq
+from noetl_stream.natsio import ack_soon, num_delivered, stream_seq, term_soon
 from noetl_stream.outbox import Outbox
 from noetl_stream.puller import ContinuousPuller
 from noetl_stream.subjects import Topology
@@ -207,9 +207,9 @@ class Controller:
                 self.nc,
                 self.topology.events_stream,
                 self.topology.controller_events_consumer(partition),
-                self._handle,
+                None,
                 max_concurrency=self.concurrency,
-                ordered=True,  # an execution's events must be filed in stream order (see _fold)
+                intake=self._file,  # an execution's events are filed in stream order as they arrive
             )
             self._fences[partition] = fence
             try:
@@ -246,6 +246,11 @@ class Controller:
                 finally:
                     self._stopping.pop(partition, None)
             self.deadlines.release(partition)
+            # Work that never started (cancelled at the stop) leaves its executions claimed: unclaim them,
+            # their events come again (unacked) to whoever holds the partition next.
+            self._ready.pop(partition, None)
+            for eid in [e for e in self._queues if self.topology.partition_of(e) == partition]:
+                del self._queues[eid]
             for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
                 state = self.states.get(eid)
                 try:
@@ -285,14 +290,16 @@ class Controller:
         self._stopped.set()
 
     # -- one input event --------------------------------------------------------------------------
-    async def _handle(self, msg: Msg) -> None:
-        """Fold the event, and any that queue up for the same execution meanwhile, in stream order."""
+    def _file(self, msg: Msg) -> Coroutine[Any, Any, None] | None:
+        """File an input event in its execution's queue as it is parsed (the puller's intake: stream
+        order, no task per event). The first event of a partition in a turn of the event loop returns the
+        work that folds, at the next turn, every execution that got events meanwhile (`_fold_all`)."""
         try:
             event = decode_event(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.error("controller.bad_event", subject=msg.subject, error=str(exc))
-            await msg.term()
-            return
+            term_soon(msg)
+            return None
         eid = event.execution_id
         named = self.topology.stored_event_names(msg.subject)
         if named is not None and named != (eid, event.name):  # the subject is what consumers filter on
@@ -301,8 +308,8 @@ class Controller:
                 subject=msg.subject,
                 error=f"the message is event {event.name!r} of execution {eid!r}, not what its subject names",
             )
-            await msg.term()
-            return
+            term_soon(msg)
+            return None
         if (
             event.name in ITERATION_RESULTS
             and (state := self.states.get(eid)) is not None
@@ -311,28 +318,24 @@ class Controller:
             # A local loop's iteration (most of a local loop's traffic here): nothing to fold or publish.
             # The state is current for it: the fold that made a loop distributed ran before its commands.
             ack_soon(msg)
-            return
+            return None
         item = (msg, event, stream_seq(msg))
         queue = self._queues.get(eid)
         if queue is not None:
-            queue.append(item)  # the handler folding this execution takes it next
-            return
+            queue.append(item)  # the work folding this execution takes it next
+            return None
         self._queues[eid] = [item]
         partition = self.topology.partition_of(eid)
         ready = self._ready.get(partition)
         if ready is not None:
             ready.append(eid)  # the partition's batch of this turn folds it
-            return
-        # The first of the partition in this turn of the event loop: the other events of the same read are
-        # filed while it yields (their handlers run next, in order), then it folds them all, one flush.
+            return None
         ready = self._ready[partition] = [eid]
-        try:
-            await asyncio.sleep(0)
-        except BaseException:  # stopped before anything was taken: their events come again
-            for e in ready:
-                self._queues.pop(e, None)
-            raise
-        finally:
+        return self._fold_ready(partition, ready)
+
+    async def _fold_ready(self, partition: int, ready: list[str]) -> None:
+        """The partition's batch closes when this starts (the turn after its first event was filed)."""
+        if self._ready.get(partition) is ready:
             del self._ready[partition]
         await self._fold_all(partition, ready)
 

@@ -68,6 +68,10 @@ class PartitionReleased(LookupError):
     events were in flight. Nothing is acked; the partition's next owner folds them."""
 
 
+def _released(partition: int) -> PartitionReleased:
+    return PartitionReleased(f"partition {partition}: its lease is not (validly) held here")
+
+
 class Controller:
     def __init__(
         self,
@@ -90,8 +94,8 @@ class Controller:
         self.snapshot_interval_s = snapshot_interval_s
         self._queues: dict[str, list[tuple[Msg, Event, int]]] = {}
         """Executions whose events a handler folds (claimed), and the events queued for it meanwhile."""
-        self._ready: dict[int, list[str]] = {}
-        """Per partition, the executions the first handler of this turn of the event loop will fold."""
+        self._ready: list[str] | None = None
+        """The executions the work started by this turn's first event will fold (any partition held)."""
         self.controller_id = controller_id or default_controller_id()
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
@@ -192,10 +196,6 @@ class Controller:
         """Whether this controller holds the partition of execution `eid` (metrics count only those)."""
         return self._holds(self.topology.partition_of(eid))
 
-    def _check_partition(self, partition: int) -> None:
-        if not self._holds(partition):
-            raise PartitionReleased(f"partition {partition}: its lease is not (validly) held here")
-
     def _partition_lock(self, partition: int) -> asyncio.Lock:
         """Starting a partition waits for the end of its previous stop (a lease lost and taken back)."""
         return self._partition_locks.setdefault(partition, asyncio.Lock())
@@ -235,6 +235,8 @@ class Controller:
             # well before the lease can expire on the server.
             fence = self._fences.pop(partition, None)
             puller = self._pullers.pop(partition, None)
+            wait = self._grace_s if graceful else self.topology.lease_ttl_s * 0.1
+            deadline = asyncio.get_running_loop().time() + 2 * wait  # (puller.stop may take 2 waits)
             if puller is not None:
                 self._stopping[partition] = puller
                 ttl = self.topology.lease_ttl_s
@@ -246,9 +248,16 @@ class Controller:
                 finally:
                     self._stopping.pop(partition, None)
             self.deadlines.release(partition)
-            # Work that never started (cancelled at the stop) leaves its executions claimed: unclaim them,
-            # their events come again (unacked) to whoever holds the partition next.
-            self._ready.pop(partition, None)
+            # A batch folds the executions of every partition held: the work of another partition's
+            # puller may still fold some of this one's (it finds no fence now, and hands them back, or
+            # finishes what it published). Wait for it (as for this puller's own), then unclaim what
+            # work that never started (cancelled at a stop) left claimed: those events come again
+            # (unacked) to whoever holds the partition next.
+            while (
+                any(self.topology.partition_of(e) == partition for e in self._queues)
+                and asyncio.get_running_loop().time() < deadline
+            ):
+                await asyncio.sleep(0.01)
             for eid in [e for e in self._queues if self.topology.partition_of(e) == partition]:
                 del self._queues[eid]
             for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
@@ -325,28 +334,27 @@ class Controller:
             queue.append(item)  # the work folding this execution takes it next
             return None
         self._queues[eid] = [item]
-        partition = self.topology.partition_of(eid)
-        ready = self._ready.get(partition)
+        ready = self._ready
         if ready is not None:
-            ready.append(eid)  # the partition's batch of this turn folds it
+            ready.append(eid)  # this turn's batch folds it
             return None
-        ready = self._ready[partition] = [eid]
-        return self._fold_ready(partition, ready)
+        ready = self._ready = [eid]
+        return self._fold_ready(ready)
 
-    async def _fold_ready(self, partition: int, ready: list[str]) -> None:
-        """The partition's batch closes when this starts (the turn after its first event was filed)."""
-        if self._ready.get(partition) is ready:
-            del self._ready[partition]
-        await self._fold_all(partition, ready)
+    async def _fold_ready(self, ready: list[str]) -> None:
+        """The batch closes when this starts (the turn after its first event was filed)."""
+        if self._ready is ready:
+            self._ready = None
+        await self._fold_all(ready)
 
     async def _drain(self, eid: str, queue: list[tuple[Msg, Event, int]]) -> None:
         """Fold what queued up for one execution whose queue is claimed (`queue`, in `_queues`)."""
-        await self._fold_all(self.topology.partition_of(eid), [eid])
+        await self._fold_all([eid])
 
-    async def _fold_all(self, partition: int, eids: list[str]) -> None:
-        """Fold what has queued up for each of `eids` (of one partition; their queues are claimed here),
-        publish every effect with one flush, then ack; again for those that got more meanwhile. Under
-        load this is a group commit: the events of many executions cost one flush.
+    async def _fold_all(self, eids: list[str]) -> None:
+        """Fold what has queued up for each of `eids` (their queues are claimed here), publish every
+        effect with one flush, then ack; again for those that got more meanwhile. Under load this is a
+        group commit: the events of many executions, of every partition held, cost one flush.
 
         An execution whose effects need the object store (a large result, a loop's assembled result, a
         large command) is flushed on its own after the others, so no other execution waits for it."""
@@ -358,7 +366,7 @@ class Controller:
                     queue = self._queues[eid]
                     batches.append((eid, list(queue)))
                     queue.clear()
-                await self._fold_batches(partition, batches)
+                await self._fold_batches(batches)
                 eids = []
                 for eid, _ in batches:
                     if self._queues.get(eid):
@@ -370,60 +378,71 @@ class Controller:
             for eid in held:  # cancelled: the unfolded events come again (unacked)
                 self._queues.pop(eid, None)
 
-    async def _fold_batches(
-        self, partition: int, batches: list[tuple[str, list[tuple[Msg, Event, int]]]]
-    ) -> None:
-        try:
-            self._check_partition(partition)  # released while these were in flight: its next owner takes them
-        except PartitionReleased as exc:
-            for eid, batch in batches:
-                await self._failed(eid, batch, exc)
-            return
-        fence = self._fences[partition]
-        outbox = Outbox(self.js, self.topology)
-        folded: list[tuple[str, list[tuple[Msg, Event, int]], _Folded]] = []
-        alone: list[tuple[str, list[tuple[Msg, Event, int]], _Folded]] = []
+    async def _fold_batches(self, batches: list[tuple[str, list[tuple[Msg, Event, int]]]]) -> None:
+        partition_of = self.topology.partition_of
+        folded: list[
+            tuple[str, list[tuple[Msg, Event, int]], _Folded, int, list[tuple[Event | Command, bytes]]]
+        ] = []
+        alone: list[tuple[str, list[tuple[Msg, Event, int]], _Folded, int]] = []
         for eid, batch in batches:
+            partition = partition_of(eid)
+            fence = self._fence_of(partition)
+            if fence is None:  # released while these were in flight: its next owner takes them
+                await self._failed(eid, batch, _released(partition))
+                continue
             with bound(execution_id=eid):  # on every log line of the fold
                 try:
                     f = await self._fold(eid, batch)
                 except Exception as exc:
                     await self._failed(eid, batch, exc)
                     continue
-            if self._queue_effects_now(eid, f, fence, outbox):
-                folded.append((eid, batch, f))
+            ready = self._effects_now(f, fence)
+            if ready is not None:
+                folded.append((eid, batch, f, fence, ready))
             else:
-                alone.append((eid, batch, f))
+                alone.append((eid, batch, f, fence))
         if folded:
-            try:
-                await self._publish(partition, outbox)
-            except Exception as exc:
-                for eid, batch, _ in folded:
-                    with bound(execution_id=eid):
-                        await self._failed(eid, batch, exc)
-                folded = []
-        for eid, batch, f in folded:
-            with bound(execution_id=eid):
+            # Checked again just before the write (the folds' loads and replays can take long): nothing
+            # of a partition no longer held is published.
+            outbox = Outbox(self.js, self.topology)
+            publish = []
+            for entry in folded:
+                eid, batch, _, fence, ready = entry
+                if self._fence_of(partition_of(eid)) != fence:
+                    await self._failed(eid, batch, _released(partition_of(eid)))
+                    continue
+                self._queue_effects_now(eid, ready, outbox)
+                publish.append(entry)
+            if publish:
                 try:
-                    await self._after(eid, batch, f, fence)
+                    await outbox.flush()
                 except Exception as exc:
-                    await self._failed(eid, batch, exc)
-        for eid, batch, f in alone:
+                    for eid, batch, *_ in publish:
+                        with bound(execution_id=eid):
+                            await self._failed(eid, batch, exc)
+                    publish = []
+            for eid, batch, f, fence, _ in publish:
+                with bound(execution_id=eid):
+                    try:
+                        if self._fence_of(partition_of(eid)) != fence:
+                            # not acked: the next owner re-derives the same (deduplicated) effects
+                            raise _released(partition_of(eid))
+                        await self._after(eid, batch, f, fence)
+                    except Exception as exc:
+                        await self._failed(eid, batch, exc)
+        for eid, batch, f, fence in alone:
             with bound(execution_id=eid):
                 try:
                     outbox = Outbox(self.js, self.topology)
                     await self._queue_effects(eid, f, fence, outbox)
-                    await self._publish(partition, outbox)
+                    if self._fence_of(partition_of(eid)) != fence:
+                        raise _released(partition_of(eid))
+                    await outbox.flush()
+                    if self._fence_of(partition_of(eid)) != fence:
+                        raise _released(partition_of(eid))
                     await self._after(eid, batch, f, fence)
                 except Exception as exc:
                     await self._failed(eid, batch, exc)
-
-    async def _publish(self, partition: int, outbox: Outbox) -> None:
-        self._check_partition(partition)  # the loads and replays of the folds can take long
-        await outbox.flush()
-        self._check_partition(
-            partition
-        )  # not acked: the next owner re-derives the same (deduplicated) effects
 
     async def _failed(self, eid: str, batch: list[tuple[Msg, Event, int]], exc: Exception) -> None:
         """The batch's effects may not be stored: forget the in-memory state (it is rebuilt from the
@@ -500,31 +519,35 @@ class Controller:
         f.state = state
         return f
 
-    def _queue_effects_now(self, eid: str, f: _Folded, fence: int, outbox: Outbox) -> bool:
-        """Queue the fold's effects in `outbox` if none needs the object store first (the usual case);
-        False, queueing nothing, otherwise (`_queue_effects`)."""
+    def _effects_now(self, f: _Folded, fence: int) -> list[tuple[Event | Command, bytes]] | None:
+        """The fold's effects encoded, if none needs the object store first (the usual case); None
+        otherwise (`_queue_effects`)."""
         ready: list[tuple[Event | Command, bytes]] = []
         for fx in f.effects:
             if fx.blobs or fx.loop_results:
-                return False
+                return None
             for ev in fx.events:
                 ev.controller, ev.fence = self.controller_id, fence
                 data = encode(ev)
                 if len(data) > SAFE_MESSAGE_BYTES:
-                    return False
+                    return None
                 ready.append((ev, data))
             for cmd in fx.commands:
                 data = encode(cmd)
                 if len(data) > SAFE_MESSAGE_BYTES:
-                    return False
+                    return None
                 ready.append((cmd, data))
+        return ready
+
+    def _queue_effects_now(
+        self, eid: str, ready: list[tuple[Event | Command, bytes]], outbox: Outbox
+    ) -> None:
         for item, data in ready:
             if isinstance(item, Event):
                 outbox.event(item, data)
             else:
                 outbox.command(item, data)
                 self.pools.scheduled(item.pool, eid, item.step)
-        return True
 
     async def _queue_effects(self, eid: str, f: _Folded, fence: int, outbox: Outbox) -> None:
         """Queue the fold's effects in `outbox`, storing first what goes to the object store."""

@@ -18,6 +18,7 @@ from nats.js import api
 from noetl_stream import events as E
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.errors import NoetlError
+from noetl_stream.jspublish import publisher
 from noetl_stream.subjects import Topology, check_new_id
 from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id, request_msg_id
 
@@ -201,11 +202,11 @@ async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str
         request = msgspec.structs.replace(request, execution_id=new_execution_id())
     assert request.execution_id is not None
     check_new_id(request.execution_id)
-    await nc.jetstream().publish(
-        topology.request_subject,
-        encode(request),
-        headers={"Nats-Msg-Id": request_msg_id(request.execution_id)},
+    # (the runtime's publisher: what nats-py's `js.publish` does, without a request and inbox per call)
+    stored = await publisher(nc).acked(
+        topology.request_subject, encode(request), request_msg_id(request.execution_id)
     )
+    await stored
     return request.execution_id
 
 

@@ -117,7 +117,23 @@ def require_client_internals(nc: NATS) -> None:
         )
     # Its header parser, on this connection only: the static method is looked up through the instance.
     nc._parse_header_lines = parse_header_lines  # type: ignore[method-assign]
+    _bind_flush_queue(nc)
     _checked.add(nc)
+
+
+def _bind_flush_queue(nc: NATS) -> None:
+    """The flusher waits on its queue after every write it is woken for, and ``asyncio.Queue.get`` looks
+    up the running loop each time (``asyncio.get_running_loop()``: a ``getpid`` system call, a fork check):
+    the connection's queue (made once, at connect) is given its loop once instead. A connection and its
+    queue live on one loop (the queue refuses any other anyway)."""
+    queue = nc._flush_queue
+    if queue is None:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # checked outside a loop: nothing to bind
+        return
+    queue._get_loop = lambda: loop  # type: ignore[attr-defined]
 
 
 class _Inline(asyncio.Future[Msg]):

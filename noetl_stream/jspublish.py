@@ -354,7 +354,7 @@ class Publisher:
         if ack_from < len(messages) and not self._prefix:
             await self._subscribe()
         max_payload = nc._max_payload
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         deadline = loop.time() + timeout_s
         deadlines = self._deadlines
         futures: list[asyncio.Future[PubAck]] = []
@@ -403,6 +403,43 @@ class Publisher:
             self._timer = loop.call_later(min(_TICK_S, timeout_s / 4), self._expire)
         await write(nc, parts[0] if len(parts) == 1 else b"".join(parts), len(messages), size)
         return futures
+
+    async def acked_with(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> asyncio.Future[PubAck]:
+        """Publish with these `headers` and an ack request (what ``js.publish(subject, payload,
+        headers=...)`` does, without a request and an inbox of its own: a KV write's expected revision
+        and TTL, say); the future settles as `send`'s do. Header names and values must be printable, names
+        without ``:`` or spaces."""
+        nc = self._conn()
+        check_writable(nc, len(payload) if nc._status != _CONNECTED else 0)
+        lines = []
+        for name, value in headers.items():
+            if not name or not name.isprintable() or ":" in name or " " in name or not value.isprintable():
+                raise nats.errors.BadHeaderError(name)
+            lines.append(f"{name}: {value}\r\n")
+        head = f"NATS/1.0\r\n{''.join(lines)}\r\n".encode()
+        hlen, n = len(head), len(payload)
+        if hlen + n > nc._max_payload:  # the server closes a connection that passes it
+            raise nats.errors.MaxPayloadError
+        if not self._prefix:
+            await self._subscribe()
+        loop = self._running_loop()
+        self._next += 1
+        token = str(self._next)
+        fut: asyncio.Future[PubAck] = loop.create_future()
+        self._futures[token] = fut
+        self._deadlines.append((loop.time() + timeout_s, token, fut))
+        if self._timer is None:
+            self._timer = loop.call_later(min(_TICK_S, timeout_s / 4), self._expire)
+        reply = self._prefix_b + token.encode()
+        line = b"HPUB %b %b %d %d\r\n" % (_subject(subject), reply, hlen, hlen + n)
+        await write(nc, b"".join((line, head, payload, b"\r\n")), 1, n)
+        return fut
 
     # -- grouped confirmation ---------------------------------------------------------------------------
     async def confirm(

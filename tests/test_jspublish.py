@@ -92,6 +92,32 @@ async def test_header_and_subject_injection_is_refused(nc: NATS, stream: str) ->
     assert pub.pending == 0
 
 
+async def test_a_publish_with_headers_stores_them_and_a_wrong_expected_sequence_is_refused(
+    nc: NATS, js: JetStreamContext, stream: str
+) -> None:
+    """`acked_with` (a KV write's path): the headers are stored as given, a conditional publish whose
+    expected last subject sequence is not the subject's is refused with the server's error, and header
+    names or values that would end the header block are refused before anything is written."""
+    pub = publisher(nc)
+    subject = f"{stream}.kv"
+    first = await (
+        await pub.acked_with(subject, b"v1", {EXPECTED_LAST_SUBJECT_SEQUENCE: "0", "X-Tag": "a b"})
+    )
+    stored = await js.get_msg(stream, first.seq)
+    assert stored.data == b"v1" and stored.headers is not None and stored.headers["X-Tag"] == "a b"
+    second = await (await pub.acked_with(subject, b"v2", {EXPECTED_LAST_SUBJECT_SEQUENCE: str(first.seq)}))
+    assert second.seq == first.seq + 1
+    stale = await pub.acked_with(subject, b"v3", {EXPECTED_LAST_SUBJECT_SEQUENCE: str(first.seq)})
+    with pytest.raises(BadRequestError) as info:
+        await asyncio.wait_for(stale, 10)
+    assert info.value.err_code == WRONG_LAST_SEQUENCE
+    for bad in ({"X-Evil": "1\r\nX-More: 2"}, {"Bad Name": "1"}, {"A:B": "1"}, {"": "1"}):
+        with pytest.raises(nats.errors.BadHeaderError):
+            await pub.acked_with(subject, b"v4", bad)
+    assert (await js.stream_info(stream)).state.messages == 2
+    assert pub.pending == 0
+
+
 async def test_closing_the_connection_fails_awaited_acks_and_later_publishes(
     nats_server: EmbeddedNats, stream: str
 ) -> None:

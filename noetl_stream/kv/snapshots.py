@@ -32,11 +32,13 @@ from noetl_stream.jspublish import (
     EXPECTED_LAST_SUBJECT_SEQUENCE,
     WRONG_LAST_SEQUENCE,
     WRONG_LAST_SEQUENCE_PENDING,
+    publisher,
 )
 from noetl_stream.kv.results import purge_object
 from noetl_stream.subjects import Topology
 
 S = TypeVar("S", bound=msgspec.Struct)
+MSG_TTL = "Nats-TTL"
 
 INLINE_LIMIT = 512 * 1024
 """Encoded states above this many bytes are stored in the object store, the KV value points to them."""
@@ -165,12 +167,14 @@ class SnapshotStore(Generic[S]):
             raise InvalidKeyError(key)
         js = self._js
         subject = f"$KV.{self._bucket}.{key}"
+        pub = publisher(js._nc)  # (the runtime's publisher: no nats-py request and inbox per write)
         for attempt in range(2):
             try:
-                ack = await js.publish(
-                    subject, data, headers={EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}, msg_ttl=ttl_s
-                )
-                return ack.seq
+                headers = {EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}
+                if ttl_s is not None:
+                    headers[MSG_TTL] = str(int(ttl_s))  # whole seconds, as nats-py's msg_ttl
+                stored = await pub.acked_with(subject, data, headers, js._timeout)
+                return (await stored).seq
             except NoStreamResponseError:  # no stream stores the key's subject: the bucket is gone
                 raise _missing("executions", self._bucket) from None
             except APIError as err:

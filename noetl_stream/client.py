@@ -108,7 +108,7 @@ _PLAYBOOK_KIND = re.compile(r"""kind["']?\s*:\s*["']?playbook\b""")
 
 def child_paths(text: str, file: str, extensions: Iterable[str] = ()) -> list[str]:
     """Literal ``path``s of ``kind: playbook`` tasks (steps and workbook) of a playbook."""
-    if not _PLAYBOOK_KIND.search(text):
+    if "playbook" not in text or not _PLAYBOOK_KIND.search(text):
         return []  # no child playbooks: skip compiling
     result = compile_playbook(text, file, extensions=extensions)
     if result.playbook is None:

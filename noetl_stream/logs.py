@@ -82,10 +82,13 @@ class bound:  # used like a function: ``with bound(execution_id=...):``
     __slots__ = ("_token", "_values")
 
     def __init__(self, **values: object) -> None:
-        self._values = {k: v for k, v in values.items() if v is not None}
+        self._values = (
+            values if None not in values.values() else {k: v for k, v in values.items() if v is not None}
+        )
 
     def __enter__(self) -> None:
-        self._token = _BOUND.set({**_BOUND.get(), **self._values})
+        outer = _BOUND.get()
+        self._token = _BOUND.set({**outer, **self._values} if outer else self._values)
 
     def __exit__(self, *exc: object) -> None:
         _BOUND.reset(self._token)

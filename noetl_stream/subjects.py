@@ -56,10 +56,25 @@ def partition_of(execution_id: str, partitions: int) -> int:
     return h % partitions
 
 
-@functools.lru_cache(maxsize=65536)  # every event an execution writes names one of a few subjects
+_EVENT_BASES: dict[str, dict[str, str]] = {}
+"""Per prefix, ``<prefix>.events.<execution id>.`` of the executions seen (checked once each), at most
+`_BASES_KEPT` of them (then started again): every event an execution writes starts with it."""
+_BASES_KEPT = 65536
+
+
 def _event_subject(prefix: str, execution_id: str, event_name: str) -> str:
-    check_token(execution_id, "execution id")
-    return f"{prefix}.events.{execution_id}.{_check_event_name(event_name)}"
+    bases = _EVENT_BASES.get(prefix)
+    if bases is None:
+        bases = _EVENT_BASES[prefix] = {}
+    base = bases.get(execution_id)
+    if base is None:
+        check_token(execution_id, "execution id")
+        if len(bases) >= _BASES_KEPT:
+            bases.clear()
+        base = bases[execution_id] = f"{prefix}.events.{execution_id}."
+    if event_name not in _VALID_EVENT_NAMES:
+        _check_event_name(event_name)
+    return base + event_name
 
 
 @functools.lru_cache(maxsize=65536)

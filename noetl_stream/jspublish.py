@@ -594,7 +594,7 @@ class Publisher:
                 parts.append(_HPUB_REPLY % (subject, reply, hlen, hlen + n, mid, payload))
             if self._timer is None:
                 self._timer = self._running_loop().call_later(_TICK_S, self._expire)
-            write_soon(nc, b"".join(parts), len(batch.messages), size)
+            write_soon(nc, b"".join(parts), len(batch.messages), size, now=True)
         except Exception as exc:  # the connection is gone: each caller hears it (and publishes again)
             for settles in acked.values():
                 if not settles.done():

@@ -195,12 +195,42 @@ async def write(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> Non
         await nc._flush_pending()
 
 
-def write_soon(nc: NATS, data: bytes, messages: int, payload_bytes: int) -> None:
-    """`write` for code that cannot await (a loop callback): the bytes join the outgoing buffer now and
-    the flusher task is woken; the buffer-full forced flush `write` may wait for is left to the flusher."""
+DIRECT_WRITE_LIMIT = 1 << 20
+"""`write_soon` writes to the socket itself while the transport holds less than this unsent (a server that
+reads slowly): above it, the bytes wait for the flusher, which waits for the socket to drain."""
+
+
+def _write_direct(nc: NATS, data: bytes) -> bool:
+    """Write what the connection has buffered and then `data` to the socket now (True), unless it is not
+    connected or the socket holds too much unsent already (then the flusher does, after draining it).
+    Through the flusher, bytes go out a turn of the event loop later (its task wakes at the next turn),
+    and a busy turn is milliseconds."""
+    if nc._status != _CONNECTED:
+        return False
+    writer = getattr(nc._transport, "_io_writer", None)  # (a websocket transport has none: the flusher)
+    if writer is None or writer.transport.get_write_buffer_size() >= DIRECT_WRITE_LIMIT:
+        return False
+    pending = nc._pending
+    if pending:
+        writer.writelines([*pending, data])
+        nc._pending = []
+        nc._pending_data_size = 0
+    else:
+        writer.write(data)
+    return True
+
+
+def write_soon(nc: NATS, data: bytes, messages: int, payload_bytes: int, *, now: bool = False) -> None:
+    """`write` for code that cannot await (a loop callback): the bytes join the outgoing buffer and the
+    flusher task is woken; the buffer-full forced flush `write` may wait for is left to the flusher.
+    With `now`, they go to the socket at once with what is buffered before them (a turn's batch of
+    publishes: the hop of a step waited a turn for the flusher otherwise), unless the socket holds too
+    much unsent already. Either way they go out after everything written before them."""
     stats = nc.stats
     stats["out_msgs"] += messages
     stats["out_bytes"] += payload_bytes
+    if now and _write_direct(nc, data):
+        return
     nc._pending.append(data)
     nc._pending_data_size += len(data)
     queue = nc._flush_queue

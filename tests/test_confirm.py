@@ -29,6 +29,7 @@ from nats.js.errors import APIError, BadRequestError, NoStreamResponseError
 from noetl_stream import jspublish
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.jspublish import (
+    WRITE_AT,
     Message,
     PubAck,
     Publisher,
@@ -76,10 +77,10 @@ async def _confirm_and_wait(pub: Publisher, messages: list[Message], stream: str
 async def test_the_confirms_of_one_turn_go_out_in_one_write_with_one_ack(
     nats_server: EmbeddedNats, nc: NATS, js: JetStreamContext, plain: str
 ) -> None:
-    """Fifty tasks started by one gather confirm 1 to 3 messages each to a stream without per-message
-    limits (as the runtime's): they all run in one turn of the loop, so their messages go out in one
-    write, in the order of the confirms, and only the last one asks for an ack (one reply token, one
-    reply on the wire), whose PubAck settles every caller."""
+    """Twenty tasks started by one gather confirm 1 to 3 messages each (fewer than `WRITE_AT` in all) to a
+    stream without per-message limits (as the runtime's): they all run in one turn of the loop, so their
+    messages go out in one write, in the order of the confirms, and only the last one asks for an ack
+    (one reply token, one reply on the wire), whose PubAck settles every caller."""
     stream = plain
     pub = publisher(nc)
     await _warm(pub, stream)
@@ -88,12 +89,13 @@ async def test_the_confirms_of_one_turn_go_out_in_one_write_with_one_ack(
         replies = await watcher.subscribe(pub._prefix + "*")  # every ack the server sends to `pub`
         await watcher.flush()
         before = pub._next
-        n = 50
+        n = 20
         acks = await asyncio.gather(
             *(_confirm_and_wait(pub, _caller_messages(stream, i), stream) for i in range(n))
         )
         expected = [m for i in range(n) for m in _caller_messages(stream, i)]
-        assert pub._next - before == 1  # one ack requested for the fifty callers
+        assert len(expected) < WRITE_AT
+        assert pub._next - before == 1  # one ack requested for the twenty callers
         # The server hands the reply to `pub` and to the watcher one after the other, so the watcher's
         # copy may still be on its way when `pub` has settled every caller: wait for it, then give a
         # second reply (there must be none) the time to arrive before counting.
@@ -112,6 +114,45 @@ async def test_the_confirms_of_one_turn_go_out_in_one_write_with_one_ack(
         stored = await js.get_msg(stream, seq)
         assert (stored.subject, stored.data) == (subject, payload)
         assert stored.headers == {"Nats-Msg-Id": msg_id}
+    assert pub.pending == 0
+
+
+async def test_a_turn_writes_its_batch_whenever_it_reaches_write_at_messages(
+    nc: NATS, js: JetStreamContext, plain: str
+) -> None:
+    """A busy turn does not hold everything until its end: its batch goes out each time it holds
+    `WRITE_AT` messages (the server starts on them meanwhile), each write with its own ack, whose PubAck
+    settles the callers of that write; the rest goes at the end of the turn. All stored once, in order."""
+    stream = plain
+    pub = publisher(nc)
+    await _warm(pub, stream)
+    before = pub._next
+    n = 120
+    acks = await asyncio.gather(
+        *(_confirm_and_wait(pub, _caller_messages(stream, i), stream) for i in range(n))
+    )
+    # The writes, as the callers fill them: a write closes with the caller whose messages reach WRITE_AT.
+    writes: list[list[int]] = [[]]
+    size = 0
+    for i in range(n):
+        writes[-1].append(i)
+        size += len(_caller_messages(stream, i))
+        if size >= WRITE_AT:
+            writes.append([])
+            size = 0
+    writes = [w for w in writes if w]
+    assert len(writes) >= 4
+    assert pub._next - before == len(writes)  # one ack per write
+    seq = 1
+    for callers in writes:
+        seq += sum(len(_caller_messages(stream, i)) for i in callers)
+        assert all(acks[i] is acks[callers[0]] for i in callers)  # one PubAck per write, fanned out
+        assert acks[callers[0]].seq == seq  # the write's last message
+    expected = [m for i in range(n) for m in _caller_messages(stream, i)]
+    assert (await js.stream_info(stream)).state.messages == 1 + len(expected)
+    for seq, (subject, payload, _) in enumerate(expected, 2):
+        stored = await js.get_msg(stream, seq)
+        assert (stored.subject, stored.data) == (subject, payload)
     assert pub.pending == 0
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from bench import raw, runtime
 from bench.procs import Deployment
+from noetl_stream.dataplane.worker import CLOCK_SKEW_S
 
 __all__ = ["WORKLOADS", "growth", "scaling", "warm"]
 
@@ -94,13 +95,13 @@ async def growth_row(url: str, workload: str, n: int) -> dict[str, Any]:
 
 async def growth(
     url: str, sizes: tuple[int, ...], say: Say, quick: bool = False
-) -> tuple[list[dict[str, Any]], dict[str, float]]:
+) -> tuple[list[dict[str, Any]], dict[str, float | None]]:
     """Rows of (workload, N) and the flat figures: per-unit cost and peak RSS at each N, and their growth
     from one N to the next (``growth_<workload>_us_<a>_<b>``, ``growth_<workload>_<role>_cpu_<a>_<b>``,
     ``growth_<workload>_<role>_peak_<a>_<b>``: the figure at b over the figure at a; 1.0 is flat).
     Each row is preceded by its raw two-process figure (`raw_for`), and reports the ratio."""
     rows: list[dict[str, Any]] = []
-    flat: dict[str, float] = {}
+    flat: dict[str, float | None] = {}
     for workload in WORKLOADS:
         for n in sizes:
             say(
@@ -120,15 +121,20 @@ async def growth(
                 flat[f"{key}_{role}_cpu_us_per"] = row[f"{role}_cpu_us_per"]
         by_n = {r["n"]: r for r in rows if r["workload"] == workload}
         for a, b in itertools.pairwise(sizes):
-            flat[f"growth_{workload}_us_{a}_{b}"] = by_n[b]["us_per"] / by_n[a]["us_per"]
+            flat[f"growth_{workload}_us_{a}_{b}"] = _over(by_n[b]["us_per"], by_n[a]["us_per"])
             for role in ("controller", "worker"):
-                flat[f"growth_{workload}_{role}_peak_{a}_{b}"] = (
-                    by_n[b][f"{role}_peak_mb"] / by_n[a][f"{role}_peak_mb"]
+                flat[f"growth_{workload}_{role}_peak_{a}_{b}"] = _over(
+                    by_n[b][f"{role}_peak_mb"], by_n[a][f"{role}_peak_mb"]
                 )
-                flat[f"growth_{workload}_{role}_cpu_{a}_{b}"] = (
-                    by_n[b][f"{role}_cpu_us_per"] / by_n[a][f"{role}_cpu_us_per"]
+                flat[f"growth_{workload}_{role}_cpu_{a}_{b}"] = _over(
+                    by_n[b][f"{role}_cpu_us_per"], by_n[a][f"{role}_cpu_us_per"]
                 )
     return rows, flat
+
+
+def _over(b: float, a: float) -> float | None:
+    """b / a, or None when a is 0 (a small run's CPU time, read from /proc in 10 ms ticks, can be 0)."""
+    return b / a if a else None
 
 
 # --- scaling ---------------------------------------------------------------------------------------------
@@ -166,6 +172,10 @@ async def scaling(
             d.worker(processes=workers)
             owners = await d.wait_leases(stable_s=1.0 if quick else 2.0)
             await warm(d)
+            # Past the first seconds after the workers' start, as the in-process figures are (bench.__main__)
+            warm_until = time.monotonic() + CLOCK_SKEW_S + 1.0
+            while time.monotonic() < warm_until:
+                await runtime.concurrent_steps_per_s(d, executions, min(steps, 10))
             for _ in range(repeat):
                 samples["raw"].append(
                     await raw.raw_concurrent_steps_per_s(url, 100, steps, worker_process=True)

@@ -31,8 +31,8 @@ answer is final.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
+import heapq
 import weakref
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Protocol
@@ -107,6 +107,18 @@ _LOOKUP_TIMEOUT_S = 5.0
 
 Message = tuple[str, bytes, str]
 """subject, payload, ``Nats-Msg-Id``"""
+
+
+class AckTimeoutError(nats.errors.TimeoutError):
+    """No JetStream ack came within the publish's deadline (a ``nats.errors.TimeoutError``, as nats-py's
+    ``js.publish`` raises, which is a ``TimeoutError`` too)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class ApiError(msgspec.Struct):
@@ -277,8 +289,8 @@ class Publisher:
         self._prefix_b = b""
         self._next = 0
         self._futures: dict[str, _Settles] = {}
-        # (deadline, token, future) in publish order: deadlines grow as long as callers use one timeout
-        self._deadlines: collections.deque[tuple[float, str, _Settles]] = collections.deque()
+        # (deadline, token, future), a heap: callers may use different timeouts (the outbox's, a KV write's)
+        self._deadlines: list[tuple[float, str, _Settles]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._batch: _Batch | None = None  # what `confirm` collects during this turn of the loop
         # stream -> (may it refuse one message and store a later one, when to look at its config again)
@@ -387,7 +399,7 @@ class Publisher:
                 fut: asyncio.Future[PubAck] = loop.create_future()
                 futures.append(fut)
                 self._futures[token] = fut
-                deadlines.append((deadline, token, fut))
+                heapq.heappush(deadlines, (deadline, token, fut))
                 reply = self._prefix_b + token.encode()
                 if expect_new and i in expect_new:
                     if filt:
@@ -439,7 +451,7 @@ class Publisher:
         token = str(self._next)
         fut: asyncio.Future[PubAck] = loop.create_future()
         self._futures[token] = fut
-        self._deadlines.append((loop.time() + timeout_s, token, fut))
+        heapq.heappush(self._deadlines, (loop.time() + timeout_s, token, fut))
         if self._timer is None:
             self._timer = loop.call_later(min(_TICK_S, timeout_s / 4), self._expire)
         reply = self._prefix_b + token.encode()
@@ -601,7 +613,7 @@ class Publisher:
                 self._next += 1
                 token = str(self._next)
                 self._futures[token] = group
-                self._deadlines.append((batch.deadline, token, group))
+                heapq.heappush(self._deadlines, (batch.deadline, token, group))
                 reply = self._prefix_b + token.encode()
                 parts.append(_HPUB_REPLY % (subject, reply, hlen, hlen + n, mid, payload))
             if self._timer is None:
@@ -712,8 +724,8 @@ class Publisher:
             if not fut.done():
                 if deadline > now:
                     break
-                fut.set_exception(TimeoutError(f"no JetStream ack within the deadline (token {token})"))
-            deadlines.popleft()
+                fut.set_exception(AckTimeoutError(f"no JetStream ack within the deadline (token {token})"))
+            heapq.heappop(deadlines)
             futures.pop(token, None)
         if deadlines:
             self._timer = asyncio.get_running_loop().call_later(_TICK_S, self._expire)

@@ -29,6 +29,7 @@ __all__ = [
     "ack",
     "ack_soon",
     "check_writable",
+    "nak_soon",
     "num_delivered",
     "num_pending",
     "parse_header_lines",
@@ -275,6 +276,18 @@ def ack_soon(msg: Msg) -> None:
     nc = msg._client
     check_writable(nc, 4)
     write_soon(nc, b"PUB %b 4\r\n+ACK\r\n" % msg.reply.encode(), 1, 4)
+    msg._ackd = True
+
+
+def nak_soon(msg: Msg) -> None:
+    """``msg.nak()`` for code that cannot await: redelivered at once (`ack_soon`'s way)."""
+    if msg._ackd:
+        raise MsgAlreadyAckdError(msg)
+    if not msg.reply:
+        raise NotJSMessageError
+    nc = msg._client
+    check_writable(nc, 4)
+    write_soon(nc, b"PUB %b 4\r\n-NAK\r\n" % msg.reply.encode(), 1, 4)
     msg._ackd = True
 
 

@@ -254,3 +254,25 @@ async def test_an_ack_that_never_comes_times_out_and_a_late_one_is_ignored(
         assert ack.seq == 2
     finally:
         await nc.close()
+
+
+async def test_a_short_deadline_behind_a_long_one_still_expires_on_time(nc: NATS) -> None:
+    """Callers use different timeouts (the outbox 10 s, a KV write the JetStream context's): an ack
+    awaited with a short one must fail at its own deadline, not after the longer one queued before it;
+    and it is a ``nats.errors.TimeoutError``, as nats-py's ``js.publish`` raises (a ``TimeoutError``)."""
+    subject = f"noreply{uuid.uuid4().hex}.x"
+    silent = await nc.subscribe(subject)  # a responder that never answers: no 503, no ack
+    try:
+        pub = publisher(nc)
+        slow = await pub.acked(subject, b"a", "long-1", timeout_s=30)
+        started = asyncio.get_running_loop().time()
+        short = await pub.acked_with(subject, b"b", {"X-Tag": "short"}, timeout_s=0.3)
+        with pytest.raises(nats.errors.TimeoutError) as info:
+            await asyncio.wait_for(short, 5)
+        assert isinstance(info.value, TimeoutError)
+        assert "no JetStream ack" in str(info.value)
+        assert asyncio.get_running_loop().time() - started < 2.0
+        assert not slow.done()
+        slow.cancel()
+    finally:
+        await silent.unsubscribe()

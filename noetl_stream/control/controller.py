@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
@@ -39,7 +40,7 @@ from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.logs import bound
-from noetl_stream.natsio import ack_soon, num_delivered, stream_seq, term_soon
+from noetl_stream.natsio import ack_soon, nak_soon, num_delivered, stream_seq, term_soon
 from noetl_stream.outbox import Outbox
 from noetl_stream.puller import ContinuousPuller
 from noetl_stream.subjects import Topology
@@ -48,6 +49,24 @@ from noetl_stream.wire import Command, Event, decode_event, encode
 log = structlog.get_logger(__name__)
 
 __all__ = ["SAFE_MESSAGE_BYTES", "Controller"]
+
+
+class _Batch:
+    """A turn's work: the executions it folds, each with its claimed queue (the one in `_queues` while it
+    is this batch's), and its task."""
+
+    __slots__ = ("claims", "task")
+
+    def __init__(self) -> None:
+        self.claims: dict[str, list[tuple[Msg, Event, int]]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+
+def _nak_quietly(msg: Msg) -> None:
+    """Hand a delivery back at once (one not settled yet; a closed connection: it comes back anyway)."""
+    with contextlib.suppress(Exception):
+        if not msg._ackd:
+            nak_soon(msg)
 
 
 class _Folded:
@@ -94,8 +113,12 @@ class Controller:
         self.snapshot_interval_s = snapshot_interval_s
         self._queues: dict[str, list[tuple[Msg, Event, int]]] = {}
         """Executions whose events a handler folds (claimed), and the events queued for it meanwhile."""
-        self._ready: list[str] | None = None
-        """The executions the work started by this turn's first event will fold (any partition held)."""
+        self._ready: _Batch | None = None
+        """The batch that folds, at the next turn, the executions that got events in this one."""
+        self._batches: set[_Batch] = set()
+        """Batches running (controller-owned tasks): a partition's stop waits for those folding its
+        executions."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.controller_id = controller_id or default_controller_id()
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
@@ -148,6 +171,7 @@ class Controller:
     async def start(self) -> None:
         if self.leases is not None:
             return
+        self._loop = asyncio.get_running_loop()
         # The partition count and lease TTL are the installation's (read from the server), not ours.
         self.topology = await provisioned_topology(self.js, self.topology)
         await self.snapshots.open(self.topology)
@@ -248,18 +272,14 @@ class Controller:
                 finally:
                     self._stopping.pop(partition, None)
             self.deadlines.release(partition)
-            # A batch folds the executions of every partition held: the work of another partition's
-            # puller may still fold some of this one's (it finds no fence now, and hands them back, or
-            # finishes what it published). Wait for it (as for this puller's own), then unclaim what
-            # work that never started (cancelled at a stop) left claimed: those events come again
-            # (unacked) to whoever holds the partition next.
-            while (
-                any(self.topology.partition_of(e) == partition for e in self._queues)
-                and asyncio.get_running_loop().time() < deadline
-            ):
-                await asyncio.sleep(0.01)
+            # Batches fold executions of every partition held: wait for those folding this one's (they
+            # find no fence now and hand the events back, or finish what they published), then cancel
+            # what still runs (its executions are forgotten and their events handed back, whatever their
+            # partition: rebuilt from the snapshot and the stream). No fold of this partition runs once
+            # this returns.
+            await self._end_batches_of(partition, deadline)
             for eid in [e for e in self._queues if self.topology.partition_of(e) == partition]:
-                del self._queues[eid]
+                del self._queues[eid]  # a quiet snapshot's claim (its writer sees it is no longer its own)
             for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
                 state = self.states.get(eid)
                 try:
@@ -274,6 +294,25 @@ class Controller:
                     log.warning("controller.snapshot_failed", execution_id=eid, error=str(exc))
                 finally:
                     self.cache.drop(eid)
+
+    async def _end_batches_of(self, partition: int, deadline: float) -> None:
+        partition_of = self.topology.partition_of
+        loop = asyncio.get_running_loop()
+        while True:
+            tasks = [
+                b.task
+                for b in self._batches
+                if b.task is not None and any(partition_of(e) == partition for e in b.claims)
+            ]
+            if not tasks:
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks)
+                return
+            await asyncio.wait(tasks, timeout=left)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -331,52 +370,83 @@ class Controller:
         item = (msg, event, stream_seq(msg))
         queue = self._queues.get(eid)
         if queue is not None:
-            queue.append(item)  # the work folding this execution takes it next
+            queue.append(item)  # the batch folding this execution takes it next
             return None
-        self._queues[eid] = [item]
-        ready = self._ready
-        if ready is not None:
-            ready.append(eid)  # this turn's batch folds it
-            return None
-        ready = self._ready = [eid]
-        return self._fold_ready(ready)
+        queue = self._queues[eid] = [item]
+        batch = self._ready
+        if batch is None:
+            batch = self._ready = self._start_batch()  # it starts at the next turn: this one's events join
+        batch.claims[eid] = queue
+        return None
 
-    async def _fold_ready(self, ready: list[str]) -> None:
-        """The batch closes when this starts (the turn after its first event was filed)."""
-        if self._ready is ready:
+    def _start_batch(self) -> _Batch:
+        """A batch the controller owns (not a partition's puller: it folds executions of every partition
+        held, and one partition's stop must not cancel another's folds), started at the next turn."""
+        batch = _Batch()
+        loop = self._loop
+        assert loop is not None  # (started)
+        batch.task = loop.create_task(self._fold_all(batch))
+        self._batches.add(batch)
+        batch.task.add_done_callback(functools.partial(self._batch_done, batch))
+        return batch
+
+    def _batch_done(self, batch: _Batch, task: asyncio.Task[None]) -> None:
+        """A batch ended (also one cancelled before it started): nothing of it stays claimed."""
+        self._batches.discard(batch)
+        if self._ready is batch:
             self._ready = None
-        await self._fold_all(ready)
+        self._unclaim(batch)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("controller.batch_crashed", error=repr(task.exception()))
 
-    async def _drain(self, eid: str, queue: list[tuple[Msg, Event, int]]) -> None:
-        """Fold what queued up for one execution whose queue is claimed (`queue`, in `_queues`)."""
-        await self._fold_all([eid])
+    def _unclaim(self, batch: _Batch) -> None:
+        """Release the batch's claims (only the queues it still owns) and hand back what they hold: those
+        events were not folded (unacked; a nak brings them back at once instead of after AckWait)."""
+        for eid, queue in batch.claims.items():
+            if self._queues.get(eid) is queue:
+                del self._queues[eid]
+            for msg, _, _ in queue:
+                _nak_quietly(msg)
+        batch.claims.clear()
 
-    async def _fold_all(self, eids: list[str]) -> None:
-        """Fold what has queued up for each of `eids` (their queues are claimed here), publish every
-        effect with one flush, then ack; again for those that got more meanwhile. Under load this is a
-        group commit: the events of many executions, of every partition held, cost one flush.
+    async def _fold_all(self, batch: _Batch) -> None:
+        """Fold what has queued up for each execution the batch claims, publish every effect with one
+        flush, then ack; again for those that got more meanwhile. Under load this is a group commit: the
+        events of many executions, of every partition held, cost one flush.
 
         An execution whose effects need the object store (a large result, a loop's assembled result, a
-        large command) is flushed on its own after the others, so no other execution waits for it."""
-        held = set(eids)
+        large command) is flushed on its own after the others, so no other execution waits for it.
+        Cancelled (a partition's stop, a shutdown), the executions it was folding are forgotten (their
+        state may be ahead of what is stored: rebuilt from the snapshot and the stream) and their events
+        handed back."""
+        if self._ready is batch:
+            self._ready = None  # closed: events filed from now on start another batch
+        claims = batch.claims
+        taken: dict[str, list[tuple[Msg, Event, int]]] = {}
         try:
+            eids = list(claims)
             while eids:
-                batches: list[tuple[str, list[tuple[Msg, Event, int]]]] = []
                 for eid in eids:
-                    queue = self._queues[eid]
-                    batches.append((eid, list(queue)))
+                    queue = claims[eid]
+                    taken[eid] = list(queue)
                     queue.clear()
-                await self._fold_batches(batches)
+                await self._fold_batches(list(taken.items()))
                 eids = []
-                for eid, _ in batches:
-                    if self._queues.get(eid):
+                for eid in taken:
+                    queue = claims[eid]
+                    if queue:
                         eids.append(eid)  # more came meanwhile: still claimed, folded next
                     else:
-                        self._queues.pop(eid, None)
-                        held.discard(eid)
-        finally:
-            for eid in held:  # cancelled: the unfolded events come again (unacked)
-                self._queues.pop(eid, None)
+                        if self._queues.get(eid) is queue:
+                            del self._queues[eid]
+                        del claims[eid]
+                taken = {}
+        except BaseException:
+            for eid, items in taken.items():
+                self.cache.drop(eid)
+                for msg, _, _ in items:
+                    _nak_quietly(msg)
+            raise
 
     async def _fold_batches(self, batches: list[tuple[str, list[tuple[Msg, Event, int]]]]) -> None:
         partition_of = self.topology.partition_of
@@ -393,23 +463,24 @@ class Controller:
             with bound(execution_id=eid):  # on every log line of the fold
                 try:
                     f = await self._fold(eid, batch)
+                    ready = self._effects_now(f, fence)
                 except Exception as exc:
                     await self._failed(eid, batch, exc)
                     continue
-            ready = self._effects_now(f, fence)
             if ready is not None:
                 folded.append((eid, batch, f, fence, ready))
             else:
                 alone.append((eid, batch, f, fence))
         if folded:
-            # Checked again just before the write (the folds' loads and replays can take long): nothing
-            # of a partition no longer held is published.
+            # Checked again just before the write (the folds' loads and replays can take long), all without
+            # a pause (no lease can be lost between a check and the write): nothing of a partition no
+            # longer held is published; its executions are handed back after the write.
             outbox = Outbox(self.js, self.topology)
-            publish = []
+            publish, released = [], []
             for entry in folded:
-                eid, batch, _, fence, ready = entry
+                eid, _, _, fence, ready = entry
                 if self._fence_of(partition_of(eid)) != fence:
-                    await self._failed(eid, batch, _released(partition_of(eid)))
+                    released.append(entry)
                     continue
                 self._queue_effects_now(eid, ready, outbox)
                 publish.append(entry)
@@ -421,6 +492,8 @@ class Controller:
                         with bound(execution_id=eid):
                             await self._failed(eid, batch, exc)
                     publish = []
+            for eid, batch, *_ in released:
+                await self._failed(eid, batch, _released(partition_of(eid)))
             for eid, batch, f, fence, _ in publish:
                 with bound(execution_id=eid):
                     try:
@@ -636,11 +709,12 @@ class Controller:
                         if await self.snapshots.write(state):  # (logs its own failures: tried again)
                             self.snapshots.saved(eid)
                 finally:
-                    if queue:  # events that came during the write
-                        with bound(execution_id=eid):
-                            self._spawn(self._drain(eid, queue))
-                    else:
-                        self._queues.pop(eid, None)
+                    if self._queues.get(eid) is queue:  # (a partition's stop may have taken it back)
+                        if queue:  # events that came during the write: a batch of their own
+                            batch = self._start_batch()
+                            batch.claims[eid] = queue
+                        else:
+                            del self._queues[eid]
 
     def _fenced_off(self, execution_id: str, partition: int | None) -> None:
         """A newer snapshot of the execution is stored: forget ours; a newer owner has the partition."""

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from noetl_stream import events as E
 from noetl_stream.dsl.model import Step, Task
 from noetl_stream.jsonvalue import enc_hook
 
@@ -281,13 +282,19 @@ def event_id(execution_id: str, scope: str, name: str) -> str:
 
 
 def control_event(
-    execution_id: str, name: str, reason: str | None = None, *, source: Source = "server"
+    execution_id: str,
+    name: str,
+    reason: str | None = None,
+    *,
+    source: Source = "server",
+    scope: str | None = None,
 ) -> Event:
     """An action on an execution (``execution.cancel.requested``, ...) as an input event for the
     controller's reducer: an operator's through the intake, or a worker's cancelling a child execution.
-    Each request has a scope of its own, so each is recorded (none is dropped as a duplicate)."""
+    Each request has a scope of its own, so each is recorded (none is dropped as a duplicate), unless
+    `scope` names one (`parent_ended_cancel`)."""
     return Event(
-        event_id=event_id(execution_id, f"control-{new_execution_id()}", name),
+        event_id=event_id(execution_id, scope or f"control-{new_execution_id()}", name),
         execution_id=execution_id,
         name=name,
         source=source,
@@ -296,4 +303,16 @@ def control_event(
         status="in_progress",
         timestamp=now_iso(),
         payload={"reason": reason} if reason else {},
+    )
+
+
+PARENT_ENDED_SCOPE = "parent-ended"
+
+
+def parent_ended_cancel(child_id: str, reason: str, *, source: Source = "server") -> Event:
+    """``execution.cancel.requested`` for a child execution whose parent ended otherwise than with
+    success. Its id is the same whoever writes it (the controller holding the child, a worker whose task
+    waited for it), so the child's history records one such cancel."""
+    return control_event(
+        child_id, E.EXECUTION_CANCEL_REQUESTED, reason, source=source, scope=PARENT_ENDED_SCOPE
     )

@@ -13,7 +13,7 @@ import msgspec
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from noetl_stream.kv import scan
+from noetl_stream.kv import children, scan
 from noetl_stream.kv.forget import forget_key
 from noetl_stream.subjects import Topology
 
@@ -27,9 +27,13 @@ class _Deadline(msgspec.Struct, frozen=True):
 _decoder = msgspec.json.Decoder(_Deadline)
 
 
+_INDEX_PREFIXES = (PREFIX + ".", children.PREFIX + ".")
+
+
 def is_index_key(key: str) -> bool:
-    """A key of this index (not an execution snapshot) in the executions bucket."""
-    return key.startswith(PREFIX + ".")
+    """A key of this index or of the running children's (`kv/children.py`), not an execution snapshot,
+    in the executions bucket."""
+    return key.startswith(_INDEX_PREFIXES)
 
 
 class DeadlineIndex:

@@ -248,7 +248,10 @@ async def test_cancelling_a_parent_cancels_its_running_child(runtime: Runtime, t
     assert len(requested) == 1
     child_summary = await follow(runtime.nc, runtime.topology, requested[0].execution_id, timeout=15)
     assert child_summary.status == "cancelled"
-    assert child_summary.error is not None and "parent execution ended" in child_summary.error["message"]
+    # (cancelled by the waiting worker or the controller holding the child, whichever is first)
+    assert child_summary.error is not None
+    assert child_summary.error["message"].startswith(f"parent execution {execution_id} ended")
+    assert "(cancelled)" in child_summary.error["message"]
 
 
 async def _child_requests(rt: Runtime, parent_id: str):  # type: ignore[no-untyped-def]

@@ -8,7 +8,8 @@ instead of starting another. While it waits, the parent gives its worker slot ba
 A wait cut short for any reason but the worker's shutdown (the task's ``timeout_s``, the step's
 ``lifecycle.timeout_s``, the parent's execution ending) cancels the child: no child runs on unwatched.
 On shutdown (`handing_back`) the child keeps running: the parent's command is redelivered and waits for
-it again. No child is started for an execution that has ended (``stop_check``), nor from a request
+it again. A parent that ends while no worker waits for its child (the worker was killed) has its
+running children cancelled by the controllers that hold them (`control/children.py`). No child is started for an execution that has ended (``stop_check``), nor from a request
 larger than a NATS message (`ChildNotStartedError`).
 
 Nested loops (003 §6.4): a child started from inside a loop iteration gets that iteration's ``iter``
@@ -43,6 +44,7 @@ from noetl_stream.wire import (
     control_event,
     decode_event,
     encode,
+    parent_ended_cancel,
     request_msg_id,
 )
 
@@ -123,7 +125,7 @@ class ChildRunner:
 
         If the parent execution ends meanwhile (``stop_check`` gives a reason), the child is cancelled.
         """
-        child_id = request.execution_id
+        child_id, parent = request.execution_id, request.parent_execution_id
         assert child_id is not None
         done: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
 
@@ -164,18 +166,20 @@ class ChildRunner:
                     except TimeoutError:
                         reason = stop_check() if stop_check is not None else None
                         if reason is not None:
-                            await self.cancel(child_id, f"parent execution ended: {reason}")
+                            await self.cancel(
+                                child_id, f"parent execution {parent} ended: {reason}", parent_ended=True
+                            )
                             return await done
         except asyncio.CancelledError:
             if requested and not self.handing_back():
                 reason = stop_check() if stop_check is not None else None
                 why = (
-                    f"parent execution ended: {reason}"
+                    f"parent execution {parent} ended: {reason}"
                     if reason is not None
                     else "the parent task stopped waiting for it (its timeout_s or its step's "
                     "lifecycle.timeout_s ran out)"
                 )
-                await self._cancel_quietly(child_id, why)
+                await self._cancel_quietly(child_id, why, parent_ended=reason is not None)
             raise
         finally:
             with contextlib.suppress(Exception):
@@ -199,11 +203,11 @@ class ChildRunner:
                 "or produce the value in the child itself",
             )
 
-    async def _cancel_quietly(self, child_id: str, reason: str) -> None:
+    async def _cancel_quietly(self, child_id: str, reason: str, parent_ended: bool = False) -> None:
         """Cancel the child from a task being cancelled: shielded, bounded, errors only logged."""
         try:
             async with asyncio.timeout(CANCEL_WITHIN_S):
-                await asyncio.shield(self.cancel(child_id, reason))
+                await asyncio.shield(self.cancel(child_id, reason, parent_ended=parent_ended))
         except Exception as exc:  # NATS down: the child runs on, as after a worker crash
             log.warning(
                 "child.cancel_failed", child_execution_id=child_id, error=str(exc) or type(exc).__name__
@@ -222,9 +226,15 @@ class ChildRunner:
         key = f"{request.parent_execution_id}/{request.parent_step_run_id}/{request.execution_id}/iter"
         return msgspec.structs.replace(request, parent_iter=await self._results.put_encoded(key, data))
 
-    async def cancel(self, child_id: str, reason: str) -> None:
+    async def cancel(self, child_id: str, reason: str, *, parent_ended: bool = False) -> None:
+        """Record the child's cancel. For the parent's end (`parent_ended`) it is the cancel the controller
+        holding the child writes too (`parent_ended_cancel`): the first stored is the one recorded."""
+        if parent_ended:
+            ev = parent_ended_cancel(child_id, reason, source="worker")
+        else:
+            ev = control_event(child_id, E.EXECUTION_CANCEL_REQUESTED, reason, source="worker")
         outbox = Outbox(self.js, self.topology)
-        outbox.event(control_event(child_id, E.EXECUTION_CANCEL_REQUESTED, reason, source="worker"))
+        outbox.event(ev)
         await outbox.flush()
 
     async def _already_requested(self, child_id: str) -> bool:

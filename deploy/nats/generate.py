@@ -212,6 +212,9 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
     # Core subscriptions of the controller: its task metrics (control/metrics.py, `Metrics.start`, with
     # the REST API on) follow the workers' task events of every execution as they are published.
     task_metrics = [_any_execution(t, name) for name in (E.TASK_STARTED, E.TASK_DONE)]
+    # And the ends of executions, while it holds running children (control/children.py: a parent that
+    # did not succeed has its running children cancelled).
+    ends = [_any_execution(t, E.WORKFLOW_FINISHED)]
     service = [f"$SRV.{verb}" for verb in ("PING", "INFO", "STATS")] + [
         f"$SRV.*.{t.service_name}",
         f"$SRV.*.{t.service_name}.*",
@@ -275,6 +278,7 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
                     f"{t.api_prefix}.>",
                     f"{t.prefix}.controllers.>",
                     *task_metrics,
+                    *ends,
                     *service,
                 ]
             },

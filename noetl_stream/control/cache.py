@@ -17,6 +17,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
+from noetl_stream.control.children import ChildWatch
 from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.reducer import Reducer
 from noetl_stream.control.resume import resume
@@ -57,6 +58,8 @@ class ExecutionCache:
         """When each cached execution last changed (epoch seconds): the API's `updated_at`."""
         self.on_resumed: Callable[[list[Event], ExecutionState | None], None] | None = None
         """Called with the effects a resume published (the controller's observer: metrics)."""
+        self.children: ChildWatch | None = None
+        """Told of every state of a child execution recorded here (`ChildWatch.note`)."""
         self.replays = asyncio.Semaphore(16)
         """Replays read history with ephemeral consumers: bound them (JetStream caps consumers per stream)."""
 
@@ -188,8 +191,11 @@ class ExecutionCache:
         return out.state
 
     def remember(self, state: ExecutionState) -> None:
+        """Keep `state` (a fold of it is stored, or it was loaded)."""
         self.states[state.execution_id] = state
         self.states.move_to_end(state.execution_id)
+        if state.parent_execution_id is not None and self.children is not None:
+            self.children.note(state)
         while len(self.states) > self.size:
             old_id, old = next(iter(self.states.items()))
             if not old.terminal:

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.control.cache import ExecutionCache
+from noetl_stream.control.children import ChildWatch
 from noetl_stream.control.deadlines import Deadlines
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.leases import Leases, default_controller_id
@@ -36,6 +37,7 @@ from noetl_stream.control.reducer import (
 )
 from noetl_stream.control.snapshotting import RETENTION_REFRESH_S, SnapshotWriter
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore, is_ref
@@ -157,6 +159,15 @@ class Controller:
             spawn=self._spawn,
         )
         self.pools = PoolWatch(self.js, self._spawn)
+        self.children = ChildWatch(
+            nc,
+            topology,
+            self.controller_id,
+            fence_of=self._fence_of,
+            held=self._fences.__contains__,
+            is_terminal=self._is_terminal,
+        )
+        self.cache.children = self.children
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
         self._grace_s = 30.0
@@ -178,9 +189,11 @@ class Controller:
         self.cache.topology = self.topology
         assert self.snapshots.store is not None
         self.deadlines.open(DeadlineIndex(self.snapshots.store.kv), self.topology)
+        self.children.open(ChildIndex(self.snapshots.store.kv), self.topology)
         self.pools.topology = self.topology
         await self.intake.start()
         await self.poison.start()
+        await self.children.start()
         self.leases = Leases(
             self.nc,
             self.topology,
@@ -196,6 +209,7 @@ class Controller:
             self.leases = None
             await self.intake.stop()
             await self.poison.stop()
+            await self.children.stop()
             raise
         self._spawn(self.snapshots.refresh_retention())
         self._spawn(self._save_quiet())
@@ -244,6 +258,7 @@ class Controller:
                 raise
             self._pullers[partition] = puller
         self.deadlines.acquired(partition)
+        self.children.acquired(partition)
 
     async def _stop_partition(self, partition: int, graceful: bool) -> None:
         """Stop pulling ``partition`` and forget its executions (their next owner rebuilds them).
@@ -272,6 +287,7 @@ class Controller:
                 finally:
                     self._stopping.pop(partition, None)
             self.deadlines.release(partition)
+            self.children.release(partition)  # (a fold still running adds none: the fence is gone)
             # Batches fold executions of every partition held: wait for those folding this one's (they
             # find no fence now and hand the events back, or finish what they published), then cancel
             # what still runs (its executions are forgotten and their events handed back, whatever their
@@ -334,6 +350,7 @@ class Controller:
         await self.poison.stop()
         if self.leases is not None:
             await self.leases.stop()  # each partition: stop pulling, write snapshots, free the lease
+        await self.children.stop()
         await self._flush_snapshots()
         self._stopped.set()
 

@@ -1,0 +1,393 @@
+"""Child executions whose parent ended: cancelled by the controller that holds them.
+
+A ``kind: playbook`` task waits for its child and cancels it when its wait is cut short
+(`dataplane/children.py`). When nothing waits any more (the parent's worker was killed), the parent's
+redelivered command stops before its task once the parent has ended, and the child would run on
+unwatched. So each controller keeps the running child executions of the partitions it holds, by parent,
+and when a parent ends with any status but ``success`` it records ``execution.cancel.requested`` for
+each of them (`wire.parent_ended_cancel`: one id per child, so a waiting worker's cancel and this one are
+stored once), which it folds like an operator's cancel. A cancelled child ends ``cancelled``; its own
+children are cancelled in turn, the same way.
+
+Which children: one is added when a running state of it is recorded (`note`, from
+`ExecutionCache.remember`: after a fold is stored, or when it is loaded from its snapshot and the stream)
+or when its partition is taken (the partition's keys in `kv/children.py`, written here so that a child in
+a long step, which sends no event that would load it, is known to the next owner). It goes when its end
+is recorded or its partition released. This is not the cache: a child dropped from memory still runs.
+
+How an end is learnt: a core subscription on every execution's ``workflow.finished`` (as published),
+open only while this controller holds a running child, and read only for the parents of those (the
+subject names the execution). An end can be missed (this controller was not running, a reconnect, the
+child's partition moved), so a child is also checked once when it is added: the parent's last stored
+``workflow.finished`` (a direct get, after the child is in the index and the subscription is open, so
+an end falls in one or the other), and every parent again after the connection reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgspec
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
+
+from noetl_stream import events as E
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.kv.children import ChildIndex
+from noetl_stream.outbox import Outbox
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import decode_event, parent_ended_cancel
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["ChildWatch"]
+
+RETRY_S = 1.0
+"""How soon a parent whose end could not be read, or whose children's cancels could not be written, is
+tried again (while children of it are held here)."""
+GETS_AT_ONCE = 32
+"""Direct gets of executions' ends in flight at once (a takeover checks every indexed child)."""
+WRITES_AT_ONCE = 64
+"""Index writes in flight at once."""
+IDLE_S = 30.0
+"""How long the subscription stays open once no running child is held (children come in bursts)."""
+RECONNECT_POLL_S = 1.0
+"""How often the connection's reconnect count is looked at (ends published meanwhile were not heard)."""
+STOP_WRITES_S = 2.0
+"""How long `stop` waits for index writes in flight."""
+
+
+class ChildWatch:
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology,
+        controller_id: str,
+        *,
+        fence_of: Callable[[int], int | None],
+        held: Callable[[int], bool],
+        is_terminal: Callable[[str], bool],
+    ) -> None:
+        """``fence_of(partition)``: the fencing token while this controller validly holds the partition,
+        else None. ``held(partition)``: the partition is this controller's (valid or not yet renewed).
+        ``is_terminal(eid)``: the execution is known (in memory) to be over."""
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.topology = topology
+        self.controller_id = controller_id
+        self._fence_of = fence_of
+        self._held = held
+        self._is_terminal = is_terminal
+        self.index: ChildIndex | None = None
+        self.children: dict[str, set[str]] = {}
+        """Parent execution id -> its running children held here."""
+        self.parent_of: dict[str, str] = {}
+        """Running child held here -> its parent."""
+        self._writes: dict[str, str | None] = {}
+        """Index writes to make, by child: its parent (add) or None (remove); the last one wins."""
+        self._unchecked: set[str] = set()
+        """Parents whose end is to be read (children of theirs were added since the last read)."""
+        self._writer: asyncio.Task[None] | None = None
+        self._checker: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._gets = asyncio.Semaphore(GETS_AT_ONCE)
+        self._sub: Any = None
+        self._listening = asyncio.Lock()
+        self._idle: asyncio.TimerHandle | None = None
+        self._head = f"{topology.prefix}.events."
+        self._tail = "." + E.WORKFLOW_FINISHED
+        self._reconnects = 0
+        self._stopped = False
+
+    def open(self, index: ChildIndex, topology: Topology) -> None:
+        """Start indexing (``topology``: the installation's, as the controller read it at start)."""
+        self.index = index
+        self.topology = topology
+        self._head = f"{topology.prefix}.events."
+
+    async def start(self) -> None:
+        self._stopped = False
+        self._reconnects = self.nc.stats["reconnects"]
+        self._spawn(self._watch_reconnects())
+
+    async def stop(self) -> None:
+        """Stop listening and checking; let the index writes in flight finish (briefly)."""
+        self._stopped = True
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._checker is not None:
+            self._checker.cancel()
+        writer = self._writer
+        if writer is not None:
+            await asyncio.wait({writer}, timeout=STOP_WRITES_S)
+            writer.cancel()
+        await self._unlisten(force=True)
+        self.children.clear()
+        self.parent_of.clear()
+
+    # -- the index ---------------------------------------------------------------------------------
+    def note(self, state: ExecutionState) -> None:
+        """A state of a child execution was recorded (a stored fold, a load): index it while it runs."""
+        child = state.execution_id
+        if state.terminal:
+            if child in self.parent_of:
+                self._forget(child)
+                self._write(child, None)
+            return
+        parent = state.parent_execution_id
+        if (
+            child not in self.parent_of
+            and parent is not None
+            and self._held(self.topology.partition_of(child))
+        ):
+            self._add(child, parent)
+            self._write(child, parent)
+
+    def acquired(self, partition: int) -> None:
+        """A partition was taken: its indexed children are added (and their parents checked)."""
+        self._spawn(self._take(partition))
+
+    def release(self, partition: int) -> None:
+        """The partition is not ours any more: its children are its next owner's (the index keys stay)."""
+        for child in [c for c in self.parent_of if self.topology.partition_of(c) == partition]:
+            self._forget(child)
+
+    def _add(self, child: str, parent: str) -> None:
+        self.parent_of[child] = parent
+        self.children.setdefault(parent, set()).add(child)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._check_soon(parent)
+
+    def _forget(self, child: str) -> None:
+        parent = self.parent_of.pop(child)
+        siblings = self.children.get(parent)
+        if siblings is not None:
+            siblings.discard(child)
+            if not siblings:
+                del self.children[parent]
+        if not self.parent_of and self._idle is None and not self._stopped:
+            self._idle = asyncio.get_running_loop().call_later(IDLE_S, self._idle_now)
+
+    def _write(self, child: str, parent: str | None) -> None:
+        if self.index is None:
+            return
+        self._writes[child] = parent
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_all())
+
+    async def _write_all(self) -> None:
+        """Write what is pending, in rounds (a child's add and remove in one round: only the remove)."""
+        try:
+            while self._writes:
+                writes, self._writes = list(self._writes.items()), {}
+                for i in range(0, len(writes), WRITES_AT_ONCE):
+                    await asyncio.gather(*(self._write_one(c, p) for c, p in writes[i : i + WRITES_AT_ONCE]))
+        finally:
+            self._writer = None
+
+    async def _write_one(self, child: str, parent: str | None) -> None:
+        assert self.index is not None
+        partition = self.topology.partition_of(child)
+        try:
+            if parent is None:
+                await self.index.remove(partition, child)
+            else:
+                await self.index.add(partition, child, parent)
+        except Exception as exc:
+            # A missing key: a next owner learns of the child when it loads it (its next event). A stale
+            # one: a next owner finds the child ended and removes it.
+            log.warning(
+                "controller.child_index_failed", execution_id=child, error=str(exc) or type(exc).__name__
+            )
+
+    async def _take(self, partition: int) -> None:
+        """Add the partition's indexed children, but those that have ended (a key left by a controller
+        that stopped before removing it: removed now)."""
+        assert self.index is not None
+        while True:
+            if not self._held(partition):
+                return
+            try:
+                indexed = await self.index.of_partition(partition)
+                break
+            except Exception as exc:
+                log.warning(
+                    "controller.child_index_read_failed",
+                    partition=partition,
+                    error=str(exc) or type(exc).__name__,
+                )
+                await asyncio.sleep(RETRY_S)
+        candidates = [
+            (child, parent)
+            for child, parent in indexed
+            if self.topology.partition_of(child) == partition and child not in self.parent_of
+        ]
+        ends = await asyncio.gather(*(self._end_of(child) for child, _ in candidates), return_exceptions=True)
+        if not self._held(partition):
+            return
+        for (child, parent), end in zip(candidates, ends, strict=True):
+            if isinstance(end, str):
+                self._write(child, None)  # it ended
+            elif child not in self.parent_of and not self._is_terminal(child):
+                self._add(child, parent)  # (one whose end could not be read: as running)
+
+    # -- ends ---------------------------------------------------------------------------------------
+    def _check_soon(self, parent: str) -> None:
+        """Read the parent's end (at the next turn, with the others of this turn)."""
+        self._unchecked.add(parent)
+        if self._checker is None and not self._stopped:
+            self._checker = asyncio.ensure_future(self._check_all())
+
+    async def _check_all(self) -> None:
+        try:
+            while self._unchecked:
+                try:
+                    await self._listen()  # before the reads: an end is then either read or heard
+                except Exception as exc:  # (not connected): all of them again in a moment
+                    log.warning("controller.end_subscribe_failed", error=str(exc) or type(exc).__name__)
+                    for parent in self._unchecked:
+                        self._retry(parent)
+                    self._unchecked = set()
+                    return
+                parents, self._unchecked = self._unchecked, set()
+                await asyncio.gather(*(self._check(p) for p in parents))
+        finally:
+            self._checker = None
+
+    async def _check(self, parent: str) -> None:
+        if parent not in self.children:
+            return
+        try:
+            status = await self._end_of(parent)
+        except Exception as exc:
+            log.warning(
+                "controller.parent_end_unknown",
+                parent_execution_id=parent,
+                error=str(exc) or type(exc).__name__,
+            )
+            self._retry(parent)
+            return
+        if status is not None and status != "success":
+            await self._cancel(parent, status)
+
+    async def _end_of(self, execution_id: str) -> str | None:
+        """The status of the execution's stored ``workflow.finished``; None while it has none."""
+        subject = self.topology.stored_event_filter(execution_id, E.WORKFLOW_FINISHED)
+        async with self._gets:
+            try:
+                raw = await self.js.get_last_msg(self.topology.events_stream, subject)
+            except NotFoundError:
+                return None
+        try:
+            return str(decode_event(raw.data or b"").payload.get("status"))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None  # not an event: nothing ended
+
+    async def _on_finished(self, msg: Msg) -> None:
+        """An execution ended: if it is the parent of children held here and did not succeed, cancel them."""
+        subject = msg.subject
+        if not (subject.startswith(self._head) and subject.endswith(self._tail)):
+            return
+        parent = subject[len(self._head) : -len(self._tail)]
+        if parent not in self.children:
+            return
+        try:
+            status = decode_event(msg.data).payload.get("status")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        if status != "success":
+            self._spawn(self._cancel(parent, str(status)))
+
+    async def _cancel(self, parent: str, status: str) -> None:
+        """Record the cancel of each running child of `parent` held here (under its partition's fence)."""
+        outbox = Outbox(self.js, self.topology)
+        cancelled: list[str] = []
+        later = False
+        reason = f"parent execution {parent} ended ({status})"
+        for child in sorted(self.children.get(parent, ())):
+            fence = self._fence_of(self.topology.partition_of(child))
+            if fence is None:
+                # Held but not (yet) valid by our clock: again in a moment. Not held: its owner's.
+                later = later or self._held(self.topology.partition_of(child))
+                continue
+            ev = parent_ended_cancel(child, reason)
+            ev.controller, ev.fence = self.controller_id, fence
+            outbox.event(ev)
+            cancelled.append(child)
+        if cancelled:
+            try:
+                await outbox.flush()
+            except Exception as exc:
+                log.warning(
+                    "controller.child_cancel_failed",
+                    parent_execution_id=parent,
+                    children=cancelled,
+                    error=str(exc) or type(exc).__name__,
+                )
+                later = True
+            else:
+                log.info(
+                    "controller.children_cancelled",
+                    parent_execution_id=parent,
+                    parent_status=status,
+                    children=cancelled,
+                )
+        if later:
+            self._retry(parent)
+
+    def _retry(self, parent: str) -> None:
+        """Check `parent` again in a moment, while children of it are held here. (Its children's cancels
+        have one id each: published again, they are stored once.)"""
+        if not self._stopped:
+            asyncio.get_running_loop().call_later(RETRY_S, self._retry_now, parent)
+
+    def _retry_now(self, parent: str) -> None:
+        if parent in self.children and not self._stopped:
+            self._check_soon(parent)
+
+    # -- the subscription ---------------------------------------------------------------------------
+    async def _listen(self) -> None:
+        async with self._listening:
+            if self._sub is None and not self._stopped:
+                self._reconnects = self.nc.stats["reconnects"]
+                self._sub = await self.nc.subscribe(
+                    self.topology.any_execution_filter(E.WORKFLOW_FINISHED), cb=self._on_finished
+                )
+
+    def _idle_now(self) -> None:
+        self._idle = None
+        if not self.parent_of:
+            self._spawn(self._unlisten())
+
+    async def _unlisten(self, force: bool = False) -> None:
+        async with self._listening:
+            if self._sub is not None and (force or not self.parent_of):
+                sub, self._sub = self._sub, None
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _watch_reconnects(self) -> None:
+        """Ends published while the connection was down were not heard: read every parent's end again."""
+        while True:
+            await asyncio.sleep(RECONNECT_POLL_S)
+            reconnects = self.nc.stats["reconnects"]
+            if reconnects != self._reconnects:
+                self._reconnects = reconnects
+                if self._sub is not None:
+                    for parent in list(self.children):
+                        self._check_soon(parent)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -269,37 +269,29 @@ async def ack(msg: Msg) -> None:
 
 def ack_soon(msg: Msg) -> None:
     """`ack` for code that need not await: the ack joins the outgoing buffer now (`write_soon`)."""
-    if msg._ackd:
-        raise MsgAlreadyAckdError(msg)
-    if not msg.reply:
-        raise NotJSMessageError
-    nc = msg._client
-    check_writable(nc, 4)
-    write_soon(nc, b"PUB %b 4\r\n+ACK\r\n" % msg.reply.encode(), 1, 4)
-    msg._ackd = True
+    _settle_soon(msg, b"+ACK")
 
 
 def nak_soon(msg: Msg) -> None:
     """``msg.nak()`` for code that cannot await: redelivered at once (`ack_soon`'s way)."""
-    if msg._ackd:
-        raise MsgAlreadyAckdError(msg)
-    if not msg.reply:
-        raise NotJSMessageError
-    nc = msg._client
-    check_writable(nc, 4)
-    write_soon(nc, b"PUB %b 4\r\n-NAK\r\n" % msg.reply.encode(), 1, 4)
-    msg._ackd = True
+    _settle_soon(msg, b"-NAK")
 
 
 def term_soon(msg: Msg) -> None:
     """``msg.term()`` for code that cannot await: the delivery is never redelivered (`ack_soon`'s way)."""
+    _settle_soon(msg, b"+TERM")
+
+
+def _settle_soon(msg: Msg, reply: bytes) -> None:
+    """Answer a JetStream delivery (`reply`: ``+ACK``, ``-NAK``, ``+TERM``) without a coroutine, once."""
     if msg._ackd:
         raise MsgAlreadyAckdError(msg)
     if not msg.reply:
         raise NotJSMessageError
     nc = msg._client
-    check_writable(nc, 5)
-    write_soon(nc, b"PUB %b 5\r\n+TERM\r\n" % msg.reply.encode(), 1, 5)
+    n = len(reply)
+    check_writable(nc, n)
+    write_soon(nc, b"PUB %b %d\r\n%b\r\n" % (msg.reply.encode(), n, reply), 1, n)
     msg._ackd = True
 
 

@@ -22,11 +22,13 @@ from noetl_stream.natsio import (
     UnsupportedClientError,
     ack,
     ack_soon,
+    nak_soon,
     num_delivered,
     num_pending,
     require_client_internals,
     stream_seq,
     subscribe_inline,
+    term_soon,
 )
 
 Eventually = Callable[..., Awaitable[None]]
@@ -154,6 +156,29 @@ async def test_ack_soon_settles_a_pulled_delivery_once_without_awaiting(
     assert (info.num_redelivered, info.num_ack_pending, info.delivered.consumer_seq) == (0, 0, 1)
     with pytest.raises(nats.errors.NotJSMessageError):
         ack_soon(Msg(nc, subject=f"{stream}.k", reply="", data=b""))
+    await sub.unsubscribe()
+
+
+async def test_nak_soon_redelivers_at_once_and_term_soon_never(
+    nc: NATS, js: JetStreamContext, stream: str
+) -> None:
+    """`natsio.nak_soon` hands a delivery back at once (long before its 30 s ack wait); `term_soon` ends it:
+    never delivered again. Each settles the message once."""
+    await js.publish(f"{stream}.n", b"n")
+    sub = await js.pull_subscribe(
+        f"{stream}.n", durable="nak", stream=stream, config=ConsumerConfig(ack_wait=30)
+    )
+    (msg,) = await sub.fetch(1, timeout=10)
+    nak_soon(msg)
+    with pytest.raises(nats.errors.MsgAlreadyAckdError):
+        nak_soon(msg)
+    (again,) = await sub.fetch(1, timeout=5)  # at once, not after the ack wait
+    assert again.data == b"n" and num_delivered(again) == 2
+    term_soon(again)
+    with pytest.raises(nats.errors.MsgAlreadyAckdError):
+        term_soon(again)
+    with pytest.raises(nats.errors.TimeoutError):
+        await sub.fetch(1, timeout=1.5)
     await sub.unsubscribe()
 
 

@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StreamSource
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError
 
-from noetl_stream import jspublish
+from noetl_stream import jsstreams
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.jspublish import (
     WRITE_AT,
@@ -86,21 +86,21 @@ async def test_the_confirms_of_one_turn_go_out_in_one_write_with_one_ack(
     await _warm(pub, stream)
     watcher = await connect(nats_server.url, name="pytest-ack-watcher", connect_wait_s=10)
     try:
-        replies = await watcher.subscribe(pub._prefix + "*")  # every ack the server sends to `pub`
+        replies = await watcher.subscribe(pub.acks.prefix + "*")  # every ack the server sends to `pub`
         await watcher.flush()
-        before = pub._next
+        before = pub.acks.issued
         n = 20
         acks = await asyncio.gather(
             *(_confirm_and_wait(pub, _caller_messages(stream, i), stream) for i in range(n))
         )
         expected = [m for i in range(n) for m in _caller_messages(stream, i)]
         assert len(expected) < WRITE_AT
-        assert pub._next - before == 1  # one ack requested for the twenty callers
+        assert pub.acks.issued - before == 1  # one ack requested for the twenty callers
         # The server hands the reply to `pub` and to the watcher one after the other, so the watcher's
         # copy may still be on its way when `pub` has settled every caller: wait for it, then give a
         # second reply (there must be none) the time to arrive before counting.
         first = await replies.next_msg(timeout=10)
-        assert first.subject.startswith(pub._prefix)
+        assert first.subject.startswith(pub.acks.prefix)
         await asyncio.sleep(0.2)
         await watcher.flush()
         assert replies.pending_msgs == 0  # one reply on the wire
@@ -126,7 +126,7 @@ async def test_a_turn_writes_its_batch_whenever_it_reaches_write_at_messages(
     stream = plain
     pub = publisher(nc)
     await _warm(pub, stream)
-    before = pub._next
+    before = pub.acks.issued
     n = 120
     acks = await asyncio.gather(
         *(_confirm_and_wait(pub, _caller_messages(stream, i), stream) for i in range(n))
@@ -142,7 +142,7 @@ async def test_a_turn_writes_its_batch_whenever_it_reaches_write_at_messages(
             size = 0
     writes = [w for w in writes if w]
     assert len(writes) >= 4
-    assert pub._next - before == len(writes)  # one ack per write
+    assert pub.acks.issued - before == len(writes)  # one ack per write
     seq = 1
     for callers in writes:
         seq += sum(len(_caller_messages(stream, i)) for i in callers)
@@ -165,12 +165,12 @@ async def test_the_confirms_of_one_turn_to_two_streams_get_one_ack_each(
     pub = publisher(nc)
     await _warm(pub, stream)
     await _warm(pub, other_stream)
-    before = pub._next
+    before = pub.acks.issued
     streams = [stream if i % 2 else other_stream for i in range(20)]
     acks = await asyncio.gather(
         *(_confirm_and_wait(pub, _caller_messages(s, i), s) for i, s in enumerate(streams))
     )
-    assert pub._next - before == 2
+    assert pub.acks.issued - before == 2
     counts = {
         s: sum(len(_caller_messages(s, i)) for i, t in enumerate(streams) if t == s)
         for s in (stream, other_stream)
@@ -191,18 +191,18 @@ async def test_confirms_in_different_turns_are_separate_writes_with_their_own_ac
     has not come back) is another write with its own ack; so is one after the earlier ack came."""
     pub = publisher(nc)
     await _warm(pub, plain)
-    before = pub._next
+    before = pub.acks.issued
     first = await pub.confirm(_caller_messages(plain, 1), plain)  # 2 messages: seq 2, 3
-    assert pub._next == before  # nothing written before the end of the turn
+    assert pub.acks.issued == before  # nothing written before the end of the turn
     await asyncio.sleep(0)  # the end of the turn: the write goes out
-    assert pub._next == before + 1
+    assert pub.acks.issued == before + 1
     second = await pub.confirm(_caller_messages(plain, 2), plain)  # 3 messages: seq 4..6
     assert not first.done()  # the first ack cannot be back yet: two writes, two acks in flight
     a1, a2 = await asyncio.wait_for(asyncio.gather(first, second), 10)
-    assert pub._next == before + 2
+    assert pub.acks.issued == before + 2
     assert (a1.seq, a2.seq) == (3, 6)
     a3 = await _confirm_and_wait(pub, _caller_messages(plain, 3), plain)  # after an ack: 1 message
-    assert pub._next == before + 3
+    assert pub.acks.issued == before + 3
     assert a3.seq == 7
     assert (await js.stream_info(plain)).state.messages == 7
 
@@ -259,7 +259,7 @@ async def test_a_group_whose_last_message_the_stream_refuses_fails_each_of_its_c
     pub = publisher(nc)
     await _warm(pub, stream)
     await _warm(pub, other_stream)
-    pub._streams[stream] = (False, math.inf)  # "no per-message limits", not looked at again
+    pub.streams.known[stream] = (False, math.inf)  # "no per-message limits", not looked at again
     first = await pub.confirm([(f"{stream}.a", b"one", "a-1")], stream)
     other = await pub.confirm([(f"{other_stream}.x", b"x", "x-1")], other_stream)
     last = await pub.confirm([(f"{stream}.a", b"two", "a-2"), (f"{stream}.a", b"x" * 2048, "a-big")], stream)
@@ -283,11 +283,11 @@ async def test_a_caller_whose_only_message_the_stream_refuses_is_not_told_it_is_
     the one write), settling its own future alone."""
     pub = publisher(nc)
     await _warm(pub, stream)
-    before = pub._next
+    before = pub.acks.issued
     big = await pub.confirm([(f"{stream}.a", b"x" * 2048, "big")], stream)
     small = await pub.confirm([(f"{stream}.a", b"small", "small")], stream)
     results = await asyncio.wait_for(asyncio.gather(big, small, return_exceptions=True), 10)
-    assert pub._next - before == 2
+    assert pub.acks.issued - before == 2
     assert isinstance(results[1], PubAck) and (results[1].stream, results[1].seq) == (stream, 2)
     assert (await js.stream_info(stream)).state.messages == 2  # the big one is not stored
     assert isinstance(results[0], BadRequestError), results
@@ -308,13 +308,13 @@ async def test_callers_of_a_full_discard_new_stream_are_each_told_whether_theirs
     ):
         pub = publisher(nc)
         await _warm(pub, other)
-        before = pub._next
+        before = pub.acks.issued
         first = await pub.confirm([(f"{full}.a", b"first", "first")], full)  # looks at `full`: awaited
         second = await pub.confirm([(f"{full}.b", b"second", "second")], full)  # the same turn
         third = await pub.confirm([(f"{other}.c", b"third", "third")], other)
         assert not first.done()  # the write is made at the end of this turn
         results = await asyncio.wait_for(asyncio.gather(first, second, third, return_exceptions=True), 10)
-        assert pub._next - before == 3
+        assert pub.acks.issued - before == 3
         assert isinstance(results[0], PubAck) and (results[0].stream, results[0].seq) == (full, 1), results
         assert isinstance(results[1], APIError), results  # a 503, "maximum messages exceeded"
         assert "maximum messages" in (results[1].description or "")
@@ -331,7 +331,7 @@ async def test_callers_of_a_stream_that_may_refuse_are_settled_each_with_their_o
     own last message, each refused one its own API error."""
     pub = publisher(nc)
     await _warm(pub, stream)
-    before = pub._next
+    before = pub.acks.issued
     callers = [
         [
             *_caller_messages(stream, i)[:-1],
@@ -341,7 +341,7 @@ async def test_callers_of_a_stream_that_may_refuse_are_settled_each_with_their_o
     ]
     futures = [await pub.confirm(messages, stream) for messages in callers]
     results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
-    assert pub._next - before == sum(len(messages) for messages in callers)
+    assert pub.acks.issued - before == sum(len(messages) for messages in callers)
     seq = 1
     for i, (messages, result) in enumerate(zip(callers, results, strict=True)):
         seq += len(messages) - (i % 3 == 0)
@@ -389,11 +389,11 @@ async def test_the_publisher_looks_at_the_configuration_of_each_stream_once(
     async with own_stream(js, "CONF", **config) as name:
         pub = publisher(nc)
         await _confirm_and_wait(pub, [(f"{name}.a", b"1", "look-1")], name)
-        refuses, again = pub._streams[name]
+        refuses, again = pub.streams.known[name]
         assert refuses is may_refuse
         assert again > asyncio.get_running_loop().time() + 50  # looked at again in a minute
         await _confirm_and_wait(pub, [(f"{name}.b", b"2", "look-2")], name)
-        assert pub._streams[name] == (refuses, again) and not pub._lookups
+        assert pub.streams.known[name] == (refuses, again) and not pub.streams.lookups
 
 
 async def test_a_mirror_counts_as_a_stream_that_may_refuse(
@@ -407,7 +407,7 @@ async def test_a_mirror_counts_as_a_stream_that_may_refuse(
         pub = publisher(nc)
         ack = await _confirm_and_wait(pub, [(f"{plain}.a", b"1", "m-1")], name)
         assert (ack.stream, ack.seq) == (plain, 1)
-        assert pub._streams[name][0] is True
+        assert pub.streams.known[name][0] is True
     finally:
         await js.delete_stream(name)
 
@@ -424,15 +424,15 @@ async def test_a_limit_set_on_a_stream_is_seen_when_its_configuration_is_looked_
     info = await js.stream_info(plain)
     info.config.max_msg_size = 1024
     await js.update_stream(info.config)
-    pub._streams[plain] = (False, 0.0)  # looked at a minute ago
+    pub.streams.known[plain] = (False, 0.0)  # looked at a minute ago
     big = await pub.confirm([(f"{plain}.a", b"x" * 2048, "r-big-1")], plain)
     small = await pub.confirm([(f"{plain}.a", b"small", "r-small-1")], plain)
-    assert pub._lookups  # asked, not awaited: both joined the turn's write
+    assert pub.streams.lookups  # asked, not awaited: both joined the turn's write
     stale = await asyncio.wait_for(asyncio.gather(big, small, return_exceptions=True), 10)
     assert stale[0] is stale[1] and isinstance(stale[0], PubAck)  # the gap of the old answer
-    if pub._lookups:  # the answer may have come with the acks
-        await asyncio.wait_for(asyncio.wait(set(pub._lookups.values())), 10)
-    assert pub._streams[plain][0] is True
+    if pub.streams.lookups:  # the answer may have come with the acks
+        await asyncio.wait_for(asyncio.wait(set(pub.streams.lookups.values())), 10)
+    assert pub.streams.known[plain][0] is True
     big = await pub.confirm([(f"{plain}.a", b"x" * 2048, "r-big-2")], plain)
     small = await pub.confirm([(f"{plain}.a", b"small", "r-small-2")], plain)
     results = await asyncio.wait_for(asyncio.gather(big, small, return_exceptions=True), 10)
@@ -456,9 +456,9 @@ async def test_confirms_to_a_stream_that_does_not_exist_fail_as_before_and_are_l
     results = await asyncio.wait_for(asyncio.gather(*lost, return_exceptions=True), 10)
     assert time.monotonic() - started < 2
     assert all(isinstance(r, NoStreamResponseError) for r in results), results
-    refuses, again = pub._streams[nowhere]
-    assert refuses is True and again < asyncio.get_running_loop().time() + jspublish._RETRY_S + 1
-    assert not pub._lookups and pub.pending == 0
+    refuses, again = pub.streams.known[nowhere]
+    assert refuses is True and again < asyncio.get_running_loop().time() + jsstreams.RETRY_S + 1
+    assert not pub.streams.lookups and pub.pending == 0
 
 
 async def test_a_stream_name_that_cannot_be_looked_at_still_confirms_its_messages(
@@ -474,7 +474,7 @@ async def test_a_stream_name_that_cannot_be_looked_at_still_confirms_its_message
         ]
         acks = await asyncio.wait_for(asyncio.gather(*futures), 10)
         assert acks[0] is not acks[1] and acks[1].seq == acks[0].seq + 1
-        assert pub._streams[key][0] is True
+        assert pub.streams.known[key][0] is True
 
 
 async def test_a_stream_deleted_after_it_was_looked_at_fails_its_callers_with_no_responders(
@@ -500,14 +500,14 @@ async def test_a_lookup_without_an_answer_delays_the_first_confirm_only_until_th
     shorter timeout waits that long only."""
     blackhole = "blackhole" + uuid.uuid4().hex
     sub = await nc.subscribe(f"{blackhole}.>")  # takes the requests, answers none
-    monkeypatch.setattr(jspublish, "_STREAM_INFO", blackhole + ".")
-    monkeypatch.setattr(jspublish, "_LOOKUP_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(jsstreams, "_STREAM_INFO", blackhole + ".")
+    monkeypatch.setattr(jsstreams, "_LOOKUP_TIMEOUT_S", 0.5)
     pub = publisher(nc)
     started = time.monotonic()
     ack = await _confirm_and_wait(pub, [(f"{plain}.a", b"1", "bh-1")], plain)
     assert 0.4 < time.monotonic() - started < 3
-    assert ack.seq == 1 and pub._streams[plain][0] is True
-    del pub._streams[plain]
+    assert ack.seq == 1 and pub.streams.known[plain][0] is True
+    del pub.streams.known[plain]
     started = time.monotonic()
     fut = await pub.confirm([(f"{plain}.a", b"2", "bh-2")], plain, timeout_s=0.2)
     assert time.monotonic() - started < 0.45
@@ -522,21 +522,21 @@ async def test_a_connection_closed_while_a_lookup_is_awaited_fails_the_confirm_a
     """A lookup without an answer, awaited by a first confirm, when the connection closes: the lookup is
     dropped and the confirm raises ConnectionClosedError then, not after the lookup's timeout."""
     blackhole = "blackhole" + uuid.uuid4().hex
-    monkeypatch.setattr(jspublish, "_STREAM_INFO", blackhole + ".")
-    monkeypatch.setattr(jspublish, "_LOOKUP_TIMEOUT_S", 30.0)
+    monkeypatch.setattr(jsstreams, "_STREAM_INFO", blackhole + ".")
+    monkeypatch.setattr(jsstreams, "_LOOKUP_TIMEOUT_S", 30.0)
     own = await connect(nats_server.url, name="pytest-close-lookup", connect_wait_s=10)
     await own.subscribe(f"{blackhole}.>")  # takes the requests, answers none
     await own.flush()
     pub = publisher(own)
     confirming = asyncio.ensure_future(pub.confirm([(f"{plain}.a", b"1", "cl-1")], plain, timeout_s=30))
     await asyncio.sleep(0.1)
-    assert pub._lookups and not confirming.done()
+    assert pub.streams.lookups and not confirming.done()
     started = time.monotonic()
     await own.close()
     with pytest.raises(nats.errors.ConnectionClosedError):
         await asyncio.wait_for(confirming, 5)
     assert time.monotonic() - started < 2
-    assert not pub._lookups
+    assert not pub.streams.lookups
 
 
 async def test_a_message_the_client_refuses_fails_that_confirm_only_and_none_of_its_messages_go_out(
@@ -548,7 +548,7 @@ async def test_a_message_the_client_refuses_fails_that_confirm_only_and_none_of_
     stream = plain
     pub = publisher(nc)
     await _warm(pub, stream)
-    before = pub._next
+    before = pub.acks.issued
     good = (f"{stream}.ok", b"fine", "bad-caller-ok")  # what each bad caller sends before its bad message
     ahead = await pub.confirm([(f"{stream}.g", b"g1", "g-1")], stream)
     with pytest.raises(nats.errors.MaxPayloadError):
@@ -562,7 +562,7 @@ async def test_a_message_the_client_refuses_fails_that_confirm_only_and_none_of_
     behind = await pub.confirm([(f"{stream}.g", b"g2", "g-2")], stream)
     a1, a2 = await asyncio.wait_for(asyncio.gather(ahead, behind), 10)
     assert a1 is a2 and a1.seq == 3
-    assert pub._next - before == 1
+    assert pub.acks.issued - before == 1
     assert (await js.stream_info(stream)).state.messages == 3  # warm, g1, g2: nothing of the bad callers
     assert [(await js.get_msg(stream, seq)).data for seq in (2, 3)] == [b"g1", b"g2"]
 
@@ -601,14 +601,14 @@ async def test_a_connection_closed_before_the_end_of_the_turn_fails_the_confirms
     own = await connect(nats_server.url, name="pytest-close-turn", connect_wait_s=10)
     pub = publisher(own)
     await _warm(pub, stream)
-    before = pub._next
+    before = pub.acks.issued
     futures = [await pub.confirm([(f"{stream}.c", b"c", f"c-{i}")], stream) for i in range(3)]
     await own.close()
     assert all(f.done() for f in futures)
     for fut in futures:
         with pytest.raises(nats.errors.ConnectionClosedError):
             await fut
-    assert pub._next == before
+    assert pub.acks.issued == before
     with pytest.raises(nats.errors.ConnectionClosedError):
         await pub.confirm([(f"{stream}.c", b"c", "c-after")], stream)
     assert (await js.stream_info(stream)).state.messages == 1  # the warm-up message alone

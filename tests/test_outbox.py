@@ -89,7 +89,7 @@ async def test_concurrent_outbox_flushes_share_one_write_and_one_ack_per_stream(
     stream), a write going out each `WRITE_AT` messages of the turn."""
     await provision(js, topology, ("default",))
     pub = publisher(nc)
-    before = pub._next
+    before = pub.acks.issued
     outboxes = []
     for i in range(100):
         outbox = Outbox(js, topology)
@@ -99,7 +99,7 @@ async def test_concurrent_outbox_flushes_share_one_write_and_one_ack_per_stream(
         outboxes.append(outbox)
     await asyncio.wait_for(asyncio.gather(*(o.flush() for o in outboxes)), 30)
     writes = math.ceil(400 / WRITE_AT)
-    assert pub._next - before == 2 * writes  # far below a hundred: the point of grouping
+    assert pub.acks.issued - before == 2 * writes  # far below a hundred: the point of grouping
     assert all(len(o) == 0 for o in outboxes)
     assert pub.pending == 0
     assert (await js.stream_info(topology.events_stream)).state.messages == 300
@@ -120,7 +120,7 @@ async def test_a_flush_without_waiting_joins_the_turns_write_and_settles_when_st
     warm.command(_command("w"))
     await warm.flush()  # the publisher has looked at both streams now
     pub = publisher(nc)
-    before = pub._next
+    before = pub.acks.issued
     outboxes, futures = [], []
     for i in range(10):
         outbox = Outbox(js, topology)
@@ -133,7 +133,7 @@ async def test_a_flush_without_waiting_joins_the_turns_write_and_settles_when_st
         outboxes.append(outbox)
         futures.append(fut)
     await asyncio.wait_for(asyncio.gather(*futures), 10)
-    assert pub._next - before == 2
+    assert pub.acks.issued - before == 2
     assert (await js.stream_info(topology.events_stream)).state.messages == 1 + 20
     assert (await js.stream_info(topology.commands_stream)).state.messages == 1 + 5
 
@@ -236,11 +236,11 @@ async def test_events_sent_at_once_are_confirmed_every_so_often(
     await provision(js, topology, ("default",))
     outbox = Outbox(js, topology)
     pub = publisher(nc)
-    acks_before = pub._next
+    acks_before = pub.acks.issued
     n = SENT_CONFIRM_EVERY * 2 + 3
     for i in range(n):
         await outbox.send_now(step_started("many", f"i{i}"))
-    assert pub._next - acks_before == 2  # two confirmations, one per SENT_CONFIRM_EVERY events
+    assert pub.acks.issued - acks_before == 2  # two confirmations, one per SENT_CONFIRM_EVERY events
     assert len(outbox._sent) == 3
     await outbox.flush()  # nothing queued: confirms the last three
     assert outbox._sent == []

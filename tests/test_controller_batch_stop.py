@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from noetl_stream import events as E
-from noetl_stream.control import controller as controller_module
+from noetl_stream.control import groupcommit
 from noetl_stream.control.controller import Controller
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
@@ -79,17 +79,17 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
                 await gate.wait()
             await super().flush()
 
-    monkeypatch.setattr(controller_module, "Outbox", GatedOutbox)
+    monkeypatch.setattr(groupcommit, "Outbox", GatedOutbox)
 
     a = Controller(nc, t, controller_id="ctl-a")
     batches: list[list[str]] = []
-    fold_all = a._fold_all
+    fold_all = a.folding.fold_all
 
     async def recording(batch: Any) -> None:
         batches.append(list(batch.claims))
         await fold_all(batch)
 
-    a._fold_all = recording  # type: ignore[method-assign]
+    a.folding.fold_all = recording  # type: ignore[method-assign]
     await a.start()
     try:
         assert sorted(a._fences) == [0, 1]
@@ -186,16 +186,16 @@ async def test_a_partitions_stop_returns_with_no_fold_of_it_still_running(
             finally:
                 in_flush.difference_update(eids)
 
-    monkeypatch.setattr(controller_module, "Outbox", GatedOutbox)
+    monkeypatch.setattr(groupcommit, "Outbox", GatedOutbox)
     a = Controller(nc, t, controller_id="ctl-a")
     batches: list[list[str]] = []
-    fold_all = a._fold_all
+    fold_all = a.folding.fold_all
 
     async def recording(batch: Any) -> None:
         batches.append(list(batch.claims))
         await fold_all(batch)
 
-    a._fold_all = recording  # type: ignore[method-assign]
+    a.folding.fold_all = recording  # type: ignore[method-assign]
     await a.start()
     try:
         x0 = next(f"w{i}x" for i in range(400) if t.partition_of(f"w{i}x") == 0)

@@ -164,7 +164,7 @@ async def test_a_hanging_renewal_keeps_pulling_after_the_lease_expired_on_the_se
         return handle
 
     a = Controller(nc, t, controller_id="ctl-a")
-    a._file = recorder("a")  # type: ignore[method-assign]  # each event: recorded and acked
+    a.folding.file = recorder("a")  # type: ignore[method-assign,assignment]  # each event: recorded and acked
     await a.start()
     assert sorted(a._fences) == [0, 1, 2, 3]
     assert a.leases is not None and a.leases._kv is not None
@@ -175,7 +175,7 @@ async def test_a_hanging_renewal_keeps_pulling_after_the_lease_expired_on_the_se
 
     a.leases._kv.update = hanging_update  # type: ignore[method-assign]
     b = Controller(nc2, t, controller_id="ctl-b")
-    b._file = recorder("b")  # type: ignore[method-assign]
+    b.folding.file = recorder("b")  # type: ignore[method-assign,assignment]
     await b.start()
     try:
         both: set[int] = set()
@@ -493,7 +493,7 @@ async def test_a_lost_lease_stops_its_folds_before_another_controller_can_take_i
             running[p] -= 1
 
     a = Controller(nc, t, controller_id="ctl-a")
-    a._file = slow  # type: ignore[assignment]  # each event's work is a slow fold
+    a.folding.file = slow  # type: ignore[method-assign,assignment]  # each event's work is a slow fold
     await a.start()
     for p in range(4):
         eid = next(f"s{i}x" for i in range(400) if t.partition_of(f"s{i}x") == p)

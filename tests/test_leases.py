@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 
 from noetl_stream import events as E
 from noetl_stream.control.controller import Controller
+from noetl_stream.control.groupcommit import Item
 from noetl_stream.control.leases import DuplicateControllerError, Leases
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
@@ -33,6 +34,7 @@ from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.natsconn import connect
+from noetl_stream.natsio import ack_soon
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, encode, now_iso
 
@@ -196,7 +198,7 @@ async def test_a_hanging_renewal_keeps_pulling_after_the_lease_expired_on_the_se
                 source="worker",
                 entity_type="step",
                 entity_id="s",
-                status="ok",
+                status="success",
                 timestamp=now_iso(),
             )
             await js.publish(t.event_subject(eid, E.STEP_DONE), encode(ev))
@@ -479,21 +481,29 @@ async def test_a_lost_lease_stops_its_folds_before_another_controller_can_take_i
     puller.stop(timeout=0.3 * ttl), which waits up to that long TWICE (drain, then running handlers)
     before cancelling folds; the partitions are given up one after another. A fold that is slow (an
     outbox flush retries for up to 30 s while a stream elects a leader) is still running when the
-    next owner starts on the partition. Here every partition has one such fold."""
+    next owner starts on the partition. Here every partition has one such fold: the commit of the
+    controller's real batches is made slow. B's arrival also starts a graceful stop (rebalancing) of the
+    partitions A gives it; their leases are then lost during that stop, which must be cut short (found
+    when this test moved from a stand-in for the fold to the real batches: the graceful stop went on
+    waiting for the batches, up to twice the 30 s grace, while B took the partitions)."""
     t = await _topo(js, topology, 4)
     running: dict[int, int] = {}  # partition -> folds of it running in A
 
-    async def slow(msg: Msg) -> None:
-        p = int(msg.subject.split(".")[3])
-        running[p] = running.get(p, 0) + 1
+    async def slow(batches: list[tuple[str, list[Item]]]) -> None:
+        ps = [t.partition_of(eid) for eid, _ in batches]
+        for p in ps:
+            running[p] = running.get(p, 0) + 1
         try:
             await asyncio.sleep(10 * TTL_S)
-            await msg.ack()
+            for _, items in batches:
+                for msg, _, _ in items:
+                    ack_soon(msg)
         finally:
-            running[p] -= 1
+            for p in ps:
+                running[p] -= 1
 
     a = Controller(nc, t, controller_id="ctl-a")
-    a.folding.file = slow  # type: ignore[method-assign,assignment]  # each event's work is a slow fold
+    a.folding.commit.run = slow  # type: ignore[method-assign]  # each batch's commit is slow
     await a.start()
     for p in range(4):
         eid = next(f"s{i}x" for i in range(400) if t.partition_of(f"s{i}x") == p)
@@ -504,7 +514,7 @@ async def test_a_lost_lease_stops_its_folds_before_another_controller_can_take_i
             source="worker",
             entity_type="step",
             entity_id="s",
-            status="ok",
+            status="success",
             timestamp=now_iso(),
         )
         await js.publish(t.event_subject(eid, E.STEP_DONE), encode(ev))

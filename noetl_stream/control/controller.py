@@ -74,8 +74,8 @@ class Controller:
         self._fences: dict[int, int] = {}
         """Partitions this controller holds, and the fencing token (lease revision) of each."""
         self._partition_locks: dict[int, asyncio.Lock] = {}
-        self._stopping: dict[int, ContinuousPuller] = {}
-        """Partitions whose puller is being stopped (a lost lease aborts it)."""
+        self._stopping: dict[int, asyncio.Event] = {}
+        """Partitions being stopped gracefully, each with what a lost lease sets to cut the stop short."""
         self.leases: Leases | None = None
         self.snapshots = SnapshotWriter(
             self.js,
@@ -213,37 +213,36 @@ class Controller:
         """Stop pulling ``partition`` and forget its executions (their next owner rebuilds them).
 
         Graceful on shutdown and rebalancing (the lease is still ours: in-flight folds finish and
-        snapshots are written); otherwise the lease is lost and we stop before it can expire.
+        snapshots are written); otherwise the lease is lost and we stop before it can expire. A lease
+        lost during a graceful stop cuts it short: what still folds is cancelled at once.
         """
-        if not graceful and partition in self._stopping:
-            self._stopping[partition].abort()  # a graceful stop in progress: its lease is gone now
+        if not graceful and (lost := self._stopping.get(partition)) is not None:
+            lost.set()  # a graceful stop in progress: its lease is gone now
         async with self._partition_lock(partition):
             # No new fold starts from here (they find no fence and hand their events back); the
             # folds already running finish (graceful, within the shutdown grace) or are cut short
             # well before the lease can expire on the server.
             fence = self._fences.pop(partition, None)
             puller = self._pullers.pop(partition, None)
+            # (no renewal runs meanwhile when lost: the stop ends well before the key expires)
             wait = self._grace_s if graceful else self.topology.lease_ttl_s * 0.1
             deadline = asyncio.get_running_loop().time() + 2 * wait  # (puller.stop may take 2 waits)
-            if puller is not None:
-                self._stopping[partition] = puller
-                ttl = self.topology.lease_ttl_s
-                # (no renewal runs meanwhile: even a graceful stop ends well before the key expires)
-                # Graceful: the lease is renewed until we return. Lost: stop.timeout applies twice
-                # (drain, then running handlers), and the folds check the lease themselves.
-                try:
-                    await puller.stop(timeout=self._grace_s if graceful else ttl * 0.1)
-                finally:
-                    self._stopping.pop(partition, None)
-            self.deadlines.release(partition)
-            self.children.release(partition)  # (a fold still running adds none: the fence is gone)
-            # Batches fold executions of every partition held: wait for those folding this one's (they
-            # find no fence now and hand the events back, or finish what they published), then cancel
-            # what still runs (its executions are forgotten and their events handed back, whatever their
-            # partition: rebuilt from the snapshot and the stream). No fold of this partition runs once
-            # this returns.
-            await self.folding.end_batches_of(partition, deadline)
+            lost = self._stopping[partition] = asyncio.Event()
+            try:
+                if puller is not None:
+                    await puller.stop(timeout=wait)
+                self.deadlines.release(partition)
+                self.children.release(partition)  # (a fold still running adds none: the fence is gone)
+                # Batches fold executions of every partition held: wait for those folding this one's
+                # (they find no fence now and hand the events back, or finish what they published),
+                # then cancel what still runs (its executions are forgotten and their events handed
+                # back, whatever their partition: rebuilt from the snapshot and the stream). No fold of
+                # this partition runs once this returns.
+                await self.folding.end_batches_of(partition, deadline, lost)
+            finally:
+                self._stopping.pop(partition, None)
             self.folding.unclaim_partition(partition)
+            graceful = graceful and not lost.is_set()
             for eid in [e for e in self.states if self.topology.partition_of(e) == partition]:
                 state = self.states.get(eid)
                 try:

@@ -92,26 +92,32 @@ class Folding:
         for eid in [e for e in self.queues if partition_of(e) == partition]:
             del self.queues[eid]
 
-    async def end_batches_of(self, partition: int, deadline: float) -> None:
-        """Wait for the batches folding executions of `partition` until `deadline` (loop time), then cancel
-        those still running."""
+    async def end_batches_of(self, partition: int, deadline: float, lost: asyncio.Event) -> None:
+        """Wait for the batches folding executions of `partition` until `deadline` (loop time), or until
+        `lost` is set (the partition's lease is gone), then cancel those still running."""
         partition_of = self.ctl.topology.partition_of
         loop = asyncio.get_running_loop()
-        while True:
-            tasks = [
-                b.task
-                for b in self.batches
-                if b.task is not None and any(partition_of(e) == partition for e in b.claims)
-            ]
-            if not tasks:
-                return
-            left = deadline - loop.time()
-            if left <= 0:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.wait(tasks)
-                return
-            await asyncio.wait(tasks, timeout=left)
+        cut: asyncio.Task[Any] | None = None
+        try:
+            while True:
+                tasks = [
+                    b.task
+                    for b in self.batches
+                    if b.task is not None and any(partition_of(e) == partition for e in b.claims)
+                ]
+                if not tasks:
+                    return
+                left = deadline - loop.time()
+                if left <= 0 or lost.is_set():
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.wait(tasks)
+                    return
+                cut = cut or loop.create_task(lost.wait())
+                await asyncio.wait([*tasks, cut], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if cut is not None:
+                cut.cancel()
 
     # -- filing -----------------------------------------------------------------------------------
     def file(self, msg: Msg) -> None:

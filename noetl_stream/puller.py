@@ -30,8 +30,8 @@ __all__ = ["ContinuousPuller", "Handler"]
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
-Intake = Callable[[Msg], Coroutine[Any, Any, None] | None]
-"""Files a message as it is parsed (in the connection's read loop): returns work to run as a task, or None."""
+Intake = Callable[[Msg], None]
+"""Files a message as it is parsed (in the connection's read loop); settling it is the intake's."""
 
 _ACK_PREFIX = "$JS.ACK."
 _PENDING_MSGS = "Nats-Pending-Messages"
@@ -58,9 +58,9 @@ class ContinuousPuller:
 
     With `intake` instead of `handler`, each message is given to `intake` as it is parsed, in delivery
     order, without a task of its own: it files the message (the controller queues it per execution and
-    settles it later) and may return work (a coroutine) to run as a task, which `stop()` waits for like
-    a handler. The window then counts only what is requested: what is filed is the intake's, bounded by
-    the consumer's ``max_ack_pending``. An intake that raises has the message nak'ed.
+    settles it later, from work of its own that `stop()` does not wait for). The window then counts only
+    what is requested: what is filed is the intake's, bounded by the consumer's ``max_ack_pending``. An
+    intake that raises has the message nak'ed.
     """
 
     def __init__(
@@ -239,39 +239,25 @@ class ContinuousPuller:
             self._spawn(self._hand_back(msg))
             return
         if self._intake is not None:
-            self._file(msg, loop)
+            self._file(msg)
             return
         # A delivery moves a message from requested to held: the window is unchanged, no pull to top up.
         self._held += 1
         self._queue.append(_Queued(msg, self._last_activity))
         self._dispatch()
 
-    def _file(self, msg: Msg, loop: asyncio.AbstractEventLoop) -> None:
-        """Give a message to the intake; run the work it returns as a handler task; top the window up."""
+    def _file(self, msg: Msg) -> None:
+        """Give a message to the intake; top the window up."""
         assert self._intake is not None
         try:
-            work = self._intake(msg)
+            self._intake(msg)
         except Exception:
             self._log.exception("puller.intake_failed", subject=msg.subject)
             self._spawn(self._nak_unsettled(msg))
-            work = None
-        if work is not None:
-            self._running += 1
-            task = loop.create_task(self._run_intake_work(work))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
         n = self._pull_size()
         if n:
             self._outstanding += n  # reserved now: the pull itself goes out from a task
             self._spawn(self._send_pull(n))
-
-    async def _run_intake_work(self, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except Exception:
-            self._log.exception("puller.intake_work_failed")
-        finally:
-            self._running -= 1
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run the rare asynchronous part of intake (a status, a hand-back) as a task stop() waits for."""

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -15,6 +14,7 @@ from nats.js import JetStreamContext, api
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
+from noetl_stream.natsio import ack_soon
 from noetl_stream.puller import ContinuousPuller, Handler
 from noetl_stream.subjects import Topology
 
@@ -236,41 +236,34 @@ async def test_connect_gives_up_when_no_server_answers() -> None:
         await connect(f"nats://127.0.0.1:{port}", connect_wait_s=0.5)
 
 
-async def test_an_intake_files_every_message_in_delivery_order_and_runs_its_work_as_tasks(
+async def test_an_intake_files_every_message_in_delivery_order(
     nc: NATS, js: JetStreamContext, topology: Topology, eventually: Eventually
 ) -> None:
     """With an ``intake`` (the controller's), each message is filed as it is parsed, in stream order,
-    without a task of its own; the work it returns runs as a task, which ``stop()`` waits for. (The
-    controller files each event of an execution in its queue there; a later event filed before an older
-    one was a lost event.)"""
+    without a task of its own, and settled by the intake. (The controller files each event of an
+    execution in its queue there; a later event filed before an older one was a lost event.) An intake
+    that raises has its message handed back, delivered again."""
     n = 600
     await _setup(js, topology, n)
     filed: list[int] = []
-    unsettled: list[Msg] = []
-    finished: list[int] = []
+    refused: set[int] = set()
 
-    async def settle(batch: list[Msg]) -> None:
-        await asyncio.sleep(0.01)  # still running when the puller is told to stop: stop waits for it
-        for msg in batch:
-            await msg.ack()
-        finished.append(len(batch))
-
-    def intake(msg: Msg) -> Coroutine[Any, Any, None] | None:
-        filed.append(msg.metadata.sequence.stream)
-        unsettled.append(msg)
-        if len(unsettled) < 7 and len(filed) < n:
-            return None
-        batch = list(unsettled)
-        unsettled.clear()
-        return settle(batch)
+    def intake(msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq % 50 == 0 and seq not in refused:
+            refused.add(seq)
+            raise RuntimeError("refused once")
+        filed.append(seq)
+        ack_soon(msg)
 
     puller = ContinuousPuller(
         nc, topology.commands_stream, topology.pool_consumer(POOL), None, max_concurrency=4, intake=intake
     )
     async with puller:
-        await eventually(lambda: len(filed) == n)
-    assert filed == sorted(filed) and len(set(filed)) == n
-    assert sum(finished) == n  # every piece of work ran to its end before stop() returned
+        await eventually(lambda: len(set(filed)) == n)
+    assert len(refused) == n // 50
+    first_pass = [seq for seq in filed if seq not in refused]
+    assert first_pass == sorted(first_pass) and len(set(filed)) == len(filed) == n
     await eventually(lambda: _ack_pending_is(js, topology, 0))
 
 

@@ -83,6 +83,23 @@ def step_started(execution_id: str, step: str) -> Event:
     )
 
 
+def step_done(execution_id: str, run_id: str, result: Any) -> Event:
+    """The ``step.done`` a worker records for run `run_id` (``<step>-<n>``) of `execution_id`."""
+    return Event(
+        event_id=f"{execution_id}:{run_id}:1:step.done",
+        execution_id=execution_id,
+        name=E.STEP_DONE,
+        source="worker",
+        entity_type="step",
+        entity_id=run_id,
+        status="success",
+        timestamp=now_iso(),
+        step=run_id.rsplit("-", 1)[0],
+        step_run_id=run_id,
+        payload={"result": result},
+    )
+
+
 def requested(eid: str, text: str, file: str = "t.yaml") -> Event:
     """The ``playbook.execution.requested`` event the controller's intake records for playbook `text`
     (to drive the reducer directly, or to store an execution's start as intake would)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from helpers import playbook, requested
+from helpers import playbook, requested, step_done
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -31,7 +31,7 @@ from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode, now_iso
+from noetl_stream.wire import encode
 
 TTL_S = 2.0
 GOOD = playbook("- step: start\n  tool: {kind: noop, result: 7}\n")
@@ -44,20 +44,47 @@ async def nc2(nats_server: EmbeddedNats) -> AsyncIterator[NATS]:
     await client.close()
 
 
-def _done(eid: str, run_id: str) -> Event:
-    return Event(
-        event_id=f"{eid}:{run_id}:1:step.done",
-        execution_id=eid,
-        name=E.STEP_DONE,
-        source="worker",
-        entity_type="step",
-        entity_id=run_id,
-        status="success",
-        timestamp=now_iso(),
-        step=run_id.rsplit("-", 1)[0],
-        step_run_id=run_id,
-        payload={"result": 7},
-    )
+class Gate:
+    """While closed, every outbox flush of the controller's batches waits (a flush slow to be acked: a
+    stream electing a leader, NATS slow); `in_flush` holds the executions whose effects are waiting."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open, self.blocked = asyncio.Event(), asyncio.Event()
+        self.in_flush: set[str] = set()
+        gate = self
+
+        class GatedOutbox(Outbox):
+            async def flush(self) -> None:
+                eids = {s.split(".")[2] for s, _, _ in self._events}
+                gate.in_flush.update(eids)
+                try:
+                    if not gate.open.is_set():
+                        gate.blocked.set()
+                        await gate.open.wait()
+                    await super().flush()
+                finally:
+                    gate.in_flush.difference_update(eids)
+
+        monkeypatch.setattr(groupcommit, "Outbox", GatedOutbox)
+
+
+def recorded_batches(ctl: Controller) -> list[list[str]]:
+    """The executions each batch of `ctl` claims when it starts folding, as they start."""
+    batches: list[list[str]] = []
+    fold_all = ctl.folding.fold_all
+
+    async def recording(batch: Any) -> None:
+        batches.append(list(batch.claims))
+        await fold_all(batch)
+
+    ctl.folding.fold_all = recording  # type: ignore[method-assign]
+    return batches
+
+
+def one_of_each_partition(t: Topology, prefix: str) -> tuple[str, str]:
+    x0 = next(f"{prefix}{i}x" for i in range(400) if t.partition_of(f"{prefix}{i}x") == 0)
+    x1 = next(f"{prefix}{i}x" for i in range(400) if t.partition_of(f"{prefix}{i}x") == 1)
+    return x0, x1
 
 
 async def _names(js: JetStreamContext, t: Topology, eid: str) -> list[str]:
@@ -70,32 +97,14 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
     t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
     await provision(js, t)
 
-    gate, blocked = asyncio.Event(), asyncio.Event()
-
-    class GatedOutbox(Outbox):  # a flush slow to be acked (a stream electing a leader, NATS slow)
-        async def flush(self) -> None:
-            if not gate.is_set():
-                blocked.set()
-                await gate.wait()
-            await super().flush()
-
-    monkeypatch.setattr(groupcommit, "Outbox", GatedOutbox)
-
+    gate = Gate(monkeypatch)
     a = Controller(nc, t, controller_id="ctl-a")
-    batches: list[list[str]] = []
-    fold_all = a.folding.fold_all
-
-    async def recording(batch: Any) -> None:
-        batches.append(list(batch.claims))
-        await fold_all(batch)
-
-    a.folding.fold_all = recording  # type: ignore[method-assign]
+    batches = recorded_batches(a)
     await a.start()
     try:
         assert sorted(a._fences) == [0, 1]
-        x0 = next(f"v{i}x" for i in range(400) if t.partition_of(f"v{i}x") == 0)
-        x1 = next(f"v{i}x" for i in range(400) if t.partition_of(f"v{i}x") == 1)
-        gate.set()
+        x0, x1 = one_of_each_partition(t, "v")
+        gate.open.set()
         run_ids: dict[str, str] = {}
         for eid in (x0, x1):  # running, cached here, their step scheduled (no worker: it stays so)
             ev = requested(eid, GOOD)
@@ -109,24 +118,24 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
                         run_ids[eid] = ev.step_run_id
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
-        gate.clear()
+        gate.open.clear()
         batches.clear()
         # Both step.done reach the controller's socket while its loop is busy: one read, one turn, one
         # batch (whose work is a task of the puller of the first one's partition).
         for eid in (x0, x1):
-            ev = _done(eid, run_ids[eid])
+            ev = step_done(eid, run_ids[eid], 7)
             await nc2.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})
         for _ in range(3):
             await asyncio.sleep(0)
         time.sleep(0.5)
-        await asyncio.wait_for(blocked.wait(), 5)
+        await asyncio.wait_for(gate.blocked.wait(), 5)
         assert any({x0, x1} <= set(b) for b in batches), f"not one batch: {batches}"
         owner, victim = 0, x1  # partition 0 is lost; partition 1, x1's, stays held
-        assert a.states[victim].status == "completed" or a.states[victim].terminal, a.states[victim].status
+        assert a.states[victim].terminal, a.states[victim].status  # advanced in place, not stored yet
 
         assert a.leases is not None
         await a.leases.lost(owner)  # e.g. a fenced snapshot write: its stop ends the batch folding x0
-        gate.set()
+        gate.open.set()
 
         # The victim's partition is still held: its step.done comes again (AckWait) and must be folded.
         deadline = time.monotonic() + 6 * TTL_S
@@ -157,7 +166,7 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
             f"last_seq={getattr(cached, 'last_seq', None)}"
         )
     finally:
-        gate.set()
+        gate.open.set()
         await a.shutdown(grace_s=2)
 
 
@@ -171,51 +180,28 @@ async def test_a_partitions_stop_returns_with_no_fold_of_it_still_running(
     publishing Q's effects after the lease was gone)."""
     t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
     await provision(js, t)
-    gate, blocked = asyncio.Event(), asyncio.Event()
-    in_flush: set[str] = set()
-
-    class GatedOutbox(Outbox):
-        async def flush(self) -> None:
-            eids = {s.split(".")[2] for s, _, _ in self._events}
-            in_flush.update(eids)
-            try:
-                if not gate.is_set():
-                    blocked.set()
-                    await gate.wait()
-                await super().flush()
-            finally:
-                in_flush.difference_update(eids)
-
-    monkeypatch.setattr(groupcommit, "Outbox", GatedOutbox)
+    gate = Gate(monkeypatch)
     a = Controller(nc, t, controller_id="ctl-a")
-    batches: list[list[str]] = []
-    fold_all = a.folding.fold_all
-
-    async def recording(batch: Any) -> None:
-        batches.append(list(batch.claims))
-        await fold_all(batch)
-
-    a.folding.fold_all = recording  # type: ignore[method-assign]
+    batches = recorded_batches(a)
     await a.start()
     try:
-        x0 = next(f"w{i}x" for i in range(400) if t.partition_of(f"w{i}x") == 0)
-        x1 = next(f"w{i}x" for i in range(400) if t.partition_of(f"w{i}x") == 1)
+        x0, x1 = one_of_each_partition(t, "w")
         for eid in (x0, x1):
             ev = requested(eid, GOOD)
             await nc2.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})
         for _ in range(3):
             await asyncio.sleep(0)
         time.sleep(0.5)
-        await asyncio.wait_for(blocked.wait(), 5)
+        await asyncio.wait_for(gate.blocked.wait(), 5)
         assert any({x0, x1} <= set(b) for b in batches), f"not one batch: {batches}"
         other, victim = 1, x1  # partition 1 is lost while the batch folding both flushes
-        assert victim in in_flush
+        assert victim in gate.in_flush
         assert a.leases is not None
         await a.leases.lost(other)  # its stop returns: nothing of it may still be folded here
-        still = victim in in_flush
+        still = victim in gate.in_flush
         assert not still, (
             f"partition {other}'s stop returned while a fold of its execution {victim} was still flushing"
         )
     finally:
-        gate.set()
+        gate.open.set()
         await a.shutdown(grace_s=2)

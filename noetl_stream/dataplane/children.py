@@ -9,8 +9,9 @@ A wait cut short for any reason but the worker's shutdown (the task's ``timeout_
 ``lifecycle.timeout_s``, the parent's execution ending) cancels the child: no child runs on unwatched.
 On shutdown (`handing_back`) the child keeps running: the parent's command is redelivered and waits for
 it again. A parent that ends while no worker waits for its child (the worker was killed) has its
-running children cancelled by the controllers that hold them (`control/children.py`). No child is started for an execution that has ended (``stop_check``), nor from a request
-larger than a NATS message (`ChildNotStartedError`).
+running children cancelled by the controllers that hold them (`control/children.py`). No child is
+started for an execution that has ended (``stop_check``), nor from a request larger than a NATS message
+(`ChildNotStartedError`).
 
 Nested loops (003 §6.4): a child started from inside a loop iteration gets that iteration's ``iter``
 in its request (``parent_iter``, recorded with ``playbook.execution.requested``), and its steps read
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 import msgspec
@@ -65,14 +66,23 @@ current_iteration: ContextVar[dict[str, Any] | None] = ContextVar("noetl_current
 or, outside a loop, the nearest enclosing one (a child's ``iter.parent``); None when there is none."""
 
 
-@contextlib.contextmanager
-def in_iteration(scope: dict[str, Any] | None) -> Iterator[None]:
-    """Run the body as (inside) the loop iteration `scope`: children it starts get it as ``iter.parent``."""
-    token = current_iteration.set(scope)
-    try:
-        yield
-    finally:
-        current_iteration.reset(token)
+class in_iteration:  # used like a function: ``with in_iteration(scope):``
+    """Run the body as (inside) the loop iteration `scope`: children it starts get it as ``iter.parent``.
+    Nothing is set when `scope` is current already (every step outside a loop, a command's usual case)."""
+
+    __slots__ = ("_scope", "_token")
+
+    def __init__(self, scope: dict[str, Any] | None) -> None:
+        self._scope = scope
+        self._token: Token[dict[str, Any] | None] | None = None
+
+    def __enter__(self) -> None:
+        if current_iteration.get() is not self._scope:
+            self._token = current_iteration.set(self._scope)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            current_iteration.reset(self._token)
 
 
 @contextlib.asynccontextmanager

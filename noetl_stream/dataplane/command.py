@@ -18,7 +18,7 @@ import msgspec
 from noetl_stream import events as E
 from noetl_stream import tracing
 from noetl_stream.dataplane.checkpoints import Checkpoints
-from noetl_stream.dataplane.children import current_iteration, in_iteration
+from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline, task_run_id
@@ -369,11 +369,8 @@ class CommandRun:
         if step.loop is not None:
             await self.local_loop(base)
             return
-        if current_iteration.get() is cmd.parent_iter:  # (the usual case: None, as already set)
+        with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
             res = await run_pipeline(base, self.task_hook(run_id))
-        else:
-            with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
-                res = await run_pipeline(base, self.task_hook(run_id))
         self.settle(run_id, res.status == "ok")
         if res.status == "ok":
             self.event(

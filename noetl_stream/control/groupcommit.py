@@ -279,8 +279,8 @@ class GroupCommit:
                 await self.ctl.deadlines.track(state, f.was_terminal, deadline)
             # Under the lease this fold published with. A final snapshot stored: keep a lean copy.
             if (
-                not self.ctl.snapshots.after_fold_nowait(state)
-                and await self.ctl.snapshots.after_fold(state, fence)
+                self.ctl.snapshots.due(state)
+                and await self.ctl.snapshots.write_due(state, fence)
                 and self.ctl.states.get(eid) is state
             ):
                 keys = state.items_keys

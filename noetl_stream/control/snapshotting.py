@@ -84,37 +84,27 @@ class SnapshotWriter:
         """Its final snapshot is stored and its cached copy made lean: never write it again."""
         self.retired.add(execution_id)
 
-    def after_fold_nowait(self, state: ExecutionState) -> bool:
-        """What `after_fold` does when the policy writes no snapshot now (most folds), without a
-        coroutine: True when that is so, False when one is due (then `after_fold` it)."""
+    def due(self, state: ExecutionState) -> bool:
+        """Whether a fold that changed `state` writes its snapshot now (`write_due`): a terminal state, or
+        a running one last written `interval_s` ago. Otherwise it is left to `quiet`; short executions are
+        written once, at the end."""
+        if state.terminal:
+            return True
         eid = state.execution_id
         last = self.written_at.get(eid)
-        if state.terminal or last is None:
-            if last is None and not state.terminal:
-                now = time.monotonic()
-                self.written_at[eid] = now  # short executions are written once, at the end
-                self.unsaved.setdefault(eid, now)
-                return True
-            return False
         now = time.monotonic()
-        if now - last >= self.interval_s:
-            return False
+        if last is None:
+            self.written_at[eid] = now
+        elif now - last >= self.interval_s:
+            return True
         self.unsaved.setdefault(eid, now)
-        return True
+        return False
 
-    async def after_fold(self, state: ExecutionState, fence: int) -> bool:
-        """Write the snapshot of a state a fold changed, if the policy says so. True when a terminal
-        state's final snapshot was written (its cached copy may be made lean)."""
-        now = time.monotonic()
+    async def write_due(self, state: ExecutionState, fence: int) -> bool:
+        """Write the snapshot a fold made `due`. True when a terminal state's final snapshot was written
+        (its cached copy may be made lean)."""
         eid = state.execution_id
-        last = self.written_at.get(eid)
-        if last is None and not state.terminal:
-            self.written_at[eid] = now  # short executions are written once, at the end
-            self.unsaved.setdefault(eid, now)
-            return False
-        if not (state.terminal or last is None or now - last >= self.interval_s):
-            self.unsaved.setdefault(eid, now)
-            return False
+        now = time.monotonic()
         written = await self.write(state, fence)
         self.written_at[eid] = now
         if written or state.terminal:

@@ -51,7 +51,7 @@ class Effects:
     """The reducer's own failure (a bug) that failed the execution with ``internal_error``: for the log."""
     ignored: str | None = None
     """Why the event changed nothing when that is worth a log line (a boundary of no running step run,
-    a malformed part of one): for the log (`Controller._fold`)."""
+    a malformed part of one): for the log (`GroupCommit._fold`)."""
 
 
 LEGACY_ADVICE = (

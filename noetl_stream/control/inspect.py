@@ -21,8 +21,8 @@ from nats.js.kv import KeyValue
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv import scan
-from noetl_stream.kv.deadlines import is_index_key
 from noetl_stream.kv.history import read_events
+from noetl_stream.kv.partindex import is_snapshot_key
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.operations import (
     MAX_PAGE,
@@ -304,7 +304,7 @@ class Inspector:
         rows: dict[str, tuple[str, ExecutionSummary]] = {}
         kv = await self._bucket()
         async for entry in scan.entries(kv):  # to the end (nats-py's watchall may end before the first)
-            if not entry.value or is_index_key(entry.key):
+            if not entry.value or not is_snapshot_key(entry.key):
                 continue
             when = _iso(entry.created)
             head = await self._decoded(entry.key, entry.value)

@@ -47,7 +47,7 @@ from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.kv.deadlines import is_index_key
+from noetl_stream.kv.partindex import is_snapshot_key
 from noetl_stream.kv.results import REF, ResultStore
 from noetl_stream.kv.scan import entries, last_messages
 from noetl_stream.kv.snapshots import SnapshotStore, pointed_object
@@ -260,7 +260,7 @@ async def _scan(
     bucket = await js.key_value(topology.executions_bucket)
     async with contextlib.aclosing(entries(bucket, batch=_SCAN_BATCH)) as values:
         async for key, value, _, _ in values:
-            if not value or is_index_key(key):
+            if not value or not is_snapshot_key(key):
                 continue
             if key in owners:
                 try:

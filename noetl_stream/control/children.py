@@ -19,8 +19,8 @@ How an end is learnt: a core subscription on every execution's ``workflow.finish
 open only while this controller holds a running child, and read only for the parents of those (the
 subject names the execution). An end can be missed (this controller was not running, a reconnect, the
 child's partition moved), so a child is also checked once when it is added: the parent's last stored
-``workflow.finished`` (a direct get, after the child is in the index and the subscription is open, so
-an end falls in one or the other), and every parent again after the connection reconnects.
+``workflow.finished`` (one read of its subject, after the child is in the index and the subscription is
+open, so an end falls in one or the other), and every parent again after the connection reconnects.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.children import ChildIndex
+from noetl_stream.kv.history import end_status, last_event
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import decode_event, parent_ended_cancel
@@ -281,17 +281,10 @@ class ChildWatch:
             await self._cancel(parent, status)
 
     async def _end_of(self, execution_id: str) -> str | None:
-        """The status of the execution's stored ``workflow.finished``; None while it has none."""
-        subject = self.topology.stored_event_filter(execution_id, E.WORKFLOW_FINISHED)
+        """How the execution ended (its stored ``workflow.finished``); None while it has not."""
         async with self._gets:
-            try:
-                raw = await self.js.get_last_msg(self.topology.events_stream, subject)
-            except NotFoundError:
-                return None
-        try:
-            return str(decode_event(raw.data or b"").payload.get("status"))
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None  # not an event: nothing ended
+            finished = await last_event(self.js, self.topology, execution_id, E.WORKFLOW_FINISHED)
+        return end_status(finished) if finished is not None else None
 
     async def _on_finished(self, msg: Msg) -> None:
         """An execution ended: if it is the parent of children held here and did not succeed, cancel them."""
@@ -302,11 +295,11 @@ class ChildWatch:
         if parent not in self.children:
             return
         try:
-            status = decode_event(msg.data).payload.get("status")
+            status = end_status(decode_event(msg.data))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
         if status != "success":
-            self._spawn(self._cancel(parent, str(status)))
+            self._spawn(self._cancel(parent, status))
 
     async def _cancel(self, parent: str, status: str) -> None:
         """Record the cancel of each running child of `parent` held here (under its partition's fence)."""

@@ -56,6 +56,7 @@ from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.errors import ConfigurationError, StateConflictError
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
+from noetl_stream.kv.history import end_status, last_event
 from noetl_stream.natsio import ack, stream_seq
 from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
 from noetl_stream.outbox import AlreadyStored, Outbox
@@ -65,7 +66,6 @@ from noetl_stream.wire import (
     Event,
     ExecutionRequest,
     control_event,
-    decode_event,
     decode_json,
     decode_request,
     derived_execution_id,
@@ -422,7 +422,7 @@ class Intake:
         depth = request.get("depth", 0) if isinstance(request, dict) else -1
         # Every execution that ran ends with workflow.finished (a rejected one never ran a task: no child).
         finished = await self._last(execution_id, E.WORKFLOW_FINISHED)
-        ended = str(finished.payload.get("status") or finished.status) if finished is not None else None
+        ended = end_status(finished) if finished is not None else None
         return _Parent(
             extensions=[e for e in exts if e in EXTENSIONS] if isinstance(exts, list) else [],
             depth=depth if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0 else 0,
@@ -633,16 +633,7 @@ class Intake:
 
     async def _last(self, execution_id: str, name: str) -> Event | None:
         """The execution's last stored event of one name, or None."""
-        subject = self.topology.stored_event_filter(execution_id, name)
-        try:
-            raw = await self.js.get_last_msg(self.topology.events_stream, subject)
-        except NotFoundError:
-            return None
-        try:
-            return decode_event(raw.data or b"")
-        except msgspec.DecodeError as exc:  # ValidationError included: not an event, nothing recorded
-            log.warning("intake.bad_record", subject=raw.subject, seq=raw.seq, error=str(exc))
-            return None
+        return await last_event(self.js, self.topology, execution_id, name)
 
     async def _check_playbook(self, request: ExecutionRequest) -> dict[str, Any] | None:
         """Compile the playbook (cached by content) so a caller learns at once that it is invalid. A large

@@ -23,13 +23,13 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
 from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, CommandRun
 from noetl_stream.dataplane.loops import HandedBack
 from noetl_stream.dataplane.tools.base import WorkerServices
+from noetl_stream.kv.history import end_status, last_event
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
 from noetl_stream.natsio import ack_soon, num_delivered
@@ -116,7 +116,7 @@ class Worker:
             max_concurrency=self.concurrency,
             error_nak_delay_s=1.0,
         )
-        subject = self.topology.event_subject("x", E.WORKFLOW_FINISHED).replace(".x.", ".*.", 1)
+        subject = self.topology.any_execution_filter(E.WORKFLOW_FINISHED)
         self._ended_sub = await self.nc.subscribe(subject, cb=self._on_finished)
         # Commands issued before this (plus the clocks' skew) may belong to executions that ended while
         # no worker listened: `_handle` looks those up (`_ended_before`).
@@ -148,7 +148,7 @@ class Worker:
             ev = decode_event(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
-        status = ev.payload.get("status")
+        status = end_status(ev)
         if status == "success":
             return
         self._end(ev.execution_id, f"the execution ended ({status}) while this step was running")
@@ -161,16 +161,15 @@ class Worker:
         restart) may belong to an execution cancelled, failed or timed out meanwhile. Its stored end
         says so; then the command stops at its first task boundary like any of an ended execution.
         Once per execution: one found still running ends later, which the subscription hears."""
-        subject = self.topology.stored_event_filter(cmd.execution_id, E.WORKFLOW_FINISHED)
         try:
-            raw = await self.js.get_last_msg(self.topology.events_stream, subject)
-            status = decode_event(raw.data or b"").payload.get("status")
-        except NotFoundError:
-            _remember(self._running_when_checked, cmd.execution_id, None)
-            return  # still running
+            finished = await last_event(self.js, self.topology, cmd.execution_id, E.WORKFLOW_FINISHED)
         except Exception as exc:  # NATS slow or down: run it (its events could not be written anyway)
             self._log.warning("worker.end_check_failed", error=str(exc) or type(exc).__name__)
             return
+        if finished is None:
+            _remember(self._running_when_checked, cmd.execution_id, None)
+            return  # still running
+        status = end_status(finished)
         if status != "success":
             self._end(cmd.execution_id, f"the execution ended ({status}) before this step started")
 

@@ -12,6 +12,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from noetl_stream.errors import NoetlError
 from noetl_stream.natsio import num_pending
@@ -23,6 +24,26 @@ log = structlog.get_logger(__name__)
 
 class HistoryReadError(NoetlError):
     """An execution's history could not be read completely (never mistaken for a shorter history)."""
+
+
+async def last_event(js: JetStreamContext, topology: Topology, execution_id: str, name: str) -> Event | None:
+    """The execution's last stored event named `name` (one read of its subject), or None: none is stored,
+    or what is stored is not an event (logged; the controller refused it too)."""
+    subject = topology.stored_event_filter(execution_id, name)
+    try:
+        raw = await js.get_last_msg(topology.events_stream, subject)
+    except NotFoundError:
+        return None
+    try:
+        return decode_event(raw.data or b"")
+    except msgspec.DecodeError as exc:  # ValidationError included
+        log.warning("history.bad_record", subject=raw.subject, seq=raw.seq, error=str(exc))
+        return None
+
+
+def end_status(finished: Event) -> str:
+    """How an execution ended, from its ``workflow.finished``: ``success``, ``failed``, ``cancelled``..."""
+    return str(finished.payload.get("status") or finished.status)
 
 
 async def read_events(

@@ -252,6 +252,12 @@ async def test_cancelling_a_parent_cancels_its_running_child(runtime: Runtime, t
     assert child_summary.error is not None
     assert child_summary.error["message"].startswith(f"parent execution {execution_id} ended")
     assert "(cancelled)" in child_summary.error["message"]
+    # Both may write it; the child's history records one (the same event id, whoever writes it).
+    names = [
+        ev.name
+        async for _, ev in read_events(runtime.nc.jetstream(), runtime.topology, requested[0].execution_id)
+    ]
+    assert names.count(E.EXECUTION_CANCEL_REQUESTED) == 1, names
 
 
 async def _child_requests(rt: Runtime, parent_id: str):  # type: ignore[no-untyped-def]

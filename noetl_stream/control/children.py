@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -60,6 +61,8 @@ RECONNECT_POLL_S = 1.0
 """How often the connection's reconnect count is looked at (ends published meanwhile were not heard)."""
 STOP_WRITES_S = 2.0
 """How long `stop` waits for index writes in flight."""
+ENDS_KEPT = 4096
+"""Ends heard of executions none of whose children is held, kept for children added right after."""
 
 
 class ChildWatch:
@@ -92,6 +95,9 @@ class ChildWatch:
         """Index writes to make, by child: its parent (add) or None (remove); the last one wins."""
         self._unchecked: set[str] = set()
         """Parents whose end is to be read (children of theirs were added since the last read)."""
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        """Executions heard ending otherwise than with success while none of their children was held, the
+        last `ENDS_KEPT` (an end is heard before it is stored: a child added meanwhile reads no end)."""
         self._writer: asyncio.Task[None] | None = None
         self._checker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -132,6 +138,7 @@ class ChildWatch:
         await self._unlisten(force=True)
         self.children.clear()
         self.parent_of.clear()
+        self._ended.clear()
 
     # -- the index ---------------------------------------------------------------------------------
     def note(self, state: ExecutionState) -> None:
@@ -166,7 +173,11 @@ class ChildWatch:
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        self._check_soon(parent)
+        ended = self._ended.get(parent)
+        if ended is not None:
+            self._spawn(self._cancel(parent, ended))
+        else:
+            self._check_soon(parent)
 
     def _forget(self, child: str) -> None:
         parent = self.parent_of.pop(child)
@@ -236,9 +247,9 @@ class ChildWatch:
         if not self._held(partition):
             return
         for (child, parent), end in zip(candidates, ends, strict=True):
-            if isinstance(end, str):
+            if isinstance(end, str) or self._is_terminal(child):
                 self._write(child, None)  # it ended
-            elif child not in self.parent_of and not self._is_terminal(child):
+            elif child not in self.parent_of:
                 self._add(child, parent)  # (one whose end could not be read: as running)
 
     # -- ends ---------------------------------------------------------------------------------------
@@ -292,14 +303,18 @@ class ChildWatch:
         if not (subject.startswith(self._head) and subject.endswith(self._tail)):
             return
         parent = subject[len(self._head) : -len(self._tail)]
-        if parent not in self.children:
-            return
         try:
             status = end_status(decode_event(msg.data))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
-        if status != "success":
+        if status == "success":
+            return
+        if parent in self.children:
             self._spawn(self._cancel(parent, status))
+            return
+        self._ended[parent] = status
+        while len(self._ended) > ENDS_KEPT:
+            self._ended.popitem(last=False)
 
     async def _cancel(self, parent: str, status: str) -> None:
         """Record the cancel of each running child of `parent` held here (under its partition's fence)."""

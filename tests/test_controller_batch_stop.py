@@ -121,7 +121,7 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
         gate.open.clear()
         batches.clear()
         # Both step.done reach the controller's socket while its loop is busy: one read, one turn, one
-        # batch (whose work is a task of the puller of the first one's partition).
+        # batch (a task of the controller's own, folding the executions of both partitions).
         for eid in (x0, x1):
             ev = step_done(eid, run_ids[eid], 7)
             await nc2.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})

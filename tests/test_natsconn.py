@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -163,11 +164,13 @@ async def test_nak_soon_redelivers_at_once_and_term_soon_never(
     nc: NATS, js: JetStreamContext, stream: str
 ) -> None:
     """`natsio.nak_soon` hands a delivery back at once (long before its 30 s ack wait); `term_soon` ends it:
-    never delivered again. Each settles the message once."""
-    await js.publish(f"{stream}.n", b"n")
+    never delivered again, and the server says it was terminated (an ack would end it too, silently).
+    Each settles the message once."""
+    seq = (await js.publish(f"{stream}.n", b"n")).seq
     sub = await js.pull_subscribe(
         f"{stream}.n", durable="nak", stream=stream, config=ConsumerConfig(ack_wait=30)
     )
+    terminated = await nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.nak")
     (msg,) = await sub.fetch(1, timeout=10)
     nak_soon(msg)
     with pytest.raises(nats.errors.MsgAlreadyAckdError):
@@ -179,6 +182,13 @@ async def test_nak_soon_redelivers_at_once_and_term_soon_never(
         term_soon(again)
     with pytest.raises(nats.errors.TimeoutError):
         await sub.fetch(1, timeout=1.5)
+    # A term, not an ack: the server's advisory of it (none for an ack), one, of this delivery.
+    advisory = json.loads((await terminated.next_msg(timeout=5)).data)
+    assert (advisory["stream"], advisory["consumer"], advisory["stream_seq"]) == (stream, "nak", seq)
+    assert advisory["deliveries"] == 2
+    await nc.flush()  # an advisory the server sent before its PONG is queued for `terminated` now
+    assert terminated.pending_msgs == 0
+    await terminated.unsubscribe()
     await sub.unsubscribe()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import json
@@ -14,14 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.client import RunSummary, request_for
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jsacks import Acks
 from noetl_stream.kv.keychain import CredentialNotFoundError
+from noetl_stream.kv.provision import provision
 from noetl_stream.local import Runtime
+from noetl_stream.natsconn import connect
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, event_id, now_iso
 
@@ -39,6 +46,66 @@ async def own_stream(js: JetStreamContext, prefix: str = "S", **config: Any) -> 
     finally:
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(name)
+
+
+@contextlib.asynccontextmanager
+async def own_connection(
+    server: EmbeddedNats, prefix: str
+) -> AsyncIterator[tuple[NATS, JetStreamContext, Topology]]:
+    """A connection to a server of the test's own (`own_server`, one it freezes, kills and starts again)
+    and the topology `prefix` provisioned on it (pool ``default``); the connection is closed afterwards."""
+    topology = Topology(prefix=prefix)
+    nc = await connect(server.url, name=f"pytest-{prefix}", connect_wait_s=10)
+    try:
+        js = nc.jetstream(timeout=10)
+        await provision(js, topology, ("default",))
+        yield nc, js, topology
+    finally:
+        await nc.close()
+
+
+class LostAcks:
+    """While `dropping`, the JetStream publish acks that reach this process's publishers are dropped
+    (counted in `dropped`): the server stored the message, its publisher never hears of it.
+
+    It patches ``Acks._on_ack``, which a connection's publisher binds when it subscribes its ack inbox
+    (on its first acked publish): make it before the connection under test is made."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.dropping = False
+        self.dropped = 0
+        on_ack = Acks._on_ack
+
+        def on_ack_unless_dropping(acks: Acks, msg: Msg) -> None:
+            if self.dropping:
+                self.dropped += 1
+            else:
+                on_ack(acks, msg)
+
+        monkeypatch.setattr(Acks, "_on_ack", on_ack_unless_dropping)
+
+    async def stored_then_restart(
+        self, server: EmbeddedNats, js: JetStreamContext, stream: str, messages: int
+    ) -> None:
+        """With a publish under way while `dropping`: once `stream` holds `messages` and an ack was dropped,
+        acks pass again and `server` is killed and started again on its store (the stored messages and
+        the stream's duplicate window survive it). The publisher learns of the lost ack with the lost
+        connection; what it publishes again must carry the same ``Nats-Msg-Id`` to be stored once."""
+        assert self.dropping, "set `dropping` before the publish"
+        held = -1
+        try:
+            async with asyncio.timeout(10):
+                while self.dropped == 0 or held != messages:
+                    held = (await js.stream_info(stream)).state.messages
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            hint = " (was LostAcks made after the publisher subscribed?)" if self.dropped == 0 else ""
+            raise AssertionError(
+                f"{stream} holds {held} messages, not {messages}; {self.dropped} acks dropped{hint}"
+            ) from None
+        self.dropping = False
+        server.kill()
+        await asyncio.to_thread(server.start)
 
 
 @dataclass

@@ -9,8 +9,9 @@ import math
 import os
 import signal
 
+import nats.errors
 import pytest
-from helpers import Clustered, step_started
+from helpers import Clustered, LostAcks, own_connection, step_started
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError
@@ -25,7 +26,6 @@ from noetl_stream.jspublish import (
 )
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
 from noetl_stream.outbox import SENT_CONFIRM_EVERY, AlreadyStored, Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command
@@ -143,11 +143,7 @@ async def test_a_flush_without_waiting_publishes_nothing_it_cannot_confirm_at_on
 ) -> None:
     """A new connection's publisher has not looked at the streams yet, and conditional events need their
     own acks: `flush_nowait` says so (None) and leaves everything queued for `flush`."""
-    topo = Topology(prefix="nowait")
-    nc = await connect(own_server.url, name="pytest-nowait", connect_wait_s=10)
-    try:
-        js = nc.jetstream(timeout=10)
-        await provision(js, topo, ("default",))
+    async with own_connection(own_server, "nowait") as (_, js, topo):
         outbox = Outbox(js, topo)
         outbox.event(step_started("e1", "s0"))
         assert outbox.flush_nowait() is None and len(outbox) == 1
@@ -156,41 +152,31 @@ async def test_a_flush_without_waiting_publishes_nothing_it_cannot_confirm_at_on
         assert outbox.flush_nowait() is None and len(outbox) == 1
         await outbox.flush()
         assert (await js.stream_info(topo.events_stream)).state.messages == 2
-    finally:
-        await nc.close()
 
 
 # --- a server that freezes, dies and comes back ----------------------------------------------------
 
 
 async def test_an_outbox_flush_across_a_server_restart_stores_each_event_once(
-    own_server: EmbeddedNats,
+    own_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topo = Topology(prefix="flush")
-    nc = await connect(own_server.url, name="pytest-flush", connect_wait_s=10)
-    try:
-        js = nc.jetstream(timeout=10)
-        await provision(js, topo, ("default",))
+    """A flush's events are stored but its ack is lost, and the server dies and comes back: the flush
+    publishes them again after the reconnect, with the same ids, and each is stored once."""
+    lost = LostAcks(monkeypatch)
+    async with own_connection(own_server, "flush") as (_, js, topo):
         outbox = Outbox(js, topo, ack_timeout_s=5.0)
         events = [step_started("e1", f"s{i}") for i in range(5)]
-        assert own_server.pid is not None
-        os.kill(own_server.pid, signal.SIGSTOP)
-        await asyncio.sleep(0.1)
         for ev in events:
             outbox.event(ev)
+        lost.dropping = True
         flush = asyncio.create_task(outbox.flush())
-        await asyncio.sleep(0.3)
-        own_server.kill()
-        await asyncio.sleep(0.5)
-        await asyncio.to_thread(own_server.start)
+        await lost.stored_then_restart(own_server, js, topo.events_stream, len(events))
         await asyncio.wait_for(flush, 30)  # retried after the reconnect, same ids
 
         stored = [ev.event_id async for _, ev in read_events(js, topo, "e1")]
         assert stored == [ev.event_id for ev in events]  # in order, once each
         info = await js.stream_info(topo.events_stream)
-        assert info.state.messages == len(events)  # duplicates of the retry were dropped
-    finally:
-        await nc.close()
+        assert info.state.messages == len(events)  # the retry's copies were dropped as duplicates
 
 
 async def test_an_event_sent_at_once_and_lost_with_the_connection_is_published_again_by_the_flush(
@@ -199,11 +185,7 @@ async def test_an_event_sent_at_once_and_lost_with_the_connection_is_published_a
     """`send_now` writes at once and leaves the confirmation to the next flush's ack. Written into a
     socket that died, it is gone, and the flush's ack (on the new connection) does not cover it: the
     flush publishes it again (same id, stored once) instead of reporting success without it."""
-    topo = Topology(prefix="sendnow")
-    nc = await connect(own_server.url, name="pytest-send-now", connect_wait_s=10)
-    try:
-        js = nc.jetstream(timeout=10)
-        await provision(js, topo, ("default",))
+    async with own_connection(own_server, "sendnow") as (nc, js, topo):
         outbox = Outbox(js, topo, ack_timeout_s=5.0)
         assert own_server.pid is not None
         await outbox.send_now(step_started("e1", "before"))  # confirmed by the first flush, no reconnect
@@ -224,8 +206,6 @@ async def test_an_event_sent_at_once_and_lost_with_the_connection_is_published_a
 
         stored = [ev.event_id async for _, ev in read_events(js, topo, "e1")]
         assert stored == [step_started("e1", s).event_id for s in ("before", "progress", "final")]
-    finally:
-        await nc.close()
 
 
 async def test_events_sent_at_once_are_confirmed_every_so_often(
@@ -269,37 +249,31 @@ async def test_racing_expect_new_events_on_a_cluster_settle_as_one_stored_and_th
 
 
 async def test_what_a_flush_without_waiting_published_into_a_dying_server_is_stored_once_when_published_again(
-    own_server: EmbeddedNats,
+    own_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The worker's no-wait path across a restart: the future fails (the acks of the old connection never
-    come), the same messages are flushed again after the reconnect (same ids), and each is stored once."""
-    topo = Topology(prefix="nowaitdies")
-    nc = await connect(own_server.url, name="pytest-nowait-dies", connect_wait_s=10)
-    try:
-        js = nc.jetstream(timeout=10)
-        await provision(js, topo, ("default",))
+    """The worker's no-wait path across a restart: the messages are stored but their ack is lost, and the
+    server dies and comes back; the future fails (the acks of the old connection never come), the same
+    messages are flushed again after the reconnect (same ids), and each is stored once."""
+    lost = LostAcks(monkeypatch)
+    async with own_connection(own_server, "nowaitdies") as (_, js, topo):
         warm = Outbox(js, topo)
         warm.event(step_started("w", "s0"))
-        await warm.flush()
+        await warm.flush()  # the publisher has looked at the stream: flush_nowait can publish
         events = [step_started("e1", f"s{i}") for i in range(4)]
-        assert own_server.pid is not None
-        os.kill(own_server.pid, signal.SIGSTOP)
-        await asyncio.sleep(0.1)
         outbox = Outbox(js, topo, ack_timeout_s=5.0)
         for ev in events:
             outbox.event(ev)
+        lost.dropping = True
         fut = outbox.flush_nowait()
         assert fut is not None
-        await asyncio.sleep(0.3)
-        own_server.kill()
-        with pytest.raises(Exception):  # noqa: B017 - reconnecting, or the ack timeout: either is a failure
+        await lost.stored_then_restart(own_server, js, topo.events_stream, 1 + len(events))
+        with pytest.raises((nats.errors.ConnectionReconnectingError, TimeoutError)):  # or the ack timeout
             await asyncio.wait_for(fut, 30)
-        await asyncio.to_thread(own_server.start)
         again = Outbox(js, topo, ack_timeout_s=5.0)
         for ev in events:
             again.event(ev)
         await asyncio.wait_for(again.flush(), 30)
         stored = [ev.event_id async for _, ev in read_events(js, topo, "e1")]
         assert stored == [ev.event_id for ev in events]
-    finally:
-        await nc.close()
+        info = await js.stream_info(topo.events_stream)
+        assert info.state.messages == 1 + len(events)  # the copies published again were dropped

@@ -5,14 +5,14 @@ submission would start a second execution."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
+
+import pytest
+from helpers import LostAcks, own_connection
 
 from noetl_stream.client import request_for, submit
 from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.jspublish import MSG_ID
+from noetl_stream.wire import decode_request, request_msg_id
 
 TEXT = """apiVersion: noetl.io/v2
 kind: Playbook
@@ -24,24 +24,18 @@ workflow:
 
 
 async def test_a_request_whose_ack_died_with_the_server_is_stored_once_after_the_restart(
-    own_server: EmbeddedNats,
+    own_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topo = Topology(prefix="submitretry")
-    nc = await connect(own_server.url, name="pytest-submit", connect_wait_s=10)
-    try:
-        js = nc.jetstream(timeout=10)
-        await provision(js, topo, ("default",))
+    lost = LostAcks(monkeypatch)
+    async with own_connection(own_server, "submitretry") as (nc, js, topo):
         request = request_for(TEXT, "r.yaml")
-        assert own_server.pid is not None
-        os.kill(own_server.pid, signal.SIGSTOP)  # the publish goes out, no ack comes
-        await asyncio.sleep(0.1)
+        assert request.execution_id is not None
+        lost.dropping = True  # stored, the ack lost: then the server dies and comes back
         submitting = asyncio.create_task(submit(nc, topo, request))
-        await asyncio.sleep(0.3)
-        own_server.kill()  # the ack is lost with the connection
-        await asyncio.sleep(0.5)
-        await asyncio.to_thread(own_server.start)
+        await lost.stored_then_restart(own_server, js, topo.requests_stream, 1)
         assert await asyncio.wait_for(submitting, 30) == request.execution_id
         info = await js.stream_info(topo.requests_stream)
         assert info.state.messages == 1  # once, however many times it was published
-    finally:
-        await nc.close()
+        stored = await js.get_msg(topo.requests_stream, info.state.last_seq)
+        assert stored.headers is not None and stored.headers[MSG_ID] == request_msg_id(request.execution_id)
+        assert stored.data is not None and decode_request(stored.data).execution_id == request.execution_id

@@ -1,0 +1,157 @@
+"""A parent's end published while the controller's connection was down is not heard: after the
+connection comes back, the controller reads the end of every parent of a child it holds again, and
+cancels the children of one that did not succeed (control/children.py, `ChildWatch._watch_reconnects`).
+
+The controller's connection goes through a TCP proxy of the test's own, which cuts it (and refuses new
+connections) while the parent's ``workflow.finished`` is stored through another connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from eventlog import history
+from helpers import free_port
+from nats.js import JetStreamContext
+
+from noetl_stream import events as E
+from noetl_stream.control import children
+from noetl_stream.control.children import ChildWatch
+from noetl_stream.control.state import ExecutionState
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.provision import provision
+from noetl_stream.natsconn import connect
+from noetl_stream.outbox import Outbox
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event, new_execution_id, now_iso
+
+
+class Proxy:
+    """Forwards TCP connections from a port of its own to the server's; `cut` closes them and refuses
+    new ones until `restore`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+        self.connections = 0
+
+    async def restore(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def cut(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+        self._server = None
+        for pipe in list(self._pipes):
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        pipes = [
+            asyncio.ensure_future(self._pipe(reader, up_writer)),
+            asyncio.ensure_future(self._pipe(up_reader, writer)),
+        ]
+        self._pipes.update(pipes)
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pipe in pipes:
+                pipe.cancel()
+                self._pipes.discard(pipe)
+            for w in (writer, up_writer):
+                w.close()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+
+@pytest.fixture
+async def proxy(nats_server: EmbeddedNats) -> AsyncIterator[Proxy]:
+    host, port = nats_server.url.removeprefix("nats://").rsplit(":", 1)
+    p = Proxy(host, int(port))
+    await p.restore()
+    yield p
+    with contextlib.suppress(AssertionError):
+        await p.cut()
+
+
+def _finished(execution_id: str, status: str) -> Event:
+    return Event(
+        event_id=f"{execution_id}:workflow.finished",
+        execution_id=execution_id,
+        name=E.WORKFLOW_FINISHED,
+        source="server",
+        entity_type="workflow",
+        entity_id=execution_id,
+        status="error",
+        timestamp=now_iso(),
+        payload={"status": status},
+    )
+
+
+async def _cancels(js: JetStreamContext, topo: Topology, eid: str) -> list[str]:
+    return [
+        str(ev.payload.get("reason"))
+        for ev in await history(js, topo, eid)
+        if ev.name == E.EXECUTION_CANCEL_REQUESTED
+    ]
+
+
+async def test_a_parents_end_stored_while_the_connection_was_down_cancels_its_child_after_it_reconnects(
+    js: JetStreamContext, topology: Topology, proxy: Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(children, "RECONNECT_POLL_S", 0.1)
+    await provision(js, topology, ("default",))
+    parent, child = new_execution_id(), new_execution_id()
+    watched = await connect(
+        f"nats://127.0.0.1:{proxy.port}", name="pytest-watch", connect_wait_s=10, reconnect_time_wait=0.1
+    )
+    watch = ChildWatch(
+        watched,
+        topology,
+        "ctl-test",
+        fence_of=lambda partition: 1,
+        held=lambda partition: True,
+        is_terminal=lambda eid: False,
+    )
+    try:
+        await watch.start()
+        watch.note(ExecutionState(child, parent_execution_id=parent))
+        # The child is held and its parent's end was read (none yet): the subscription is open.
+        deadline = time.monotonic() + 10
+        while watch._sub is None or watch._checker is not None:
+            assert time.monotonic() < deadline, "the watch did not start listening"
+            await asyncio.sleep(0.01)
+        reconnects = watched.stats["reconnects"]
+
+        await proxy.cut()
+        outbox = Outbox(js, topology)
+        outbox.event(_finished(parent, "failed"))
+        await outbox.flush()  # stored while the watch's connection is down: it is not heard
+        assert await _cancels(js, topology, child) == []
+        await proxy.restore()
+
+        deadline = time.monotonic() + 15
+        while not await _cancels(js, topology, child):
+            assert time.monotonic() < deadline, (
+                f"no cancel of the child after the reconnect (reconnects {reconnects} -> "
+                f"{watched.stats['reconnects']})"
+            )
+            await asyncio.sleep(0.05)
+        assert watched.stats["reconnects"] > reconnects
+        assert await _cancels(js, topology, child) == [f"parent execution {parent} ended (failed)"]
+    finally:
+        await watch.stop()
+        await watched.close()

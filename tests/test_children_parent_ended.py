@@ -60,9 +60,15 @@ def _kid_of(parent: str) -> str:
     return derived_execution_id(parent, "start-1", "kid", 1)
 
 
+RESTART_LEASE_TTL_S = 10.0
+"""The lease TTL of the tests that kill a controller and start it again: it must take its partition back
+before the other controller may take it over (a restart on a loaded machine can take seconds)."""
+
+
 @pytest.fixture
-def topo(topology: Topology) -> Topology:
-    return msgspec.structs.replace(topology, partitions=2, lease_ttl_s=LEASE_TTL_S, command_ack_wait_s=2.0)
+def topo(topology: Topology, request: pytest.FixtureRequest) -> Topology:
+    ttl = getattr(request, "param", LEASE_TTL_S)
+    return msgspec.structs.replace(topology, partitions=2, lease_ttl_s=ttl, command_ack_wait_s=2.0)
 
 
 @pytest.fixture
@@ -194,7 +200,15 @@ KIDS_LOOP = playbook(
 ).replace("workflow:", "executor: {spec: {pool: kids}}\nworkflow:", 1)
 
 
-@pytest.mark.parametrize("how", ["restarted", "taken_over", "index_key_lost"])
+@pytest.mark.parametrize(
+    ("how", "topo"),
+    [
+        ("restarted", RESTART_LEASE_TTL_S),
+        ("taken_over", LEASE_TTL_S),
+        ("index_key_lost", RESTART_LEASE_TTL_S),
+    ],
+    indirect=["topo"],
+)
 async def test_a_child_whose_controller_missed_the_parents_end_is_cancelled_when_it_is_taken(
     procs: Processes, topo: Topology, js: JetStreamContext, nc: NATS, tmp_path: Path, how: str
 ) -> None:

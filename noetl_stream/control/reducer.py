@@ -340,8 +340,8 @@ def folds(state: ExecutionState, event: Event) -> bool:
     """Whether ``event`` changes ``state`` at all. A loop iteration's result changes it only while its
     step run is a distributed loop the controller drives; a local loop's iterations (its worker reports
     them as they finish, so a redelivered command skips them) are progress the controller does not fold,
-    nor do late duplicates of a finished loop. The controller acks those without a fold (`_handle`), and
-    replay skips them the same way, so both count the same events."""
+    nor do late duplicates of a finished loop. The controller acks those without a fold (`Folding.file`),
+    and replay skips them the same way, so both count the same events."""
     if event.name not in ITERATION_RESULTS or state.terminal:
         return True
     run = state.runs.get(event.step_run_id or "")

@@ -3,8 +3,8 @@
 Keys ``<prefix>.<partition>.<execution_id>`` with a small JSON value each. An execution id is one subject
 token, so an index key never collides with a snapshot's (a snapshot's key is the execution id:
 `is_snapshot_key`). A controller that takes a partition over lists only that partition's keys
-(`PartitionIndex.of_partition`), however many executions the bucket holds; a key is removed with a
-purge marker that expires (`forget`), so nothing is left behind.
+(`PartitionIndex.values_of`, which each index's ``of_partition`` wraps), however many executions the
+bucket holds; a key is removed with a purge marker that expires (`forget`), so nothing is left behind.
 """
 
 from __future__ import annotations

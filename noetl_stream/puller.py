@@ -1,7 +1,7 @@
 """A continuous pull consumer: what ``Consume()`` is in the Go client (nats-py 2.16 only has ``fetch()``).
 
 One inbox subscription, pull requests kept topped up at 50 % of a window, messages handed to an async
-handler with bounded concurrency. perf/README.md: 3-4x faster than one ``fetch()`` per message.
+handler with bounded concurrency. ../shared/perf/README.md: 3-4x faster than one ``fetch()`` per message.
 
 Messages given to the handler are plain ``nats.aio.msg.Msg`` objects whose ``reply`` is the
 ``$JS.ACK...`` subject of the delivery, so ``ack()``, ``nak(delay=)``, ``in_progress()``,
@@ -33,6 +33,8 @@ Handler = Callable[[Msg], Awaitable[None]]
 Intake = Callable[[Msg], None]
 """Files a message as it is parsed (in the connection's read loop); settling it is the intake's."""
 
+DRAIN_MIN_S = 0.05
+"""The least a stop gives its unsubscribe (drain), even with no time left of its timeout."""
 _ACK_PREFIX = "$JS.ACK."
 _PENDING_MSGS = "Nats-Pending-Messages"
 
@@ -178,7 +180,8 @@ class ContinuousPuller:
         self._watchdog = asyncio.create_task(self._watch(), name=f"puller-watchdog:{self.consumer}")
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Stop pulling, hand back queued messages (nak), wait up to `timeout` for running handlers.
+        """Stop pulling, hand back queued messages (nak), wait up to `timeout` (in all) for running
+        handlers.
 
         Handlers still running after `timeout` are cancelled; their messages stay unsettled and
         are redelivered after AckWait.
@@ -186,6 +189,8 @@ class ContinuousPuller:
         if self._sub is None or self._stopping:
             return
         self._stopping = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.wait([self._watchdog])
@@ -193,14 +198,14 @@ class ContinuousPuller:
             self._held -= 1
             await self._hand_back(self._queue.popleft().msg)
         try:  # unsubscribe, but let messages already received reach _on_msg (which naks them)
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(max(DRAIN_MIN_S, end - loop.time())):
                 await self._sub.drain()  # type: ignore[no-untyped-call]
         except Exception as e:  # closed or reconnecting connection: nothing more will arrive
             self._log.debug("puller.drain_failed", error=repr(e))
         if self._aux:
-            await asyncio.wait(set(self._aux), timeout=timeout)
+            await asyncio.wait(set(self._aux), timeout=max(0.0, end - loop.time()))
         if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            _, pending = await asyncio.wait(set(self._tasks), timeout=max(0.0, end - loop.time()))
             if pending:
                 self._log.warning("puller.stop_timeout", cancelled=len(pending))
                 self._cancelling = True

@@ -205,3 +205,43 @@ async def test_a_partitions_stop_returns_with_no_fold_of_it_still_running(
     finally:
         gate.open.set()
         await a.shutdown(grace_s=2)
+
+
+async def test_a_shutdown_with_a_batch_stuck_in_a_flush_ends_within_its_grace_and_loses_nothing(
+    nc: NATS, nc2: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--grace` is the whole shutdown: a batch whose flush does not return is cancelled when the grace is
+    over (it waited twice the grace before: past a pod's termination grace period), and its events are
+    handed back, so the next controller folds them."""
+    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
+    await provision(js, t)
+    gate = Gate(monkeypatch)
+    a = Controller(nc, t, controller_id="ctl-a")
+    await a.start()
+    x0, x1 = one_of_each_partition(t, "g")
+    try:
+        for eid in (x0, x1):
+            ev = requested(eid, GOOD)
+            await nc2.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})
+        await asyncio.wait_for(gate.blocked.wait(), 5)
+        grace = 3.0
+        began = time.monotonic()
+        await a.shutdown(grace_s=grace)
+        took = time.monotonic() - began
+        assert took < grace * 1.6, f"a shutdown with a {grace} s grace took {took:.1f} s"
+    finally:
+        gate.open.set()
+        await a.shutdown(grace_s=2)
+    for eid in (x0, x1):
+        assert E.STEP_SCHEDULED not in await _names(js, t, eid)  # the stuck flush never published
+    b = Controller(nc2, t, controller_id="ctl-b")
+    await b.start()
+    try:
+        deadline = time.monotonic() + 6 * TTL_S
+        scheduled: set[str] = set()
+        while scheduled != {x0, x1}:
+            assert time.monotonic() < deadline, f"only {scheduled} of {x0, x1} were taken up again"
+            scheduled = {eid for eid in (x0, x1) if E.STEP_SCHEDULED in await _names(js, t, eid)}
+            await asyncio.sleep(0.1)
+    finally:
+        await b.shutdown(grace_s=2)

@@ -46,7 +46,11 @@ from noetl_stream.wire import Event
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["SAFE_MESSAGE_BYTES", "Controller"]
+__all__ = ["REBALANCE_GRACE_S", "SAFE_MESSAGE_BYTES", "Controller"]
+
+REBALANCE_GRACE_S = 30.0
+"""How long a partition handed to another controller waits for its folds in flight (its lease is renewed
+meanwhile); a shutdown waits its own grace (``--grace``) for everything."""
 
 
 class Controller:
@@ -119,7 +123,9 @@ class Controller:
         self.folding = Folding(self)
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
-        self._grace_s = 30.0
+        self._grace_s = REBALANCE_GRACE_S
+        self._shutdown_at: float | None = None
+        """Loop time by which a shutdown's partition stops end (its grace from when it began)."""
 
     async def __aenter__(self) -> Controller:
         await self.start()
@@ -225,8 +231,13 @@ class Controller:
             fence = self._fences.pop(partition, None)
             puller = self._pullers.pop(partition, None)
             # (no renewal runs meanwhile when lost: the stop ends well before the key expires)
-            wait = self._grace_s if graceful else self.topology.lease_ttl_s * 0.1
-            deadline = asyncio.get_running_loop().time() + 2 * wait  # (puller.stop may take 2 waits)
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if not graceful:
+                wait, deadline = self.topology.lease_ttl_s * 0.1, now + self.topology.lease_ttl_s * 0.2
+            else:  # a shutdown: what is left of its grace; rebalancing: REBALANCE_GRACE_S
+                deadline = self._shutdown_at if self._shutdown_at is not None else now + self._grace_s
+                wait = max(0.0, deadline - now)
             lost = self._stopping[partition] = asyncio.Event()
             try:
                 if puller is not None:
@@ -270,17 +281,24 @@ class Controller:
     async def shutdown(self, grace_s: float = 30.0) -> None:
         if self._stopped.is_set():
             return
+        # One grace for all of it: the intake's requests in hand, then every partition's folds (each
+        # partition's stop gets what is left); then the snapshots, which are not cut short.
         self._grace_s = grace_s
+        self._shutdown_at = asyncio.get_running_loop().time() + grace_s
         self.deadlines.cancel_all()
         for task in list(self._background):
             task.cancel()
-        await self.intake.stop()
-        await self.poison.stop()
+        await self.intake.stop(timeout=grace_s)
+        await self.poison.stop(timeout=self._left_of_grace())
         if self.leases is not None:
             await self.leases.stop()  # each partition: stop pulling, write snapshots, free the lease
         await self.children.stop()
         await self._flush_snapshots()
         self._stopped.set()
+
+    def _left_of_grace(self) -> float:
+        assert self._shutdown_at is not None
+        return max(0.0, self._shutdown_at - asyncio.get_running_loop().time())
 
     def fence_of(self, partition: int) -> int | None:
         """The fencing token of a partition validly held here (`_holds`), else None."""

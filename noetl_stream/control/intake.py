@@ -310,14 +310,18 @@ class Intake:
             )
         await QueryEndpoints(self.inspector, self.catalog, self.topology).add_to(self._service)
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking requests; wait up to `timeout` in all for those in hand (the micro endpoint's up
+        to 10 s of it; what is left after that is handed back and redelivered)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
         if self._service is not None:
             await self._service.stop()
             self._service = None
         if self._execute_tasks:
-            await asyncio.wait(set(self._execute_tasks), timeout=10)
+            await asyncio.wait(set(self._execute_tasks), timeout=min(10.0, max(0.0, end - loop.time())))
         if self._puller is not None:
-            await self._puller.stop()
+            await self._puller.stop(timeout=max(0.0, end - loop.time()))
             self._puller = None
 
     async def _on_stream_request(self, msg: Msg) -> None:

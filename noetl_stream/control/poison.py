@@ -75,9 +75,9 @@ class PoisonHandler:
         )
         await self._puller.start()
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 30.0) -> None:
         if self._puller is not None:
-            await self._puller.stop()
+            await self._puller.stop(timeout=timeout)
             self._puller = None
 
     async def _handle(self, msg: Msg) -> None:

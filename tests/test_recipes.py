@@ -62,6 +62,21 @@ FAILING = playbook(
     name="failing",
 )
 NOOP = playbook("- step: start\n  tool: {kind: noop}", name="noop")
+SLOW_CHILD = playbook(
+    """
+    - step: start
+      tool: {kind: python, code: "import time; time.sleep(4); result = 1"}
+    """,
+    name="slow",
+)
+PARENT_OF_SLOW = playbook(
+    """
+    - step: start
+      tool:
+        - {name: kid, kind: playbook, path: slow.yaml}
+    """,
+    name="parent",
+)
 
 _TAG = re.compile(r"<!-- recipe: ([a-z0-9-]+) -->\s*```sh\n(.*?)```", re.S)
 
@@ -148,6 +163,8 @@ def _check(argv: list[str]) -> None:
     """One documented ``nats`` command names only what the default `Topology` builds."""
     t = DEFAULT
     eid = "0123abcd"
+    if "|" in argv:  # a pipeline: the `nats` command is its first part (a filter reads its output)
+        argv = argv[: argv.index("|")]
     streams = {t.events_stream, t.commands_stream, t.requests_stream}
     consumers = {t.controller_events_consumer(p) for p in range(t.partitions)}
     consumers |= {t.controller_requests_consumer, t.pool_consumer("default")}
@@ -353,6 +370,42 @@ async def test_recipe_snapshot_watch(runtime: Runtime) -> None:
     finally:
         await watcher.stop()
     assert statuses[-1] == "success"
+
+
+async def test_recipe_child_keys(runtime: Runtime, eventually: Callable[..., Any], tmp_path: Path) -> None:
+    ls, get = recipes()["child-keys"]
+    assert ls[1:3] == ["kv", "ls"] and ls[4:] == ["|", "grep", r"^child\."]
+    assert get[1:3] == ["kv", "get"] and get[3] == ls[3]
+    bucket = local(ls[3], runtime.topology)
+    assert bucket == runtime.topology.executions_bucket
+    (tmp_path / "slow.yaml").write_text(SLOW_CHILD)
+    parent_file = tmp_path / "parent.yaml"
+    parent_file.write_text(PARENT_OF_SLOW)
+    parent = await submit(runtime.nc, runtime.topology, request_for(PARENT_OF_SLOW, str(parent_file)))
+    kv = await runtime.nc.jetstream().key_value(bucket)
+    pattern = re.compile(ls[-1])
+
+    async def child_keys() -> list[str]:
+        """`nats kv ls ... | grep ...`: the keys of the bucket's current values that match."""
+        try:
+            return [k for k in await kv.keys() if pattern.search(k)]
+        except NoKeysError:
+            return []
+
+    await eventually(lambda: _equals(_len(child_keys()), 1))
+    (key,) = await child_keys()
+    _, partition, child = key.split(".")
+    assert fill(get[4], partition=partition, child_id=child) == key
+    assert int(partition) == runtime.topology.partition_of(child)
+    assert json.loads((await kv.get(key)).value or b"{}") == {"parent": parent}
+
+    summary = await follow(runtime.nc, runtime.topology, parent, timeout=30)
+    assert summary.status == "success"
+    await eventually(lambda: _equals(child_keys(), []))  # the child ended: its key is removed
+
+
+async def _len(value: Awaitable[list[str]]) -> int:
+    return len(await value)
 
 
 async def test_recipe_submit_pub(runtime: Runtime) -> None:

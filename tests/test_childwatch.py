@@ -1,9 +1,13 @@
-"""A parent's end published while the controller's connection was down is not heard: after the
-connection comes back, the controller reads the end of every parent of a child it holds again, and
-cancels the children of one that did not succeed (control/children.py, `ChildWatch._watch_reconnects`).
+"""The controller's watch of running children (control/children.py, `ChildWatch`), on a real server, in the
+orders of events that whole runtimes cannot force:
 
-The controller's connection goes through a TCP proxy of the test's own, which cuts it (and refuses new
-connections) while the parent's ``workflow.finished`` is stored through another connection.
+* a parent's end published while the controller's connection was down is not heard: after the connection
+  comes back, the controller reads the end of every parent of a child it holds again, and cancels the
+  children of one that did not succeed (`_watch_reconnects`). The controller's connection goes through a
+  TCP proxy of the test's own, which cuts it (and refuses new connections) while the parent's
+  ``workflow.finished`` is stored through another connection;
+* a parent's end heard before it is stored, while none of its children is held yet: a child added right
+  after reads no end, and is cancelled from the end heard (`_ended`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from collections.abc import AsyncIterator
 import pytest
 from eventlog import history
 from helpers import free_port
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from noetl_stream import events as E
@@ -27,7 +33,7 @@ from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, new_execution_id, now_iso
+from noetl_stream.wire import Event, encode, new_execution_id, now_iso
 
 
 class Proxy:
@@ -109,6 +115,17 @@ async def _cancels(js: JetStreamContext, topo: Topology, eid: str) -> list[str]:
     ]
 
 
+def _watch(nc: NATS, topology: Topology) -> ChildWatch:
+    return ChildWatch(
+        nc,
+        topology,
+        "ctl-test",
+        fence_of=lambda partition: 1,
+        held=lambda partition: True,
+        is_terminal=lambda eid: False,
+    )
+
+
 async def test_a_parents_end_stored_while_the_connection_was_down_cancels_its_child_after_it_reconnects(
     js: JetStreamContext, topology: Topology, proxy: Proxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -118,14 +135,7 @@ async def test_a_parents_end_stored_while_the_connection_was_down_cancels_its_ch
     watched = await connect(
         f"nats://127.0.0.1:{proxy.port}", name="pytest-watch", connect_wait_s=10, reconnect_time_wait=0.1
     )
-    watch = ChildWatch(
-        watched,
-        topology,
-        "ctl-test",
-        fence_of=lambda partition: 1,
-        held=lambda partition: True,
-        is_terminal=lambda eid: False,
-    )
+    watch = _watch(watched, topology)
     try:
         await watch.start()
         watch.note(ExecutionState(child, parent_execution_id=parent))
@@ -155,3 +165,34 @@ async def test_a_parents_end_stored_while_the_connection_was_down_cancels_its_ch
     finally:
         await watch.stop()
         await watched.close()
+
+
+async def test_a_parents_end_heard_before_it_is_stored_cancels_a_child_added_right_after(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    await provision(js, topology, ("default",))
+    parent, child, other = new_execution_id(), new_execution_id(), new_execution_id()
+    watch = _watch(nc, topology)
+    try:
+        await watch.start()
+        # A child of another parent is held: the watch listens for ends.
+        watch.note(ExecutionState(other, parent_execution_id=new_execution_id()))
+        deadline = time.monotonic() + 10
+        while watch._sub is None or watch._checker is not None:
+            assert time.monotonic() < deadline, "the watch did not start listening"
+            await asyncio.sleep(0.01)
+        # The parent's end as it is delivered to the watch's subscription, before the server has stored
+        # it (nothing is stored here: a read of the parent's end finds none).
+        finished = _finished(parent, "failed")
+        subject = topology.event_subject(parent, E.WORKFLOW_FINISHED)
+        await watch._on_finished(Msg(_client=nc, subject=subject, data=encode(finished)))
+        watch.note(ExecutionState(child, parent_execution_id=parent))
+
+        deadline = time.monotonic() + 10
+        while not await _cancels(js, topology, child):
+            assert time.monotonic() < deadline, "the child added after its parent's end was heard runs on"
+            await asyncio.sleep(0.05)
+        assert await _cancels(js, topology, child) == [f"parent execution {parent} ended (failed)"]
+        assert await _cancels(js, topology, other) == []
+    finally:
+        await watch.stop()

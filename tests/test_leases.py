@@ -408,6 +408,56 @@ async def test_a_failing_snapshot_read_during_release_does_not_leave_the_partiti
         await ctl.shutdown()
 
 
+# --- D9: a renewal stored, whose answer came too late ---------------------------------------------------
+
+
+async def test_a_renewal_stored_but_answered_too_late_is_not_a_lost_lease(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """A renewal times out here (a slow server) although the server stored it: the lease's next renewal,
+    against the revision before it, is refused. Found by CI under load: that was read as "taken by
+    another controller" and the partition given up, with nobody else holding it. The key holds this
+    process's own lease: its revision is adopted and the lease kept."""
+    t = await _topo(js, topology, 1)
+    pulling = Pulling()
+    a = Leases(nc, t, 1, "ctl-a", *pulling.callbacks("ctl-a"))
+    await a.start()
+    lost: list[int] = []
+    real_release = a._release
+
+    async def release(p: int, *, graceful: bool) -> None:
+        if not graceful:
+            lost.append(p)
+        await real_release(p, graceful=graceful)
+
+    a._release = release  # type: ignore[method-assign]
+    kv = a._kv
+    assert kv is not None and sorted(a.owned) == [0]
+    real_update = kv.update
+    unheard: list[int] = []
+
+    async def update(key: str, value: bytes, last: int | None = None, **kw: object) -> int:
+        rev = await real_update(key, value, last=last, **kw)  # type: ignore[arg-type]
+        if key == a._key(0) and not unheard:
+            unheard.append(rev)
+            raise nats.errors.TimeoutError  # stored; its answer lost
+        return rev
+
+    kv.update = update  # type: ignore[method-assign]
+    try:
+        deadline = time.monotonic() + 4 * TTL_S
+        while not unheard:
+            assert time.monotonic() < deadline, "no renewal of partition 0"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(3 * a.interval)  # the renewals after it
+        assert (lost, sorted(a.owned)) == ([], [0]), f"A gave up {lost}, holds {sorted(a.owned)}"
+        assert a.owned[0].revision > unheard[0], "not renewed past the write whose answer was lost"
+        assert pulling.by["ctl-a"] == {0}
+    finally:
+        kv.update = real_update  # type: ignore[method-assign]
+        await a.stop()
+
+
 # --- D4, end to end: what two live controllers with one id do to executions -------------------------
 
 

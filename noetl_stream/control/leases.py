@@ -325,9 +325,13 @@ class Leases:
         """The id's member key, from the leader: the revision to write it against and its value.
         A delete marker (nats-py's `get` raises KeyNotFoundError carrying it): its revision and None;
         no message at all (never written, or expired): 0 and None."""
+        return await self._read_key(self._member_key(self.controller_id))
+
+    async def _read_key(self, key: str) -> tuple[int, LeaseValue | None]:
+        """A lease or member key: the revision to write it against and its value (`_read_member`)."""
         assert self._kv is not None
         try:
-            entry = await self._kv.get(self._member_key(self.controller_id))
+            entry = await self._kv.get(key)
         except (KeyNotFoundError, KeyDeletedError, NotFoundError) as exc:
             marker = getattr(exc, "entry", None)
             return (marker.revision if marker is not None else 0), None
@@ -344,6 +348,8 @@ class Leases:
                 self._kv.update(self._key(p), self._value(), last=lease.revision), self.ttl * 0.2
             )
         except KeyWrongLastSequenceError:
+            if await self._adopt_unheard_renewal(p, lease, now):
+                return
             log.warning("controller.lease_taken", partition=p, controller=self.controller_id)
             await self._check_duplicate(p)
             await self._release(p, graceful=False)
@@ -354,6 +360,32 @@ class Leases:
         else:
             if self.owned.get(p) is lease:
                 lease.revision, lease.renewed_at = rev, now
+
+    async def _adopt_unheard_renewal(self, p: int, lease: Lease, now: float) -> bool:
+        """A renewal refused for its revision: if the key holds this process's own lease at a later
+        revision, an earlier renewal was stored but its answer came too late (a slow server, past the
+        renewal's timeout): not another owner. Renew against that revision; True if the lease is ours."""
+        kv = self._kv
+        assert kv is not None
+        try:
+            last, value = await asyncio.wait_for(self._read_key(self._key(p)), self.ttl * 0.2)
+        except Exception:  # unknown: read as taken (the safe side)
+            return False
+        if value is None or value.owner != self.controller_id or value.incarnation != self.incarnation:
+            return False
+        if last <= lease.revision or self.owned.get(p) is not lease:
+            return False
+        lease.revision = last  # (its renewal time unknown: `renewed_at` stays, the overdue check holds)
+        log.info("controller.lease_renewal_adopted", partition=p, revision=last)
+        try:
+            rev = await asyncio.wait_for(kv.update(self._key(p), self._value(), last=last), self.ttl * 0.2)
+        except KeyWrongLastSequenceError:
+            return False  # written by someone else since
+        except Exception:  # the next renewal tries again, from the adopted revision
+            return True
+        if self.owned.get(p) is lease:
+            lease.revision, lease.renewed_at = rev, now
+        return True
 
     async def _renew_loop(self) -> None:
         """Renew every interval; between renewals give overdue leases up on time (all at once)."""

@@ -7,7 +7,9 @@ orders of events that whole runtimes cannot force:
   TCP proxy of the test's own, which cuts it (and refuses new connections) while the parent's
   ``workflow.finished`` is stored through another connection;
 * a parent's end heard before it is stored, while none of its children is held yet: a child added right
-  after reads no end, and is cancelled from the end heard (`_ended`).
+  after reads no end, and is cancelled from the end heard (`_ended`);
+* a child's index key whose write failed (a timeout) is written again, so that a next owner of its
+  partition learns of the child even while it sends no event (one long task).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import nats.errors
 import pytest
 from eventlog import history
 from helpers import free_port
@@ -29,6 +32,7 @@ from noetl_stream.control import children
 from noetl_stream.control.children import ChildWatch
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.outbox import Outbox
@@ -194,5 +198,37 @@ async def test_a_parents_end_heard_before_it_is_stored_cancels_a_child_added_rig
             await asyncio.sleep(0.05)
         assert await _cancels(js, topology, child) == [f"parent execution {parent} ended (failed)"]
         assert await _cancels(js, topology, other) == []
+    finally:
+        await watch.stop()
+
+
+async def test_a_childs_index_key_whose_write_failed_is_written_again(
+    nc: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(children, "RETRY_S", 0.1)
+    await provision(js, topology, ("default",))
+    index = await ChildIndex.open(js, topology)
+    parent, child = new_execution_id(), new_execution_id()
+    partition = topology.partition_of(child)
+    failed: list[str] = []
+    put = index.kv.put
+
+    async def put_failing_once(key: str, value: bytes, **kw: object) -> int:
+        if not failed:
+            failed.append(key)
+            raise nats.errors.TimeoutError  # the server did not answer in time
+        return await put(key, value, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index.kv, "put", put_failing_once)
+    watch = _watch(nc, topology)
+    watch.open(index, topology)
+    try:
+        await watch.start()
+        watch.note(ExecutionState(child, parent_execution_id=parent))
+        deadline = time.monotonic() + 10
+        while (child, parent) not in await index.of_partition(partition):
+            assert time.monotonic() < deadline, f"the child's key was not written again after {failed}"
+            await asyncio.sleep(0.05)
+        assert failed == [ChildIndex.key(partition, child)]
     finally:
         await watch.stop()

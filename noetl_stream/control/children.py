@@ -61,6 +61,8 @@ RECONNECT_POLL_S = 1.0
 """How often the connection's reconnect count is looked at (ends published meanwhile were not heard)."""
 STOP_WRITES_S = 2.0
 """How long `stop` waits for index writes in flight."""
+WRITE_RETRY_MAX_S = 30.0
+"""The longest wait before a failed index write is tried again (1 s, doubling)."""
 ENDS_KEPT = 4096
 """Ends heard of executions none of whose children is held, kept for children added right after."""
 
@@ -92,6 +94,8 @@ class ChildWatch:
         self.parent_of: dict[str, str] = {}
         """Running child held here -> its parent."""
         self._writes: dict[str, str | None] = {}
+        self._write_failures: dict[str, int] = {}
+        """Children whose last index write failed, and how many times in a row (the retry's backoff)."""
         """Index writes to make, by child: its parent (add) or None (remove); the last one wins."""
         self._unchecked: set[str] = set()
         """Parents whose end is to be read (children of theirs were added since the last read)."""
@@ -139,6 +143,7 @@ class ChildWatch:
         self.children.clear()
         self.parent_of.clear()
         self._ended.clear()
+        self._write_failures.clear()
 
     # -- the index ---------------------------------------------------------------------------------
     def note(self, state: ExecutionState) -> None:
@@ -215,11 +220,31 @@ class ChildWatch:
             else:
                 await self.index.add(partition, child, parent)
         except Exception as exc:
-            # A missing key: a next owner learns of the child when it loads it (its next event). A stale
-            # one: a next owner finds the child ended and removes it.
+            # Written again in a moment while it still says what is true here. Until then, a missing key:
+            # a next owner learns of the child when it loads it (its next event; a child in one long task
+            # sends none); a stale one: a next owner finds the child ended and removes it.
             log.warning(
                 "controller.child_index_failed", execution_id=child, error=str(exc) or type(exc).__name__
             )
+            if not self._stopped:
+                failures = self._write_failures[child] = self._write_failures.get(child, 0) + 1
+                delay = min(WRITE_RETRY_MAX_S, RETRY_S * 2 ** (failures - 1))
+                asyncio.get_running_loop().call_later(delay, self._write_again, child, parent)
+        else:
+            self._write_failures.pop(child, None)
+
+    def _write_again(self, child: str, parent: str | None) -> None:
+        """A failed index write, again: unless a later one is pending, or it is no longer true here (the
+        child ended or was added since, or its partition is not held any more)."""
+        if (
+            self._stopped
+            or child in self._writes
+            or self.parent_of.get(child) != parent
+            or (parent is not None and not self._held(self.topology.partition_of(child)))
+        ):
+            self._write_failures.pop(child, None)
+            return
+        self._write(child, parent)
 
     async def _take(self, partition: int) -> None:
         """Add the partition's indexed children, but those that have ended (a key left by a controller

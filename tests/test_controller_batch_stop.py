@@ -31,7 +31,7 @@ from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import encode
+from noetl_stream.wire import Event, encode
 
 TTL_S = 2.0
 GOOD = playbook("- step: start\n  tool: {kind: noop, result: 7}\n")
@@ -91,11 +91,32 @@ async def _names(js: JetStreamContext, t: Topology, eid: str) -> list[str]:
     return [ev.name async for _, ev in read_events(js, t, eid)]
 
 
+async def _two_partitions(js: JetStreamContext, topology: Topology) -> Topology:
+    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
+    await provision(js, t)
+    return t
+
+
+async def _publish(nc: NATS, t: Topology, events: list[Event]) -> None:
+    """Publish events as their writer does (their subject, their id as ``Nats-Msg-Id``)."""
+    for ev in events:
+        await nc.publish(
+            t.event_subject(ev.execution_id, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id}
+        )
+
+
+async def _into_one_read() -> None:
+    """Let what was just published go out (nats-py's flusher), then keep the loop busy: the controller
+    then reads it all at once (one turn, one batch)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+    time.sleep(0.5)
+
+
 async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_execution_in_its_batch(
     nc: NATS, nc2: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
-    await provision(js, t)
+    t = await _two_partitions(js, topology)
 
     gate = Gate(monkeypatch)
     a = Controller(nc, t, controller_id="ctl-a")
@@ -106,9 +127,7 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
         x0, x1 = one_of_each_partition(t, "v")
         gate.open.set()
         run_ids: dict[str, str] = {}
-        for eid in (x0, x1):  # running, cached here, their step scheduled (no worker: it stays so)
-            ev = requested(eid, GOOD)
-            await js.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})
+        await _publish(nc2, t, [requested(eid, GOOD) for eid in (x0, x1)])  # running, their step scheduled
         deadline = time.monotonic() + 10
         while len(run_ids) < 2:
             assert time.monotonic() < deadline, run_ids
@@ -122,12 +141,8 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
         batches.clear()
         # Both step.done reach the controller's socket while its loop is busy: one read, one turn, one
         # batch (a task of the controller's own, folding the executions of both partitions).
-        for eid in (x0, x1):
-            ev = step_done(eid, run_ids[eid], 7)
-            await nc2.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})
-        for _ in range(3):
-            await asyncio.sleep(0)
-        time.sleep(0.5)
+        await _publish(nc2, t, [step_done(eid, run_ids[eid], 7) for eid in (x0, x1)])
+        await _into_one_read()
         await asyncio.wait_for(gate.blocked.wait(), 5)
         assert any({x0, x1} <= set(b) for b in batches), f"not one batch: {batches}"
         owner, victim = 0, x1  # partition 0 is lost; partition 1, x1's, stays held
@@ -178,20 +193,15 @@ async def test_a_partitions_stop_returns_with_no_fold_of_it_still_running(
     folding Q's execution (here stuck in a flush: the outbox retries one for up to 30 s), then cancels it,
     and returns only when no fold of Q runs (found in review: it returned while the fold went on,
     publishing Q's effects after the lease was gone)."""
-    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
-    await provision(js, t)
+    t = await _two_partitions(js, topology)
     gate = Gate(monkeypatch)
     a = Controller(nc, t, controller_id="ctl-a")
     batches = recorded_batches(a)
     await a.start()
     try:
         x0, x1 = one_of_each_partition(t, "w")
-        for eid in (x0, x1):
-            ev = requested(eid, GOOD)
-            await nc2.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})
-        for _ in range(3):
-            await asyncio.sleep(0)
-        time.sleep(0.5)
+        await _publish(nc2, t, [requested(eid, GOOD) for eid in (x0, x1)])
+        await _into_one_read()
         await asyncio.wait_for(gate.blocked.wait(), 5)
         assert any({x0, x1} <= set(b) for b in batches), f"not one batch: {batches}"
         other, victim = 1, x1  # partition 1 is lost while the batch folding both flushes
@@ -213,16 +223,13 @@ async def test_a_shutdown_with_a_batch_stuck_in_a_flush_ends_within_its_grace_an
     """`--grace` is the whole shutdown: a batch whose flush does not return is cancelled when the grace is
     over (it waited twice the grace before: past a pod's termination grace period), and its events are
     handed back, so the next controller folds them."""
-    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
-    await provision(js, t)
+    t = await _two_partitions(js, topology)
     gate = Gate(monkeypatch)
     a = Controller(nc, t, controller_id="ctl-a")
     await a.start()
     x0, x1 = one_of_each_partition(t, "g")
     try:
-        for eid in (x0, x1):
-            ev = requested(eid, GOOD)
-            await nc2.publish(t.event_subject(eid, ev.name), encode(ev), headers={"Nats-Msg-Id": ev.event_id})
+        await _publish(nc2, t, [requested(eid, GOOD) for eid in (x0, x1)])
         await asyncio.wait_for(gate.blocked.wait(), 5)
         grace = 3.0
         began = time.monotonic()

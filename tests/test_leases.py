@@ -63,6 +63,8 @@ class Pulling:
         self.by: dict[str, set[int]] = {}
         self.overlaps: list[tuple[int, str, str]] = []
         self.acquisitions = 0
+        self.lost: dict[str, list[int]] = {}
+        """The partitions each controller gave up without a graceful release (a lease lost or taken)."""
         self.slow_releases = True  # off for a test's clean-up, once what it checks is decided
 
     def quick_releases(self) -> None:
@@ -71,6 +73,7 @@ class Pulling:
 
     def callbacks(self, name: str, release_delay: float = 0.0):  # type: ignore[no-untyped-def]
         self.by[name] = set()
+        self.lost[name] = []
 
         async def on_acquire(p: int, fence: int) -> None:
             self.acquisitions += 1
@@ -80,6 +83,8 @@ class Pulling:
             self.by[name].add(p)
 
         async def on_release(p: int, graceful: bool) -> None:
+            if not graceful:
+                self.lost[name].append(p)
             if release_delay and graceful and self.slow_releases:
                 await asyncio.sleep(release_delay)  # e.g. puller.stop(timeout=ttl) waiting for a fold
             self.by[name].discard(p)
@@ -422,15 +427,7 @@ async def test_a_renewal_stored_but_answered_too_late_is_not_a_lost_lease(
     pulling = Pulling()
     a = Leases(nc, t, 1, "ctl-a", *pulling.callbacks("ctl-a"))
     await a.start()
-    lost: list[int] = []
-    real_release = a._release
-
-    async def release(p: int, *, graceful: bool) -> None:
-        if not graceful:
-            lost.append(p)
-        await real_release(p, graceful=graceful)
-
-    a._release = release  # type: ignore[method-assign]
+    lost = pulling.lost["ctl-a"]
     kv = a._kv
     assert kv is not None and sorted(a.owned) == [0]
     real_update = kv.update
@@ -604,15 +601,7 @@ async def test_a_slow_rebalance_release_does_not_cost_the_controller_its_other_p
     pulling = Pulling()
     a = Leases(nc, t, 2, "ctl-a", *pulling.callbacks("ctl-a", release_delay=0.8 * TTL_S))
     await a.start()
-    lost: list[int] = []
-    real_release = a._release
-
-    async def release(p: int, *, graceful: bool) -> None:
-        if not graceful:
-            lost.append(p)
-        await real_release(p, graceful=graceful)
-
-    a._release = release  # type: ignore[method-assign]
+    lost = pulling.lost["ctl-a"]
     b = Leases(nc2, t, 2, "ctl-b", *pulling.callbacks("ctl-b"))
     await b.start()
     try:

@@ -109,7 +109,7 @@ class ContinuousPuller:
         self._aux: set[asyncio.Task[None]] = set()  # intake's asynchronous work (statuses, hand-backs)
         self._watchdog: asyncio.Task[None] | None = None
         self._stopping = False
-        self._cancelling = False  # stop()/abort() cancels the running handlers
+        self._cancelling = False  # stop() cancels the running handlers
         self._needs_reset = False
         self._last_activity = 0.0
         self._reconnects = 0
@@ -128,7 +128,7 @@ class ContinuousPuller:
 
     @property
     def handing_back(self) -> bool:
-        """`stop()` (or `abort()`) is cancelling the running handlers: their messages stay unsettled and
+        """`stop()` is cancelling the running handlers: their messages stay unsettled and
         are redelivered, so what they wait for (a child execution) must be left to go on."""
         return self._cancelling
 
@@ -212,13 +212,6 @@ class ContinuousPuller:
                 for t in pending:
                     t.cancel()
                 await asyncio.wait(pending)
-
-    def abort(self) -> None:
-        """Cancel the running handlers now (their messages stay unsettled: redelivered after AckWait).
-        Cuts short a `stop()` in progress that is waiting for them."""
-        self._cancelling = True
-        for task in list(self._tasks):
-            task.cancel()
 
     async def __aenter__(self) -> Self:
         await self.start()

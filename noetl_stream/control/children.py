@@ -94,9 +94,9 @@ class ChildWatch:
         self.parent_of: dict[str, str] = {}
         """Running child held here -> its parent."""
         self._writes: dict[str, str | None] = {}
+        """Index writes to make, by child: its parent (add) or None (remove); the last one wins."""
         self._write_failures: dict[str, int] = {}
         """Children whose last index write failed, and how many times in a row (the retry's backoff)."""
-        """Index writes to make, by child: its parent (add) or None (remove); the last one wins."""
         self._unchecked: set[str] = set()
         """Parents whose end is to be read (children of theirs were added since the last read)."""
         self._ended: OrderedDict[str, str] = OrderedDict()

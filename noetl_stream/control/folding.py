@@ -87,10 +87,12 @@ class Folding:
 
     def unclaim_partition(self, partition: int) -> None:
         """Forget the claims left on a partition that was stopped (a quiet write's: its writer sees the
-        claim is no longer its own)."""
+        claim is no longer its own) and hand back what was filed behind them (a nak: redelivered to the
+        next owner at once, not after AckWait)."""
         partition_of = self.ctl.topology.partition_of
         for eid in [e for e in self.queues if partition_of(e) == partition]:
-            del self.queues[eid]
+            for msg, _, _ in self.queues.pop(eid):
+                _nak_quietly(msg)
 
     async def end_batches_of(self, partition: int, deadline: float, lost: asyncio.Event) -> None:
         """Wait for the batches folding executions of `partition` until `deadline` (loop time), or until

@@ -46,7 +46,7 @@ _Ready = tuple[bytes, bytes, bytes]
 
 
 class _Batch:
-    """The messages `Publisher.confirm` collects during one turn of the event loop, written at its end."""
+    """The messages `Confirms.confirm` collects during one turn of the event loop, written at its end."""
 
     __slots__ = ("alone", "deadline", "groups", "last", "messages", "size", "written")
 

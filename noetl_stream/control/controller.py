@@ -123,7 +123,6 @@ class Controller:
         self.folding = Folding(self)
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
-        self._grace_s = REBALANCE_GRACE_S
         self._shutdown_at: float | None = None
         """Loop time by which a shutdown's partition stops end (its grace from when it began)."""
 
@@ -236,7 +235,7 @@ class Controller:
             if not graceful:
                 wait, deadline = self.topology.lease_ttl_s * 0.1, now + self.topology.lease_ttl_s * 0.2
             else:  # a shutdown: what is left of its grace; rebalancing: REBALANCE_GRACE_S
-                deadline = self._shutdown_at if self._shutdown_at is not None else now + self._grace_s
+                deadline = self._shutdown_at if self._shutdown_at is not None else now + REBALANCE_GRACE_S
                 wait = max(0.0, deadline - now)
             lost = self._stopping[partition] = asyncio.Event()
             try:
@@ -283,22 +282,18 @@ class Controller:
             return
         # One grace for all of it: the intake's requests in hand, then every partition's folds (each
         # partition's stop gets what is left); then the snapshots, which are not cut short.
-        self._grace_s = grace_s
-        self._shutdown_at = asyncio.get_running_loop().time() + grace_s
+        loop = asyncio.get_running_loop()
+        self._shutdown_at = shutdown_at = loop.time() + grace_s
         self.deadlines.cancel_all()
         for task in list(self._background):
             task.cancel()
         await self.intake.stop(timeout=grace_s)
-        await self.poison.stop(timeout=self._left_of_grace())
+        await self.poison.stop(timeout=max(0.0, shutdown_at - loop.time()))
         if self.leases is not None:
             await self.leases.stop()  # each partition: stop pulling, write snapshots, free the lease
         await self.children.stop()
         await self._flush_snapshots()
         self._stopped.set()
-
-    def _left_of_grace(self) -> float:
-        assert self._shutdown_at is not None
-        return max(0.0, self._shutdown_at - asyncio.get_running_loop().time())
 
     def fence_of(self, partition: int) -> int | None:
         """The fencing token of a partition validly held here (`_holds`), else None."""

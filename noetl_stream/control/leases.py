@@ -322,13 +322,13 @@ class Leases:
         return True
 
     async def _read_member(self) -> tuple[int, LeaseValue | None]:
-        """The id's member key, from the leader: the revision to write it against and its value.
-        A delete marker (nats-py's `get` raises KeyNotFoundError carrying it): its revision and None;
-        no message at all (never written, or expired): 0 and None."""
+        """The id's member key (`_read_key`)."""
         return await self._read_key(self._member_key(self.controller_id))
 
     async def _read_key(self, key: str) -> tuple[int, LeaseValue | None]:
-        """A lease or member key: the revision to write it against and its value (`_read_member`)."""
+        """A lease or member key, from the leader: the revision to write it against and its value. A
+        delete marker (nats-py's `get` raises KeyNotFoundError carrying it): its revision and None; no
+        message at all (never written, or expired): 0 and None."""
         assert self._kv is not None
         try:
             entry = await self._kv.get(key)
@@ -348,11 +348,7 @@ class Leases:
                 self._kv.update(self._key(p), self._value(), last=lease.revision), self.ttl * 0.2
             )
         except KeyWrongLastSequenceError:
-            if await self._adopt_unheard_renewal(p, lease, now):
-                return
-            log.warning("controller.lease_taken", partition=p, controller=self.controller_id)
-            await self._check_duplicate(p)
-            await self._release(p, graceful=False)
+            await self._refused(p, lease, now)
         except Exception as exc:
             if time.monotonic() - lease.renewed_at > self.ttl * LOSE_AFTER:
                 log.warning("controller.lease_expired", partition=p, error=str(exc) or type(exc).__name__)
@@ -361,26 +357,44 @@ class Leases:
             if self.owned.get(p) is lease:
                 lease.revision, lease.renewed_at = rev, now
 
-    async def _adopt_unheard_renewal(self, p: int, lease: Lease, now: float) -> bool:
-        """A renewal refused for its revision: if the key holds this process's own lease at a later
-        revision, an earlier renewal was stored but its answer came too late (a slow server, past the
-        renewal's timeout): not another owner. Renew against that revision; True if the lease is ours."""
-        kv = self._kv
-        assert kv is not None
+    async def _refused(self, p: int, lease: Lease, now: float) -> None:
+        """A renewal refused for its revision: the key, read once, tells why. This process's own lease at
+        a later revision: an earlier renewal was stored and its answer came too late (a slow server, past
+        the renewal's timeout): adopted, and renewed on. This id written by another process: a live
+        duplicate, which keeps the id (this one halts). Anyone else's, or nothing: taken."""
         try:
             last, value = await asyncio.wait_for(self._read_key(self._key(p)), self.ttl * 0.2)
         except Exception:  # unknown: read as taken (the safe side)
-            return False
-        if value is None or value.owner != self.controller_id or value.incarnation != self.incarnation:
-            return False
-        if last <= lease.revision or self.owned.get(p) is not lease:
-            return False
+            last, value = 0, None
+        ours = value is not None and value.owner == self.controller_id
+        same = ours and value is not None and value.incarnation == self.incarnation
+        if (
+            same
+            and last > lease.revision
+            and self.owned.get(p) is lease
+            and await self._renew_on(p, lease, last, now)
+        ):
+            return
+        log.warning("controller.lease_taken", partition=p, controller=self.controller_id)
+        if ours and not same:
+            log.error("controller.duplicate_id", controller=self.controller_id, partition=p)
+            if not self.halted:
+                self.halted = True
+                await self._abdicate()
+        await self._release(p, graceful=False)
+
+    async def _renew_on(self, p: int, lease: Lease, last: int, now: float) -> bool:
+        """Adopt revision `last` of this process's own lease and renew on it; False if someone else wrote
+        the key since."""
+        assert self._kv is not None
         lease.revision = last  # (its renewal time unknown: `renewed_at` stays, the overdue check holds)
         log.info("controller.lease_renewal_adopted", partition=p, revision=last)
         try:
-            rev = await asyncio.wait_for(kv.update(self._key(p), self._value(), last=last), self.ttl * 0.2)
+            rev = await asyncio.wait_for(
+                self._kv.update(self._key(p), self._value(), last=last), self.ttl * 0.2
+            )
         except KeyWrongLastSequenceError:
-            return False  # written by someone else since
+            return False
         except Exception:  # the next renewal tries again, from the adopted revision
             return True
         if self.owned.get(p) is lease:
@@ -403,17 +417,6 @@ class Leases:
                     await self._renew()
                 except Exception:
                     log.exception("controller.lease_renew_failed", controller=self.controller_id)
-
-    async def _check_duplicate(self, p: int) -> None:
-        """Our lease rewritten under our own id by another process: a live duplicate, which keeps it."""
-        assert self._kv is not None
-        with contextlib.suppress(Exception):
-            value = msgspec.json.decode((await self._kv.get(self._key(p))).value or b"", type=LeaseValue)
-            if value.owner == self.controller_id and value.incarnation != self.incarnation:
-                log.error("controller.duplicate_id", controller=self.controller_id, partition=p)
-                if not self.halted:
-                    self.halted = True
-                    await self._abdicate()
 
     async def _abdicate(self) -> None:
         """Halted: leave the id to the other process. Stop answering for it, give back the partitions

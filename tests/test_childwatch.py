@@ -28,7 +28,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from noetl_stream import events as E
-from noetl_stream.control import children
+from noetl_stream.control import children, groupcommit
 from noetl_stream.control.children import ChildWatch
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
@@ -205,7 +205,7 @@ async def test_a_parents_end_heard_before_it_is_stored_cancels_a_child_added_rig
 async def test_a_childs_index_key_whose_write_failed_is_written_again(
     nc: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(children, "RETRY_S", 0.1)
+    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.1)  # (the controller's retry_delay)
     await provision(js, topology, ("default",))
     index = await ChildIndex.open(js, topology)
     parent, child = new_execution_id(), new_execution_id()

@@ -37,6 +37,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from noetl_stream import events as E
+from noetl_stream.control.groupcommit import retry_delay
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.history import end_status, last_event
@@ -61,8 +62,6 @@ RECONNECT_POLL_S = 1.0
 """How often the connection's reconnect count is looked at (ends published meanwhile were not heard)."""
 STOP_WRITES_S = 2.0
 """How long `stop` waits for index writes in flight."""
-WRITE_RETRY_MAX_S = 30.0
-"""The longest wait before a failed index write is tried again (1 s, doubling)."""
 ENDS_KEPT = 4096
 """Ends heard of executions none of whose children is held, kept for children added right after."""
 
@@ -228,8 +227,7 @@ class ChildWatch:
             )
             if not self._stopped:
                 failures = self._write_failures[child] = self._write_failures.get(child, 0) + 1
-                delay = min(WRITE_RETRY_MAX_S, RETRY_S * 2 ** (failures - 1))
-                asyncio.get_running_loop().call_later(delay, self._write_again, child, parent)
+                asyncio.get_running_loop().call_later(retry_delay(failures), self._write_again, child, parent)
         else:
             self._write_failures.pop(child, None)
 

@@ -7,7 +7,7 @@ flush and their acks awaited together; an execution whose effects need the objec
 result, a loop's assembled result, a large command) is flushed on its own after the others. The lease
 (its fencing token) is checked after each fold, just before the write and after it: nothing of a
 partition no longer held is published or acked. A fold that fails forgets the execution's in-memory
-state and naks its events with a growing delay (`_retry_delay`).
+state and naks its events with a growing delay (`retry_delay`).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class GroupCommit:
             log.info("controller.batch_handed_back", execution_id=eid, events=len(batch))
         else:
             attempt = max(num_delivered(m) for m, _, _ in batch)
-            delay = _retry_delay(attempt)
+            delay = retry_delay(attempt)
             log.warning(
                 "controller.batch_failed",
                 execution_id=eid,
@@ -306,11 +306,11 @@ RETRY_DELAY_S = 1.0
 MAX_RETRY_DELAY_S = 30.0
 
 
-def _retry_delay(attempt: int) -> float:
-    """How long a batch whose fold failed waits before it is delivered again: 1 s after the first
-    attempt, doubling to at most 30 s. A cause that lasts (a bucket deleted, a bug) costs one attempt
-    and one log line per execution every 30 s, not every second; a brief one (NATS failing over) is
-    retried soon."""
+def retry_delay(attempt: int) -> float:
+    """How long the controller waits before it tries again what failed `attempt` times in a row (a batch's
+    fold, a child's index write): 1 s after the first attempt, doubling to at most 30 s. A cause that
+    lasts (a bucket deleted, a bug) costs one attempt and one log line every 30 s, not every second; a
+    brief one (NATS failing over) is retried soon."""
     return min(MAX_RETRY_DELAY_S, RETRY_DELAY_S * 2.0 ** max(0, attempt - 1))
 
 

@@ -190,8 +190,9 @@ async def test_a_hanging_renewal_keeps_pulling_after_the_lease_expired_on_the_se
         while time.monotonic() < deadline and not both:
             both = set(a._pullers) & set(b._pullers)
             await asyncio.sleep(0.02)
-        if not both:
-            return  # no moment at which both had a running puller for one partition
+        if not both:  # no moment at which both had a running puller for one partition
+            assert b._fences, "B took no partition: nothing was tested"
+            return
         p = min(both)
         # Both pull p now: publish events of p's executions and see who gets them.
         eids = [f"e{i}x" for i in range(400) if t.partition_of(f"e{i}x") == p][:30]
@@ -446,9 +447,10 @@ async def test_a_renewal_stored_but_answered_too_late_is_not_a_lost_lease(
         while not unheard:
             assert time.monotonic() < deadline, "no renewal of partition 0"
             await asyncio.sleep(0.05)
-        await asyncio.sleep(3 * a.interval)  # the renewals after it
+        while not (lost or (0 in a.owned and a.owned[0].revision > unheard[0])):  # the renewals after it
+            assert time.monotonic() < deadline, "not renewed past the write whose answer was lost"
+            await asyncio.sleep(0.05)
         assert (lost, sorted(a.owned)) == ([], [0]), f"A gave up {lost}, holds {sorted(a.owned)}"
-        assert a.owned[0].revision > unheard[0], "not renewed past the write whose answer was lost"
         assert pulling.by["ctl-a"] == {0}
     finally:
         kv.update = real_update  # type: ignore[method-assign]
@@ -581,10 +583,12 @@ async def test_a_lost_lease_stops_its_folds_before_another_controller_can_take_i
     try:
         overlap: list[tuple[int, int]] = []
         deadline = time.monotonic() + 5 * TTL_S
-        while time.monotonic() < deadline and not overlap:
+        while time.monotonic() < deadline and not overlap and len(b.owned) < 4:
             overlap = [(p, running.get(p, 0)) for p in b.owned if running.get(p, 0)]
             await asyncio.sleep(0.02)
+        overlap = overlap or [(p, running.get(p, 0)) for p in b.owned if running.get(p, 0)]
         assert overlap == [], f"B took partitions while A still folded them (partition, folds): {overlap}"
+        assert sorted(b.owned) == [0, 1, 2, 3], f"B took only {sorted(b.owned)}: not all of it was tested"
     finally:
         await b.stop()
         await a.shutdown()

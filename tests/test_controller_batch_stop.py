@@ -91,8 +91,8 @@ async def _names(js: JetStreamContext, t: Topology, eid: str) -> list[str]:
     return [ev.name async for _, ev in read_events(js, t, eid)]
 
 
-async def _two_partitions(js: JetStreamContext, topology: Topology) -> Topology:
-    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=TTL_S, command_ack_wait_s=TTL_S)
+async def _two_partitions(js: JetStreamContext, topology: Topology, ttl: float = TTL_S) -> Topology:
+    t = msgspec.structs.replace(topology, partitions=2, lease_ttl_s=ttl, command_ack_wait_s=ttl)
     await provision(js, t)
     return t
 
@@ -223,7 +223,9 @@ async def test_a_shutdown_with_a_batch_stuck_in_a_flush_ends_within_its_grace_an
     """`--grace` is the whole shutdown: a batch whose flush does not return is cancelled when the grace is
     over (it waited twice the grace before: past a pod's termination grace period), and its events are
     handed back, so the next controller folds them."""
-    t = await _two_partitions(js, topology)
+    # A lease TTL (the controller consumers' AckWait) longer than B's wait below: only the nak of the
+    # shutdown brings the events back in time.
+    t = await _two_partitions(js, topology, ttl=30.0)
     gate = Gate(monkeypatch)
     a = Controller(nc, t, controller_id="ctl-a")
     await a.start()

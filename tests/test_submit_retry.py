@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from helpers import LostAcks, own_connection
 
+from noetl_stream import client
 from noetl_stream.client import request_for, submit
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.jspublish import MSG_ID
@@ -26,6 +27,7 @@ workflow:
 async def test_a_request_whose_ack_died_with_the_server_is_stored_once_after_the_restart(
     own_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(client, "SUBMIT_RETRY_S", 30.0)  # room for a restart on a loaded machine
     lost = LostAcks(monkeypatch)
     async with own_connection(own_server, "submitretry") as (nc, js, topo):
         request = request_for(TEXT, "r.yaml")

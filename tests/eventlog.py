@@ -122,6 +122,18 @@ async def history(js: JetStreamContext, topology: Topology, execution_id: str) -
     return [ev async for _, ev in read_events(js, topology, execution_id)]
 
 
+async def cancels(
+    js: JetStreamContext, topology: Topology, execution_id: str
+) -> list[tuple[str | None, str]]:
+    """Who recorded each ``execution.cancel.requested`` of an execution (the controller's id, None for a
+    worker or the intake) and why (its reason)."""
+    return [
+        (ev.controller, str(ev.payload.get("reason")))
+        for ev in await history(js, topology, execution_id)
+        if ev.name == E.EXECUTION_CANCEL_REQUESTED
+    ]
+
+
 async def histories(
     js: JetStreamContext, topology: Topology, ids: Iterable[str], *, concurrency: int = 8
 ) -> dict[str, list[tuple[int, Event]]]:

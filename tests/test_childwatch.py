@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 import nats.errors
 import pytest
-from eventlog import history
+from eventlog import cancels
 from helpers import free_port
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -112,11 +112,7 @@ def _finished(execution_id: str, status: str) -> Event:
 
 
 async def _cancels(js: JetStreamContext, topo: Topology, eid: str) -> list[str]:
-    return [
-        str(ev.payload.get("reason"))
-        for ev in await history(js, topo, eid)
-        if ev.name == E.EXECUTION_CANCEL_REQUESTED
-    ]
+    return [reason for _, reason in await cancels(js, topo, eid)]
 
 
 def _watch(nc: NATS, topology: Topology) -> ChildWatch:

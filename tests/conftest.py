@@ -67,6 +67,14 @@ async def nc(nats_server: EmbeddedNats) -> AsyncIterator[NATS]:
 
 
 @pytest.fixture
+async def nc2(nats_server: EmbeddedNats) -> AsyncIterator[NATS]:
+    """A second connection: another controller or worker process."""
+    client = await connect(nats_server.url, name="pytest-2", connect_wait_s=10)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
 def js(nc: NATS) -> JetStreamContext:
     return nc.jetstream(timeout=10)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -25,23 +24,14 @@ from nats.js import JetStreamContext
 from noetl_stream import events as E
 from noetl_stream.control import groupcommit
 from noetl_stream.control.controller import Controller
-from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, encode
 
 TTL_S = 2.0
 GOOD = playbook("- step: start\n  tool: {kind: noop, result: 7}\n")
-
-
-@pytest.fixture
-async def nc2(nats_server: EmbeddedNats) -> AsyncIterator[NATS]:
-    client = await connect(nats_server.url, name="pytest-2", connect_wait_s=10)
-    yield client
-    await client.close()
 
 
 class Gate:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 
 import msgspec
 import nats.errors
@@ -39,14 +38,6 @@ from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, encode, now_iso
 
 TTL_S = 2.0
-
-
-@pytest.fixture
-async def nc2(nats_server: EmbeddedNats) -> AsyncIterator[NATS]:
-    """A second connection: another controller process."""
-    client = await connect(nats_server.url, name="pytest-2", connect_wait_s=10)
-    yield client
-    await client.close()
 
 
 async def _topo(js: JetStreamContext, topology: Topology, partitions: int) -> Topology:

@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats.errors
-import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import api
 
 from noetl_stream import events as E
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.errors import NoetlError
-from noetl_stream.jspublish import publisher
+from noetl_stream.jspublish import publish_stored
 from noetl_stream.subjects import Topology, check_new_id
 from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id, request_msg_id
 
@@ -197,39 +195,22 @@ def request_for(
 
 SUBMIT_RETRY_S = 10.0
 """How long `submit` publishes a request again after a failure that passes (same id: stored once)."""
-_SUBMIT_TRANSIENT = (
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.TimeoutError,
-    nats.js.errors.ServiceUnavailableError,
-)
 
 
 async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str:
     """Publish onto the durable request subject; returns the execution id (set here if missing).
 
     An execution id the controller would refuse raises `SubjectError` here: the controller records the
-    rejection under an id of its own, which the caller would never learn."""
+    rejection under an id of its own, which the caller would never learn. A publish whose ack was lost is
+    published again with the same id (`publish_stored`): a caller that gave up and submitted again would
+    start a second execution."""
     if request.execution_id is None:
         request = msgspec.structs.replace(request, execution_id=new_execution_id())
     assert request.execution_id is not None
     check_new_id(request.execution_id)
-    data, msg_id = encode(request), request_msg_id(request.execution_id)
-    # The runtime's publisher (what nats-py's `js.publish` does, without a request and inbox per call).
-    # A publish whose ack was lost (a reconnect, no answer in time) may be stored all the same: it is
-    # published again with the same Nats-Msg-Id, which the server stores once, for up to SUBMIT_RETRY_S;
-    # a caller that gave up and submitted again would start a second execution.
-    deadline = time.monotonic() + SUBMIT_RETRY_S
-    attempt = 0
-    while True:
-        try:
-            await (await publisher(nc).acked(topology.request_subject, data, msg_id))
-            return request.execution_id
-        except _SUBMIT_TRANSIENT:
-            delay = min(1.0, 0.1 * 2**attempt)
-            if time.monotonic() + delay > deadline:
-                raise
-            attempt += 1
-            await asyncio.sleep(delay)
+    msg_id = request_msg_id(request.execution_id)
+    await publish_stored(nc, topology.request_subject, encode(request), msg_id, SUBMIT_RETRY_S)
+    return request.execution_id
 
 
 REJECTED_GRACE_S = 1.0

@@ -25,10 +25,12 @@ answer is final.
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 
 from noetl_stream.jsacks import (
@@ -62,6 +64,7 @@ __all__ = [
     "Message",
     "PubAck",
     "Publisher",
+    "publish_stored",
     "publisher",
 ]
 
@@ -267,3 +270,32 @@ def publisher(nc: NATS) -> Publisher:
         pub = Publisher(nc)
         setattr(nc, _ATTR, pub)
     return pub
+
+
+STORED_RETRY_S = 10.0
+"""How long `publish_stored` publishes a message again after a failure that passes."""
+_TRANSIENT = (
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.TimeoutError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+async def publish_stored(
+    nc: NATS, subject: str, data: bytes, msg_id: str, within_s: float = STORED_RETRY_S
+) -> None:
+    """Publish one message and wait until it is stored. A publish whose ack was lost (a reconnect, no
+    answer in time, a stream without a leader for a moment) may be stored all the same: it is published
+    again with the same ``Nats-Msg-Id``, which the server stores once, for up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    attempt = 0
+    while True:
+        try:
+            await (await publisher(nc).acked(subject, data, msg_id))
+            return
+        except _TRANSIENT:
+            delay = min(1.0, 0.1 * 2**attempt)
+            if time.monotonic() + delay > deadline:
+                raise
+            attempt += 1
+            await asyncio.sleep(delay)

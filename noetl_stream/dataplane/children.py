@@ -36,6 +36,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.errors import NoetlError
+from noetl_stream.jspublish import publish_stored
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
@@ -164,11 +165,7 @@ class ChildRunner:
                 data = encode(request)
                 self._check_startable(request, data, stop_check)
                 requested = True  # (if this is cut short, the child may exist all the same)
-                await self.js.publish(
-                    self.topology.request_subject,
-                    data,
-                    headers={"Nats-Msg-Id": request_msg_id(child_id)},  # as client.submit
-                )
+                await publish_stored(self.nc, self.topology.request_subject, data, request_msg_id(child_id))
             async with self.release_slot(), asyncio.timeout(timeout):
                 while True:
                     try:

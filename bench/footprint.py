@@ -35,10 +35,12 @@ __all__ = ["PURPOSE", "footprint"]
 
 PURPOSE = {
     "step.scheduled": "controller: the step run exists (its args, pool); replay and inspect start from it",
-    "step.started": "worker: a worker took the command (which worker, when): running vs queued",
-    "task.started": "worker: the task began (kind, attempt); per-task timing and retries",
-    "task.done": "worker: the task's outcome (status, result, attempt); per-task history",
-    "step.done": "worker: the boundary the controller folds (result, ctx patches): the only input",
+    "step.started": "worker: a worker took the command (which worker, when): running vs queued "
+    "(in step.done's message when the step ended before it was published)",
+    "task.started": "worker: the task began (kind, attempt); per-task timing and retries (carried, idem)",
+    "task.done": "worker: the task's outcome (status, result, attempt); per-task history (carried, idem)",
+    "step.done": "worker: the boundary the controller folds (result, ctx patches): the only input; its "
+    "message also carries the step run's step.started, task.started and task.done (carried.py)",
     "next.evaluated": "controller: which arcs fired and why (routing decision, audit)",
     "command": "controller -> worker: the step definition, args and the results its templates read",
     "ack": "consumer ack of a delivered event (controller) or command (worker)",

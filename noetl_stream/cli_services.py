@@ -122,12 +122,14 @@ def controller(
 @click.option("--log-level", default="info", show_default=True, type=LOG_LEVEL)
 @click.option(
     "--task-events",
-    type=click.Choice(["all", "informative"]),
+    type=click.Choice(["all", "separate", "informative"]),
     default="all",
     show_default=True,
-    help="all: every task run writes task.started/task.done (the spec's recommended event set). "
-    "informative: a step whose one task succeeded at once, with no rule fired and no captured output, "
-    "writes only its step events (docs/architecture.md, 'Task events').",
+    help="all: every task run writes task.started/task.done (the spec's recommended event set); a step "
+    "that ends before its events are published stores its step.started and task events inside its "
+    "boundary's message. separate: the same events, each a message of its own. informative: a step whose "
+    "one task succeeded at once, with no rule fired and no captured output, writes only its step events "
+    "(docs/architecture.md, 'Task events').",
 )
 @click.option(
     "--processes",

@@ -16,6 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 
 from noetl_stream import events as E
+from noetl_stream.carried import decode_all
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.errors import NoetlError
 from noetl_stream.jspublish import publish_stored
@@ -231,12 +232,13 @@ async def follow(
 
     async def cb(msg: Any) -> None:
         try:
-            ev = decode_event(msg.data)
+            events = decode_all(msg.data)
         except msgspec.DecodeError:
             return
-        tracker.apply(ev)
-        if on_event is not None:
-            on_event(ev)
+        for ev in events:
+            tracker.apply(ev)
+            if on_event is not None:
+                on_event(ev)
         if tracker.finished:
             done.set()
         if tracker.processed:

@@ -66,6 +66,11 @@ WORKER_EVENTS: Final = frozenset(
     }
 )
 
+# A worker's events that may travel inside the message of the worker boundary written with them
+# (`carried.py`): a step run that ends before its events are published sends them in one message.
+CARRIED_EVENTS: Final = frozenset({STEP_STARTED, TASK_STARTED, TASK_DONE})
+CARRIERS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED})
+
 # Terminal boundary events of a step run: the controller evaluates `next` arcs on these.
 BOUNDARY_EVENTS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE})
 # How a step run ends: its boundary, or the controller skipping it.

@@ -9,7 +9,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -98,6 +98,16 @@ class Event(msgspec.Struct, omit_defaults=True):
     controller: str | None = None
     """The controller that wrote a server event, and the partition lease it held (fencing token)."""
     fence: int | None = None
+    carried: Annotated[
+        list[msgspec.Raw],
+        msgspec.Meta(
+            description="Whole events (each an Event) written just before this one, stored in its message "
+            "(carried.py).",
+        ),
+    ] = []
+    """Events the worker wrote just before this one (a boundary), travelling in its message: ``step.started``,
+    ``task.started`` and ``task.done`` of a step run that ended before they were published. Each is a whole
+    event of the same execution; readers take them out in order, before this one (`carried.expand`)."""
     v: int = WIRE_VERSION
 
 

@@ -25,6 +25,7 @@ from helpers import playbook
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from noetl_stream import events as E
+from noetl_stream.carried import decode_all
 from noetl_stream.client import Completions, follow, request_for, submit
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.endpoints import ENDPOINTS
@@ -118,7 +119,7 @@ async def history(rt: Runtime, stream: str, subject: str) -> list[Event]:
     done = asyncio.Event()
 
     async def cb(msg: Any) -> None:
-        out.append(decode_event(msg.data))
+        out.extend(decode_all(msg.data))  # what a boundary's message carries, in its "carried" list
         if out[-1].name == E.PLAYBOOK_PROCESSED:
             done.set()
 

@@ -235,7 +235,7 @@ def test_worker_refuses_an_unknown_task_events_setting() -> None:
 def test_worker_cli_refuses_an_unknown_task_events_setting() -> None:
     result = CliRunner().invoke(main, ["worker", "--task-events", "some"])
     assert result.exit_code == 2
-    assert "'some' is not one of 'all', 'informative'" in result.output
+    assert "'some' is not one of 'all', 'separate', 'informative'" in result.output
 
 
 def stamp(e: Event) -> datetime.datetime:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from noetl_stream import events as E
+from noetl_stream.carried import subject_names
 from noetl_stream.kv.provision import consumer_configs, stream_configs, stream_names
 from noetl_stream.subjects import Topology
 
@@ -210,8 +211,9 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
         d for s, c in _controller_consumers(t) if s == t.events_stream for d in _unchanged(s, c)
     ]
     # Core subscriptions of the controller: its task metrics (control/metrics.py, `Metrics.start`, with
-    # the REST API on) follow the workers' task events of every execution as they are published.
-    task_metrics = [_any_execution(t, name) for name in (E.TASK_STARTED, E.TASK_DONE)]
+    # the REST API on) follow the workers' task events of every execution as they are published, and
+    # the worker boundaries that may carry them (noetl_stream/carried.py).
+    task_metrics = [_any_execution(t, name) for name in sorted(subject_names((E.TASK_STARTED, E.TASK_DONE)))]
     # And the ends of executions, while it holds running children (control/children.py: a parent that
     # did not succeed has its running children cancelled).
     ends = [_any_execution(t, E.WORKFLOW_FINISHED)]

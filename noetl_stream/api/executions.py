@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import TypeVar
 
 import msgspec
@@ -22,10 +23,11 @@ from noetl_stream.api.http import (
     read_json,
     reply,
 )
+from noetl_stream.carried import expand
 from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.control.intake import CONTROL_ENDPOINTS, RequestError, parse_request
 from noetl_stream.operations import MAX_PAGE, ControlRequest, ErrorReply, ExecuteReply, ListExecutions
-from noetl_stream.wire import decode_event, new_execution_id
+from noetl_stream.wire import decode_event, encode, new_execution_id
 
 T = TypeVar("T")
 
@@ -91,18 +93,32 @@ async def ctx(request: web.Request) -> web.StreamResponse:
 async def events(request: web.Request) -> web.StreamResponse:
     execution_id = path_execution_id(request)
     after = query_int(request, "after", 0, 0, MAX_SEQ)
-    last_id = request.headers.get("Last-Event-ID", "")
-    if last_id.isdigit() and len(last_id) < 20:  # a client's bogus one is ignored, as a non-number is
-        after = max(after, min(int(last_id), MAX_SEQ))
+    skip = (0, 0)
+    last_id = _LAST_EVENT_ID.fullmatch(request.headers.get("Last-Event-ID", ""))
+    if last_id is not None:  # a client's bogus one is ignored, as a non-number is
+        seq, carried = min(int(last_id[1]), MAX_SEQ), last_id[2]
+        if carried is None:
+            after = max(after, seq)
+        elif seq - 1 >= after:  # the client saw the first events of message `seq`: the rest of it
+            after, skip = seq - 1, (seq, int(carried))
     limit = query_int(request, "limit", 100, 1, MAX_PAGE)
     if query_flag(request, "follow"):
-        return await _follow(request, execution_id, after)
+        return await _follow(request, execution_id, after, skip)
     return reply(_found(await context(request).inspector.events(execution_id, after, limit), execution_id))
 
 
-async def _follow(request: web.Request, execution_id: str, after: int) -> web.StreamResponse:
+_LAST_EVENT_ID = re.compile(r"([0-9]{1,19})(?:-([0-9]{1,4}))?")
+
+
+async def _follow(
+    request: web.Request, execution_id: str, after: int, skip: tuple[int, int] = (0, 0)
+) -> web.StreamResponse:
     """Server-sent events: every event after ``after`` (``id:`` is its stream sequence, so a client
-    resumes with ``Last-Event-ID``), then the stream ends after ``playbook.processed``."""
+    resumes with ``Last-Event-ID``), then the stream ends after ``playbook.processed``.
+
+    The events a message carries (`carried.expand`) come before it, with ids ``<seq>-<k>`` (k = 1, 2, ...):
+    a client that resumes after one of them gets the rest of that message (``skip``: the message and how
+    many of its events the client has)."""
     ctx_ = context(request)
     if not await ctx_.inspector.exists(execution_id):
         raise ApiError(404, "not_found", f"no execution {execution_id}")
@@ -147,9 +163,19 @@ async def _follow(request: web.Request, execution_id: str, after: int) -> web.St
             if seq < 0:  # END_OF_STREAM
                 break
             try:
-                name = decode_event(data).name
+                event = decode_event(data)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
+            name = event.name
+            if event.carried:  # each carried event on its own, before its carrier
+                *carried, event = expand(event)
+                done = skip[1] if seq == skip[0] else 0
+                for k, one in enumerate(carried, 1):
+                    if k > done:
+                        await response.write(
+                            b"id: %d-%d\nevent: %s\ndata: %s\n\n" % (seq, k, one.name.encode(), encode(one))
+                        )
+                data = encode(event)
             await response.write(b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name.encode(), data))
             if name == E.PLAYBOOK_PROCESSED:
                 break

@@ -273,7 +273,9 @@ class Inspector:
         return None
 
     async def events(self, execution_id: str, after: int = 0, limit: int = 100) -> EventsPage | None:
-        """One page of an execution's events in stream order (None: no such execution)."""
+        """One page of an execution's events in stream order (None: no such execution). The events one
+        message holds (`carried.expand`) share its sequence and stay on one page: a page ends at a message
+        boundary, so it may hold a few more than ``limit``."""
         self.check_id(execution_id)
         check_page(after, limit)
         records: list[EventRecord] = []
@@ -284,7 +286,7 @@ class Inspector:
         )
         async with contextlib.aclosing(reader) as stream:
             async for seq, event in stream:
-                if len(records) == limit:
+                if len(records) >= limit and seq != records[-1].seq:  # (a message's events on one page)
                     more = True
                     break
                 records.append(EventRecord(seq=seq, event=event))

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from noetl_stream import events as E
+from noetl_stream.carried import expand, subject_names
 from noetl_stream.control.reducer import PlanCache
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.subjects import Topology
@@ -221,7 +222,7 @@ class Metrics:
     async def start(self, nc: NATS) -> None:
         """Subscribe to task events (core NATS: nothing is acked, slow delivery drops, never blocks)."""
         if not self._subs:
-            for name in (E.TASK_STARTED, E.TASK_DONE):
+            for name in sorted(subject_names((E.TASK_STARTED, E.TASK_DONE))):  # carriers hold some
                 subject = self.topology.any_execution_filter(name)
                 self._subs.append(await nc.subscribe(subject, cb=self._on_task, pending_msgs_limit=65_536))
 
@@ -235,7 +236,12 @@ class Metrics:
 
     async def _on_task(self, msg: Msg) -> None:
         try:
-            self.task_event(decode_event(msg.data))
+            event = decode_event(msg.data)
+            if event.carried:
+                for one in expand(event):
+                    self.task_event(one)
+            else:
+                self.task_event(event)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             return
 

@@ -17,6 +17,7 @@ import msgspec
 
 from noetl_stream import events as E
 from noetl_stream import tracing
+from noetl_stream.carried import carry
 from noetl_stream.dataplane.checkpoints import Checkpoints
 from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
@@ -39,12 +40,16 @@ if TYPE_CHECKING:
 MAX_EVENT_BYTES = 900 * 1024
 
 TASK_EVENTS_ALL = "all"
+TASK_EVENTS_SEPARATE = "separate"
 TASK_EVENTS_INFORMATIVE = "informative"
-TASK_EVENTS = (TASK_EVENTS_ALL, TASK_EVENTS_INFORMATIVE)
-"""Which ``task.started``/``task.done`` a worker writes. ``all`` (the default): every task run's, the
-spec's recommended event set. ``informative``: a step (or loop iteration) whose pipeline ran one task
-once, which succeeded with no policy rule fired and no captured output, writes only its step events —
-its task events would repeat them (docs/architecture.md, "Task events")."""
+TASK_EVENTS = (TASK_EVENTS_ALL, TASK_EVENTS_SEPARATE, TASK_EVENTS_INFORMATIVE)
+"""Which ``task.started``/``task.done`` a worker writes, and how. ``all`` (the default): every task run's,
+the spec's recommended event set; a step run that ends before its events are published sends its
+``step.started`` and task events inside its boundary's message (`carried.py`). ``separate``: the same
+events, each a message of its own (for consumers of ``task.*`` subjects). ``informative``: a step (or loop
+iteration) whose pipeline ran one task once, which succeeded with no policy rule fired and no captured
+output, writes only its step events — its task events would repeat them (docs/architecture.md, "Task
+events"); carried as with ``all``."""
 
 
 class CommandRun:
@@ -152,6 +157,8 @@ class CommandRun:
             if len(data) > limit:
                 return None
             ready.append((ev, data))
+        if self.worker.carry:
+            ready = carry(ready)
         for ev, data in ready:
             outbox.event(ev, data)
         fut = outbox.flush_nowait()
@@ -173,12 +180,17 @@ class CommandRun:
     async def publish_pending(self) -> None:
         pending, self.pending = self.pending, []
         limit = self.inline_limit
+        ready: list[tuple[Event, bytes]] = []
         for ev in pending:
             data = encode(ev)
             if len(data) <= limit:  # the usual case, without a coroutine per event
-                self.outbox.event(ev, data)
+                ready.append((ev, data))
             else:
-                self.outbox.event(*await self.fit(ev, data))
+                ready.append(await self.fit(ev, data))
+        if self.worker.carry:
+            ready = carry(ready)
+        for ev, data in ready:
+            self.outbox.event(ev, data)
         await self.outbox.flush()
 
     @property

@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
-from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, CommandRun
+from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, TASK_EVENTS_SEPARATE, CommandRun
 from noetl_stream.dataplane.loops import HandedBack
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.kv.history import end_status, last_event
@@ -69,6 +69,8 @@ class Worker:
         self.concurrency = concurrency
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
         self.task_events = task_events
+        self.carry = task_events != TASK_EVENTS_SEPARATE
+        """Whether a step run's earlier events travel inside its boundary's message (`carried.py`)."""
         self.services = services or WorkerServices()
         self.results = ResultStore(self.js, topology)
         self._puller: ContinuousPuller | None = None

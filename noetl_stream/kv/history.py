@@ -14,6 +14,8 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from noetl_stream import events as E
+from noetl_stream.carried import expand, subject_names
 from noetl_stream.errors import NoetlError
 from noetl_stream.natsio import num_pending
 from noetl_stream.subjects import Topology
@@ -56,7 +58,8 @@ async def read_events(
     before_seq: int | None = None,
     batch: int = 500,
 ) -> AsyncIterator[tuple[int, Event]]:
-    """Yield ``(stream sequence, event)`` of one execution in stream order.
+    """Yield ``(stream sequence, event)`` of one execution in stream order; the events one message carries
+    (`carried.expand`) come out one by one, before their carrier and with its sequence.
 
     ``names`` restricts to some event names (e.g. the controller's inputs). Reads with an
     ephemeral pull consumer that is deleted at the end; stops at the stream's end or ``before_seq``.
@@ -64,7 +67,8 @@ async def read_events(
     one) is skipped and logged, as the controller's consumer terminates it: it was never applied, so
     a fold without it is the live projection, and one bad message does not stop an execution's resume.
     """
-    filters = _filters(topology, execution_id, names)
+    wanted = None if names is None else frozenset(names)
+    filters = _filters(topology, execution_id, None if wanted is None else subject_names(wanted))
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after_seq else api.DeliverPolicy.ALL,
@@ -99,7 +103,13 @@ async def read_events(
                 except msgspec.DecodeError as exc:  # ValidationError included
                     log.warning("history.bad_event", subject=msg.subject, seq=seq, error=str(exc))
                     continue
-                yield seq, event
+                if not event.carried:
+                    if wanted is None or event.name in wanted:
+                        yield seq, event
+                    continue
+                for one in expand(event):
+                    if wanted is None or one.name in wanted:
+                        yield seq, one
     finally:
         try:
             await sub.unsubscribe()
@@ -127,6 +137,8 @@ async def scan(
     buffered beyond what ``on_event`` keeps (it runs as each message arrives, under flow control).
     Raises `HistoryReadError` when no message arrives for ``idle_timeout_s`` before the end.
     """
+    if names is not None and frozenset(names) & E.CARRIED_EVENTS:
+        raise ValueError("scan reads stored messages: events that may be carried are read with read_events")
     filters = _filters(topology, execution_id, names)
     done = asyncio.Event()
     seen = 0

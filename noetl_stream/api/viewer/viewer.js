@@ -491,13 +491,16 @@
   }
 
   async function follow() {
-    let after = 0;
+    let after = 0; // the last message shown (whole when afterK is Infinity, else its first afterK events)
+    let afterK = Infinity;
+    let shownUpTo = 0; // the last message shown whole before `after`
     let finished = false;
     let failures = 0;
     setLive("following");
     while (!finished) {
       try {
-        const path = `/executions/${encodeURIComponent(view.id)}/events?follow=1` + (after ? `&after=${after}` : "");
+        const from = afterK === Infinity ? after : shownUpTo; // a message shown in part comes again
+        const path = `/executions/${encodeURIComponent(view.id)}/events?follow=1` + (from ? `&after=${from}` : "");
         const resp = await api(path, "text/event-stream");
         const reader = resp.body.getReader();
         const decoder = new TextDecoder();
@@ -519,9 +522,14 @@
               msg[key] = key === "data" && msg.data !== undefined ? msg.data + "\n" + val : val;
             }
             if (msg.data === undefined) continue;
-            const seq = Number(msg.id) || after;
-            if (seq <= after) continue; // already shown (a resumed stream)
+            // id: the stream sequence; "<seq>-<k>" for the k-th event a message carries (before it)
+            const [seqText, kText] = String(msg.id || "").split("-");
+            const seq = Number(seqText) || after;
+            const k = kText === undefined ? Infinity : Number(kText);
+            if (seq < after || (seq === after && k <= afterK)) continue; // already shown (a resumed stream)
+            if (seq > after) shownUpTo = after;
             after = seq;
+            afterK = k;
             const ev = JSON.parse(msg.data);
             addEvent(seq, ev);
             scheduleRefresh();

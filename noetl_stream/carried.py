@@ -1,0 +1,105 @@
+"""Worker events that travel inside the message of the boundary written with them.
+
+A noop step run writes four worker events: ``step.started``, ``task.started``, ``task.done`` and
+``step.done``. A step run that ends before they are published (the usual case: the worker publishes a
+command's events when it ends, or every ``PROGRESS_EVERY_S`` while it runs) sends the first three inside
+the boundary's message, in its ``carried`` list (`wire.Event`): one stored message instead of four. Each
+carried event is a whole event, with its own id and the time it happened; nothing about it changes but
+where it is stored. The controller folds the boundary and never looks at what it carries.
+
+Readers take the carried events out in order, before their carrier (`expand`): an execution's history
+reads the same either way. A reader that asks for a carried name by subject (``task.done``) also reads
+the carriers (`subject_names`), since the name may be stored inside one of them.
+
+``noetl-stream worker --separate-events`` publishes every event as a message of its own (for a consumer
+that subscribes to ``task.*`` subjects), as does a step whose carried events would exceed
+`CARRY_MAX_BYTES` (a large task result: the controller would receive it twice for nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+import structlog
+
+from noetl_stream import events as E
+from noetl_stream.wire import Event, decode_event, encode
+
+log = structlog.get_logger(__name__)
+
+CARRY_MAX_BYTES = 8 * 1024
+"""The most bytes of events one boundary carries; the earlier events are published on their own."""
+
+
+def carry(ready: list[tuple[Event, bytes]]) -> list[tuple[Event, bytes]]:
+    """``ready`` (events in publishing order, each with its encoding) with the carried events written just
+    before a final worker boundary moved into its message: the longest run of them right before it, of its
+    execution, within `CARRY_MAX_BYTES`. Unchanged when there is nothing to carry."""
+    if len(ready) < 2:
+        return ready
+    last, _ = ready[-1]
+    if last.name not in E.CARRIERS or last.carried:
+        return ready
+    start = end = len(ready) - 1
+    size = 0
+    while start > 0:
+        ev, data = ready[start - 1]
+        if ev.name not in E.CARRIED_EVENTS or ev.execution_id != last.execution_id or ev.carried:
+            break
+        size += len(data)
+        if size > CARRY_MAX_BYTES:
+            break
+        start -= 1
+    if start == end:
+        return ready
+    carrier = msgspec.structs.replace(last, carried=[msgspec.Raw(data) for _, data in ready[start:end]])
+    return [*ready[:start], (carrier, encode(carrier))]
+
+
+def expand(event: Event) -> list[Event]:
+    """The events one stored message holds, in the order they were written: what ``event`` carries, then
+    itself (without them). A carried record that is not an event of the same execution, of a name that
+    may be carried, is dropped and logged (a message forged by someone who may publish on the subject):
+    the controller never reads it, so no reader may."""
+    if not event.carried:
+        return [event]
+    out: list[Event] = []
+    for raw in event.carried:
+        try:
+            inner = decode_event(bytes(raw))
+        except msgspec.DecodeError as exc:  # ValidationError included
+            _bad(event, f"not an event: {exc}")
+            continue
+        if inner.execution_id != event.execution_id:
+            _bad(event, f"an event of another execution ({inner.execution_id})")
+        elif inner.name not in E.CARRIED_EVENTS:
+            _bad(event, f"a '{inner.name}' event, which is never carried")
+        elif inner.carried:
+            _bad(event, "an event that carries events itself")
+        else:
+            out.append(inner)
+    out.append(msgspec.structs.replace(event, carried=[]))
+    return out
+
+
+def decode_all(data: bytes) -> list[Event]:
+    """The events of one stored message (`expand`); ``msgspec.DecodeError`` if it is not an event."""
+    event = decode_event(data)
+    return expand(event) if event.carried else [event]
+
+
+def subject_names(names: Iterable[str]) -> frozenset[str]:
+    """The event names whose subjects hold the events named ``names``: a carried name's event may be
+    stored inside a carrier's message."""
+    wanted = frozenset(names)
+    return wanted | E.CARRIERS if wanted & E.CARRIED_EVENTS else wanted
+
+
+def _bad(carrier: Event, why: str) -> None:
+    log.warning(
+        "events.bad_carried",
+        execution_id=carrier.execution_id,
+        carrier=carrier.event_id,
+        error=f"a '{carrier.name}' event carries {why}; it is skipped",
+    )

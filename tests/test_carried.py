@@ -1,0 +1,234 @@
+"""Worker events carried inside their boundary's message (noetl_stream/carried.py): what is carried and
+what is not, readers that take them out, forged carried records, and ``--task-events separate``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+from eventlog import count_by_execution, total
+from helpers import playbook, run
+from structlog.testing import capture_logs
+
+from noetl_stream import events as E
+from noetl_stream.carried import CARRY_MAX_BYTES, carry, decode_all, expand, subject_names
+from noetl_stream.control.replay import verify
+from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.kv.history import read_events, scan
+from noetl_stream.local import Runtime, local_runtime
+from noetl_stream.subjects import Topology
+from noetl_stream.wire import Event, decode_event, encode, event_id, now_iso
+
+
+def event(name: str, execution_id: str = "e1", payload: dict[str, object] | None = None) -> Event:
+    return Event(
+        event_id=event_id(execution_id, "start-1", name),
+        execution_id=execution_id,
+        name=name,
+        source="worker",
+        entity_type="task" if name.startswith("task.") else "step",
+        entity_id="start-1",
+        status="success",
+        timestamp=now_iso(),
+        payload=payload or {},
+        step="start",
+        step_run_id="start-1",
+    )
+
+
+def ready(*events: Event) -> list[tuple[Event, bytes]]:
+    return [(e, encode(e)) for e in events]
+
+
+RUN = (E.STEP_STARTED, E.TASK_STARTED, E.TASK_DONE)
+
+
+def test_a_step_runs_events_travel_in_its_boundarys_message() -> None:
+    evs = [event(n) for n in (*RUN, E.STEP_DONE)]
+    (out,) = carry(ready(*evs))
+    carrier, data = out
+    assert carrier.name == E.STEP_DONE and data == encode(carrier)
+    assert [bytes(r) for r in carrier.carried] == [encode(e) for e in evs[:3]]
+    # what a reader takes out of the stored message is what was written, in order
+    assert decode_all(data) == evs
+    assert expand(decode_event(data))[-1].carried == []
+
+
+@pytest.mark.parametrize("boundary", sorted(E.CARRIERS))
+def test_every_worker_boundary_carries(boundary: str) -> None:
+    (out,) = carry(ready(event(E.TASK_STARTED), event(E.TASK_DONE), event(boundary)))
+    assert out[0].name == boundary and len(out[0].carried) == 2
+
+
+def test_only_the_run_right_before_the_boundary_is_carried() -> None:
+    # an iteration's boundary between them keeps the stream order: what comes before it is not carried
+    evs = [event(n) for n in (E.TASK_STARTED, E.TASK_DONE, E.LOOP_ITERATION_DONE, E.TASK_DONE, E.LOOP_DONE)]
+    out = carry(ready(*evs))
+    assert [e.name for e, _ in out] == [E.TASK_STARTED, E.TASK_DONE, E.LOOP_ITERATION_DONE, E.LOOP_DONE]
+    assert [len(e.carried) for e, _ in out] == [0, 0, 0, 1]
+    assert [x for e, _ in out for x in expand(e)] == evs
+
+
+def test_nothing_is_carried_without_a_final_boundary() -> None:
+    # progress of a long step (published while it runs): each event stays a message of its own
+    evs = ready(event(E.STEP_STARTED), event(E.TASK_STARTED))
+    assert carry(evs) == evs
+    lone = ready(event(E.STEP_DONE))
+    assert carry(lone) == lone
+    server = ready(event(E.TASK_DONE), event(E.NEXT_EVALUATED))
+    assert carry(server) == server
+
+
+def test_events_of_another_execution_are_not_carried() -> None:
+    evs = ready(event(E.TASK_DONE, "other"), event(E.STEP_DONE))
+    assert carry(evs) == evs
+
+
+def test_large_events_are_published_on_their_own() -> None:
+    big = event(E.TASK_DONE, payload={"result": "x" * CARRY_MAX_BYTES})
+    evs = ready(event(E.STEP_STARTED), event(E.TASK_STARTED), big, event(E.STEP_DONE))
+    assert carry(evs) == evs
+    small = ready(big, event(E.TASK_STARTED), event(E.TASK_DONE), event(E.STEP_DONE))
+    out = carry(small)
+    assert [e.name for e, _ in out] == [E.TASK_DONE, E.STEP_DONE] and len(out[1][0].carried) == 2
+
+
+def test_readers_asking_for_a_carried_name_read_the_carriers_too() -> None:
+    assert subject_names([E.TASK_DONE]) == {E.TASK_DONE} | E.CARRIERS
+    assert subject_names([E.STEP_SCHEDULED]) == {E.STEP_SCHEDULED}
+
+
+def forged(carried: list[bytes], execution_id: str = "e1") -> Event:
+    return msgspec.structs.replace(
+        event(E.STEP_DONE, execution_id), carried=[msgspec.Raw(c) for c in carried]
+    )
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (b'{"not": "an event"}', "not an event"),
+        (encode(event(E.TASK_DONE, "someone-else")), "another execution (someone-else)"),
+        (encode(event(E.WORKFLOW_FINISHED)), "'workflow.finished' event, which is never carried"),
+        (
+            encode(
+                msgspec.structs.replace(
+                    event(E.TASK_DONE), carried=[msgspec.Raw(encode(event(E.TASK_STARTED)))]
+                )
+            ),
+            "carries events itself",
+        ),
+    ],
+)
+def test_a_forged_carried_record_is_skipped_and_logged(record: bytes, why: str) -> None:
+    good = encode(event(E.TASK_STARTED))
+    carrier = decode_event(encode(forged([good, record])))
+    with capture_logs() as logs:
+        out = expand(carrier)
+    assert [e.name for e in out] == [E.TASK_STARTED, E.STEP_DONE]
+    (entry,) = [x for x in logs if x["event"] == "events.bad_carried"]
+    assert why in entry["error"] and entry["carrier"] == carrier.event_id
+
+
+async def test_scan_refuses_names_that_may_be_carried(runtime: Runtime) -> None:
+    with pytest.raises(ValueError, match="read_events"):
+        await scan(runtime.nc.jetstream(), runtime.topology, "e1", lambda _: True, names=(E.TASK_DONE,))
+
+
+CHAIN = """
+    - step: start
+      tool: {kind: noop, result: 1}
+      next: {arcs: [{step: second}]}
+    - step: second
+      tool: {kind: noop, result: "{{ start + 1 }}"}
+"""
+
+
+async def test_a_fast_step_stores_one_worker_message(runtime: Runtime) -> None:
+    r = await run(runtime, playbook(CHAIN))
+    assert r.status == "success" and r.result == 2, r.summary.error
+    eid = r.summary.execution_id
+    js, topology = runtime.nc.jetstream(), runtime.topology
+
+    # stored: one message per step run for the worker, none on the task subjects ...
+    for name in (E.STEP_STARTED, E.TASK_STARTED, E.TASK_DONE):
+        assert (await count_by_execution(js, topology, name)).get(eid, 0) == 0, name
+    assert (await count_by_execution(js, topology, E.STEP_DONE))[eid] == 2
+    # ... and every event reads back, in order, for the client and for a history read
+    for step in ("start", "second"):
+        seen = [e.name for e in r.events if e.step == step and e.source == "worker"]
+        assert seen == [*RUN, E.STEP_DONE], seen
+    history = [(seq, e) async for seq, e in read_events(js, topology, eid)]
+    assert [e for _, e in history] == r.events
+    assert [e.name for _, e in history if e.step == "start"][1:5] == [*RUN, E.STEP_DONE]
+    named = [e.name async for _, e in read_events(js, topology, eid, names=(E.TASK_DONE, E.STEP_SCHEDULED))]
+    assert named == [E.STEP_SCHEDULED, E.TASK_DONE, E.STEP_SCHEDULED, E.TASK_DONE]
+    diffs, _ = await verify(js, topology, eid)
+    assert diffs == []
+
+
+@pytest.fixture
+async def separate(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
+    async with local_runtime(nats_server.url, topology=topology, task_events="separate") as rt:
+        yield rt
+
+
+async def test_separate_stores_each_event_on_its_own_subject(separate: Runtime) -> None:
+    r = await run(separate, playbook(CHAIN))
+    assert r.status == "success" and r.result == 2, r.summary.error
+    js, topology = separate.nc.jetstream(), separate.topology
+    for name in (E.STEP_STARTED, E.TASK_STARTED, E.TASK_DONE, E.STEP_DONE):
+        assert await total(js, topology, name) == 2, name
+    assert not any(e.carried for e in r.events)
+    for step in ("start", "second"):
+        assert [e.name for e in r.events if e.step == step and e.source == "worker"] == [*RUN, E.STEP_DONE]
+
+
+async def test_a_long_steps_progress_is_not_held_for_its_boundary(runtime: Runtime) -> None:
+    # still running after PROGRESS_EVERY_S: its step.started and task.started are published as progress
+    r = await run(
+        runtime,
+        playbook(
+            """
+            - step: start
+              tool:
+                - name: slow
+                  kind: python
+                  code: |
+                    import time
+                    time.sleep(1.5)
+                    result = 1
+            """
+        ),
+    )
+    assert r.status == "success", r.summary.error
+    js, topology = runtime.nc.jetstream(), runtime.topology
+    eid = r.summary.execution_id
+    assert (await count_by_execution(js, topology, E.STEP_STARTED))[eid] == 1
+    assert (await count_by_execution(js, topology, E.TASK_STARTED))[eid] == 1
+    assert (await count_by_execution(js, topology, E.TASK_DONE)).get(eid, 0) == 0  # carried by step.done
+    assert [e.name for e in r.events if e.source == "worker"] == [*RUN, E.STEP_DONE]
+
+
+async def test_a_forged_carrier_gives_readers_only_its_own_executions_events(runtime: Runtime) -> None:
+    js, topology = runtime.nc.jetstream(), runtime.topology
+    victim = event(E.TASK_DONE, "victim00000000000000000000000000")
+    carrier = forged([encode(event(E.TASK_STARTED, "forger00000000000000000000000000")), encode(victim)])
+    carrier = msgspec.structs.replace(
+        carrier, execution_id="forger00000000000000000000000000", event_id="forged-1"
+    )
+    await js.publish(topology.event_subject(carrier.execution_id, E.STEP_DONE), encode(carrier))
+
+    with capture_logs() as logs:
+        got = [e async for _, e in read_events(js, topology, carrier.execution_id)]
+    assert [(e.name, e.execution_id) for e in got] == [
+        (E.TASK_STARTED, carrier.execution_id),
+        (E.STEP_DONE, carrier.execution_id),
+    ]
+    # (the controller, reading the unknown execution's history for the forged boundary, may log it too)
+    bad = {x["error"] for x in logs if x["event"] == "events.bad_carried"}
+    assert bad == {
+        f"a 'step.done' event carries an event of another execution ({victim.execution_id}); it is skipped"
+    }
+    assert [e async for _, e in read_events(js, topology, victim.execution_id)] == []

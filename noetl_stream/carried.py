@@ -11,9 +11,12 @@ Readers take the carried events out in order, before their carrier (`expand`): a
 reads the same either way. A reader that asks for a carried name by subject (``task.done``) also reads
 the carriers (`subject_names`), since the name may be stored inside one of them.
 
-``noetl-stream worker --separate-events`` publishes every event as a message of its own (for a consumer
-that subscribes to ``task.*`` subjects), as does a step whose carried events would exceed
+``noetl-stream worker --task-events separate`` publishes every event as a message of its own (for a
+consumer that subscribes to ``task.*`` subjects), as does a step whose carried events would exceed
 `CARRY_MAX_BYTES` (a large task result: the controller would receive it twice for nothing).
+
+Readers of an older version ignore the ``carried`` field (msgspec skips unknown fields): upgrade whatever
+reads histories (controllers, API servers, CLIs) before the workers (docs/operations.md, "Upgrades").
 """
 
 from __future__ import annotations
@@ -30,25 +33,36 @@ log = structlog.get_logger(__name__)
 
 CARRY_MAX_BYTES = 8 * 1024
 """The most bytes of events one boundary carries; the earlier events are published on their own."""
+MAX_CARRIED = 64
+"""The most events a reader takes out of one message: a writer carries at most `CARRY_MAX_BYTES` of them
+(each a few hundred bytes at least), so a message with more was forged (a flood of tiny records would
+otherwise make one stored message a page no reader can return)."""
 
 
-def carry(ready: list[tuple[Event, bytes]]) -> list[tuple[Event, bytes]]:
+def carry(ready: list[tuple[Event, bytes]], max_message_bytes: int) -> list[tuple[Event, bytes]]:
     """``ready`` (events in publishing order, each with its encoding) with the carried events written just
     before a final worker boundary moved into its message: the longest run of them right before it, of its
-    execution, within `CARRY_MAX_BYTES`. Unchanged when there is nothing to carry."""
+    step run, within `CARRY_MAX_BYTES` and with the boundary within ``max_message_bytes``. Unchanged when
+    there is nothing to carry."""
     if len(ready) < 2:
         return ready
-    last, _ = ready[-1]
+    last, last_data = ready[-1]
     if last.name not in E.CARRIERS or last.carried:
         return ready
     start = end = len(ready) - 1
     size = 0
-    while start > 0:
+    room = min(CARRY_MAX_BYTES, max_message_bytes - len(last_data) - 32)  # (32: the field's name)
+    while start > 0 and end - start < MAX_CARRIED:
         ev, data = ready[start - 1]
-        if ev.name not in E.CARRIED_EVENTS or ev.execution_id != last.execution_id or ev.carried:
+        if (
+            ev.name not in E.CARRIED_EVENTS
+            or ev.execution_id != last.execution_id
+            or ev.step_run_id != last.step_run_id
+            or ev.carried
+        ):
             break
-        size += len(data)
-        if size > CARRY_MAX_BYTES:
+        size += len(data) + 1  # (a comma between them)
+        if size > room:
             break
         start -= 1
     if start == end:
@@ -61,9 +75,15 @@ def expand(event: Event) -> list[Event]:
     """The events one stored message holds, in the order they were written: what ``event`` carries, then
     itself (without them). A carried record that is not an event of the same execution, of a name that
     may be carried, is dropped and logged (a message forged by someone who may publish on the subject):
-    the controller never reads it, so no reader may."""
+    the controller never reads it, so no reader may. So is a message carrying more than `MAX_CARRIED`."""
     if not event.carried:
         return [event]
+    if len(event.carried) > MAX_CARRIED or event.source != "worker":
+        _bad(
+            event,
+            f"{len(event.carried)} records from the {event.source} (at most {MAX_CARRIED}, from a worker)",
+        )
+        return [msgspec.structs.replace(event, carried=[])]
     out: list[Event] = []
     for raw in event.carried:
         try:
@@ -77,6 +97,8 @@ def expand(event: Event) -> list[Event]:
             _bad(event, f"a '{inner.name}' event, which is never carried")
         elif inner.carried:
             _bad(event, "an event that carries events itself")
+        elif inner.source != "worker" or inner.step_run_id != event.step_run_id:
+            _bad(event, f"an event of another step run or source ({inner.source}, {inner.step_run_id})")
         else:
             out.append(inner)
     out.append(msgspec.structs.replace(event, carried=[]))

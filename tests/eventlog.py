@@ -16,12 +16,13 @@ import nats.errors
 from nats.js import JetStreamContext, api
 
 from noetl_stream import events as E
+from noetl_stream.carried import decode_all, subject_names
 from noetl_stream.control import replay
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, decode_event
+from noetl_stream.wire import Event
 
 
 def any_execution(topology: Topology, name: str) -> str:
@@ -30,7 +31,8 @@ def any_execution(topology: Topology, name: str) -> str:
 
 
 async def count_by_execution(js: JetStreamContext, topology: Topology, name: str) -> dict[str, int]:
-    """How many `name` events each execution has in the stream (one server request)."""
+    """How many messages each execution has stored on the subject of event `name` (one server request):
+    its `name` events, but for those carried inside a boundary's message (noetl_stream/carried.py)."""
     info = await js.stream_info(topology.events_stream, subjects_filter=any_execution(topology, name))
     out: dict[str, int] = {}
     for subject, n in (info.state.subjects or {}).items():
@@ -43,8 +45,10 @@ async def total(js: JetStreamContext, topology: Topology, name: str) -> int:
 
 
 async def read_named(js: JetStreamContext, topology: Topology, *names: str) -> list[tuple[int, Event]]:
-    """Every stored event with one of `names`, of every execution, in stream order."""
-    filters = [any_execution(topology, n) for n in names]
+    """Every stored event with one of `names`, of every execution, in stream order (the events a
+    message carries, with its sequence: a carried name reads the carriers' subjects too)."""
+    wanted = frozenset(names)
+    filters = [any_execution(topology, n) for n in sorted(subject_names(wanted))]
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
         deliver_policy=api.DeliverPolicy.ALL,
@@ -69,7 +73,8 @@ async def read_named(js: JetStreamContext, topology: Topology, *names: str) -> l
                 break
             for msg in msgs:
                 remaining -= 1
-                out.append((msg.metadata.sequence.stream, decode_event(msg.data)))
+                seq = msg.metadata.sequence.stream
+                out.extend((seq, ev) for ev in decode_all(msg.data) if ev.name in wanted)
     finally:
         try:
             await sub.unsubscribe()

@@ -12,8 +12,10 @@ from helpers import playbook, run
 from structlog.testing import capture_logs
 
 from noetl_stream import events as E
-from noetl_stream.carried import CARRY_MAX_BYTES, carry, decode_all, expand, subject_names
+from noetl_stream.carried import CARRY_MAX_BYTES, MAX_CARRIED, carry, decode_all, expand, subject_names
 from noetl_stream.control.replay import verify
+from noetl_stream.dataplane import worker as worker_module
+from noetl_stream.dataplane.command import MAX_EVENT_BYTES
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events, scan
 from noetl_stream.local import Runtime, local_runtime
@@ -42,11 +44,12 @@ def ready(*events: Event) -> list[tuple[Event, bytes]]:
 
 
 RUN = (E.STEP_STARTED, E.TASK_STARTED, E.TASK_DONE)
+LIMIT = MAX_EVENT_BYTES
 
 
 def test_a_step_runs_events_travel_in_its_boundarys_message() -> None:
     evs = [event(n) for n in (*RUN, E.STEP_DONE)]
-    (out,) = carry(ready(*evs))
+    (out,) = carry(ready(*evs), LIMIT)
     carrier, data = out
     assert carrier.name == E.STEP_DONE and data == encode(carrier)
     assert [bytes(r) for r in carrier.carried] == [encode(e) for e in evs[:3]]
@@ -57,14 +60,14 @@ def test_a_step_runs_events_travel_in_its_boundarys_message() -> None:
 
 @pytest.mark.parametrize("boundary", sorted(E.CARRIERS))
 def test_every_worker_boundary_carries(boundary: str) -> None:
-    (out,) = carry(ready(event(E.TASK_STARTED), event(E.TASK_DONE), event(boundary)))
+    (out,) = carry(ready(event(E.TASK_STARTED), event(E.TASK_DONE), event(boundary)), LIMIT)
     assert out[0].name == boundary and len(out[0].carried) == 2
 
 
 def test_only_the_run_right_before_the_boundary_is_carried() -> None:
     # an iteration's boundary between them keeps the stream order: what comes before it is not carried
     evs = [event(n) for n in (E.TASK_STARTED, E.TASK_DONE, E.LOOP_ITERATION_DONE, E.TASK_DONE, E.LOOP_DONE)]
-    out = carry(ready(*evs))
+    out = carry(ready(*evs), LIMIT)
     assert [e.name for e, _ in out] == [E.TASK_STARTED, E.TASK_DONE, E.LOOP_ITERATION_DONE, E.LOOP_DONE]
     assert [len(e.carried) for e, _ in out] == [0, 0, 0, 1]
     assert [x for e, _ in out for x in expand(e)] == evs
@@ -73,25 +76,45 @@ def test_only_the_run_right_before_the_boundary_is_carried() -> None:
 def test_nothing_is_carried_without_a_final_boundary() -> None:
     # progress of a long step (published while it runs): each event stays a message of its own
     evs = ready(event(E.STEP_STARTED), event(E.TASK_STARTED))
-    assert carry(evs) == evs
+    assert carry(evs, LIMIT) == evs
     lone = ready(event(E.STEP_DONE))
-    assert carry(lone) == lone
+    assert carry(lone, LIMIT) == lone
     server = ready(event(E.TASK_DONE), event(E.NEXT_EVALUATED))
-    assert carry(server) == server
+    assert carry(server, LIMIT) == server
 
 
 def test_events_of_another_execution_are_not_carried() -> None:
     evs = ready(event(E.TASK_DONE, "other"), event(E.STEP_DONE))
-    assert carry(evs) == evs
+    assert carry(evs, LIMIT) == evs
 
 
 def test_large_events_are_published_on_their_own() -> None:
     big = event(E.TASK_DONE, payload={"result": "x" * CARRY_MAX_BYTES})
     evs = ready(event(E.STEP_STARTED), event(E.TASK_STARTED), big, event(E.STEP_DONE))
-    assert carry(evs) == evs
+    assert carry(evs, LIMIT) == evs
     small = ready(big, event(E.TASK_STARTED), event(E.TASK_DONE), event(E.STEP_DONE))
-    out = carry(small)
+    out = carry(small, LIMIT)
     assert [e.name for e, _ in out] == [E.TASK_DONE, E.STEP_DONE] and len(out[1][0].carried) == 2
+
+
+def test_a_carrier_stays_within_the_message_limit() -> None:
+    boundary = event(E.STEP_DONE, payload={"result": "x" * 5000})
+    evs = ready(event(E.STEP_STARTED), event(E.TASK_STARTED), boundary)
+    size = len(encode(boundary))
+    carrier, _ = carry(evs, LIMIT)[-1]
+    assert len(carrier.carried) == 2
+    # room for one of them only: the one right before the boundary is carried, the other goes on its own
+    room = size + 32 + len(evs[1][1]) + 1
+    out = carry(evs, room)
+    assert [e.name for e, _ in out] == [E.STEP_STARTED, E.STEP_DONE] and len(out[1][0].carried) == 1
+    assert all(len(d) <= room for _, d in out)
+    assert carry(evs, size + 10) == evs
+
+
+def test_events_of_another_step_run_are_not_carried() -> None:
+    other = msgspec.structs.replace(event(E.TASK_DONE), step_run_id="start-2")
+    evs = ready(other, event(E.STEP_DONE))
+    assert carry(evs, LIMIT) == evs
 
 
 def test_readers_asking_for_a_carried_name_read_the_carriers_too() -> None:
@@ -131,6 +154,22 @@ def test_a_forged_carried_record_is_skipped_and_logged(record: bytes, why: str) 
     assert why in entry["error"] and entry["carrier"] == carrier.event_id
 
 
+def test_a_carrier_of_too_many_records_or_from_the_server_is_forged() -> None:
+    records = [encode(event(E.TASK_STARTED))] * (MAX_CARRIED + 1)
+    with capture_logs() as logs:
+        assert [e.name for e in expand(decode_event(encode(forged(records))))] == [E.STEP_DONE]
+        server = msgspec.structs.replace(forged([encode(event(E.TASK_STARTED))]), source="server")
+        assert [e.name for e in expand(decode_event(encode(server)))] == [E.STEP_DONE]
+    assert [x["event"] for x in logs] == ["events.bad_carried", "events.bad_carried"]
+
+
+def test_a_carried_record_of_another_step_run_is_skipped() -> None:
+    other = msgspec.structs.replace(event(E.TASK_DONE), step_run_id="start-2")
+    with capture_logs() as logs:
+        out = expand(decode_event(encode(forged([encode(other)]))))
+    assert [e.name for e in out] == [E.STEP_DONE] and "another step run" in logs[0]["error"]
+
+
 async def test_scan_refuses_names_that_may_be_carried(runtime: Runtime) -> None:
     with pytest.raises(ValueError, match="read_events"):
         await scan(runtime.nc.jetstream(), runtime.topology, "e1", lambda _: True, names=(E.TASK_DONE,))
@@ -145,7 +184,11 @@ CHAIN = """
 """
 
 
-async def test_a_fast_step_stores_one_worker_message(runtime: Runtime) -> None:
+async def test_a_fast_step_stores_one_worker_message(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (no progress published while a noop step runs, however loaded the machine: only its boundary)
+    monkeypatch.setattr(worker_module, "PROGRESS_EVERY_S", 30.0)
     r = await run(runtime, playbook(CHAIN))
     assert r.status == "success" and r.result == 2, r.summary.error
     eid = r.summary.execution_id
@@ -172,6 +215,70 @@ async def test_a_fast_step_stores_one_worker_message(runtime: Runtime) -> None:
 async def separate(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
     async with local_runtime(nats_server.url, topology=topology, task_events="separate") as rt:
         yield rt
+
+
+@pytest.fixture
+async def informative(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
+    async with local_runtime(nats_server.url, topology=topology, task_events="informative") as rt:
+        yield rt
+
+
+async def test_informative_carries_step_started(
+    informative: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "PROGRESS_EVERY_S", 30.0)
+    r = await run(informative, playbook(CHAIN))
+    assert r.status == "success" and r.result == 2, r.summary.error
+    js, topology = informative.nc.jetstream(), informative.topology
+    eid = r.summary.execution_id
+    assert (await count_by_execution(js, topology, E.STEP_STARTED)).get(eid, 0) == 0
+    for step in ("start", "second"):
+        assert [e.name for e in r.events if e.step == step and e.source == "worker"] == [
+            E.STEP_STARTED,
+            E.STEP_DONE,
+        ]
+
+
+async def test_distributed_iterations_carry_their_task_events(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "PROGRESS_EVERY_S", 30.0)
+    r = await run(
+        runtime,
+        playbook(
+            """
+            - step: start
+              loop:
+                in: "{{ [1, 2, 3] }}"
+                iterator: n
+                spec: {mode: parallel, policy: {exec: distributed}}
+              tool:
+                - name: twice
+                  kind: python
+                  args: {n: "{{ iter.n }}"}
+                  code: |
+                    result = n * 2
+                    if n == 3:
+                        raise ValueError("three")
+            """
+        ),
+    )
+    js, topology = runtime.nc.jetstream(), runtime.topology
+    eid = r.summary.execution_id
+    ends = [e for e in r.events if e.name in (E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED)]
+    assert sorted(e.name for e in ends) == [
+        E.LOOP_ITERATION_DONE,
+        E.LOOP_ITERATION_DONE,
+        E.LOOP_ITERATION_FAILED,
+    ]
+    assert len(r.named(E.TASK_DONE)) == 3 and len(r.named(E.TASK_STARTED)) == 3
+    assert (await count_by_execution(js, topology, E.TASK_DONE)).get(eid, 0) == 0
+    for end in ends:  # each iteration's task events, right before its boundary
+        i = r.events.index(end)
+        assert [e.name for e in r.events[i - 2 : i]] == [E.TASK_STARTED, E.TASK_DONE]
+        assert r.events[i - 1].payload["status"] == ("ok" if end.name == E.LOOP_ITERATION_DONE else "error")
+    diffs, _ = await verify(js, topology, eid)
+    assert diffs == []
 
 
 async def test_separate_stores_each_event_on_its_own_subject(separate: Runtime) -> None:

@@ -32,6 +32,7 @@ from nats.js.errors import NoKeysError, ObjectNotFoundError
 from procs import NOETL_STREAM, NoetlProcess, Processes, run_cli
 from ruamel.yaml import YAML
 
+from noetl_stream import events as E
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.deadlines import DeadlineIndex
@@ -187,6 +188,8 @@ def test_generator_follows_topology_settings(tmp_path: Path) -> None:
     acme = Topology(prefix="acme")
     subscribe = generate.permissions(acme)["controller"]["subscribe"]["allow"]
     assert {acme.any_execution_filter(n) for n in ("task.started", "task.done")} <= set(subscribe)
+    # ... and to the worker boundaries that may carry them (noetl_stream/carried.py)
+    assert {acme.any_execution_filter(n) for n in E.CARRIERS} <= set(subscribe)
     assert not any(s.startswith("noetl.") for s in subscribe)
 
 

@@ -151,6 +151,8 @@ async def test_processes_share_the_pool_a_dead_child_is_replaced_and_sigterm_sto
     # One python task, no output: with informative task events, its step events are all it writes.
     tasks = [ev for _, ev in await read_named(js, topology, E.TASK_STARTED) if ev.execution_id in ids]
     assert tasks == []
+    starts = [ev for _, ev in await read_named(js, topology, E.STEP_STARTED) if ev.execution_id in ids]
+    assert len(starts) == 30  # (read where they are: a short step's inside its step.done)
 
     # A child that dies is started again, and the pool keeps working with three processes.
     victim = sorted(first)[0]

@@ -50,6 +50,9 @@ def _seconds(iso: str) -> float:
     return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
+_TASK_SUBJECTS = (f".{E.TASK_STARTED}", f".{E.TASK_DONE}")
+
+
 class Metrics:
     """One registry per controller process (tests run several in one interpreter)."""
 
@@ -235,6 +238,8 @@ class Metrics:
                 pass
 
     async def _on_task(self, msg: Msg) -> None:
+        if not msg.subject.endswith(_TASK_SUBJECTS) and b'"carried":' not in msg.data:
+            return  # a boundary that carries nothing: not decoded (the results it may hold can be large)
         try:
             event = decode_event(msg.data)
             if event.carried:

@@ -158,7 +158,7 @@ class CommandRun:
                 return None
             ready.append((ev, data))
         if self.worker.carry:
-            ready = carry(ready)
+            ready = carry(ready, MAX_EVENT_BYTES)
         for ev, data in ready:
             outbox.event(ev, data)
         fut = outbox.flush_nowait()
@@ -188,7 +188,7 @@ class CommandRun:
             else:
                 ready.append(await self.fit(ev, data))
         if self.worker.carry:
-            ready = carry(ready)
+            ready = carry(ready, MAX_EVENT_BYTES)
         for ev, data in ready:
             self.outbox.event(ev, data)
         await self.outbox.flush()

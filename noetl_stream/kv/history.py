@@ -31,6 +31,8 @@ class HistoryReadError(NoetlError):
 async def last_event(js: JetStreamContext, topology: Topology, execution_id: str, name: str) -> Event | None:
     """The execution's last stored event named `name` (one read of its subject), or None: none is stored,
     or what is stored is not an event (logged; the controller refused it too)."""
+    if name in E.CARRIED_EVENTS:
+        raise ValueError(f"last_event reads one subject: a '{name}' event may be carried (read_events)")
     subject = topology.stored_event_filter(execution_id, name)
     try:
         raw = await js.get_last_msg(topology.events_stream, subject)
@@ -68,6 +70,7 @@ async def read_events(
     a fold without it is the live projection, and one bad message does not stop an execution's resume.
     """
     wanted = None if names is None else frozenset(names)
+    carried_wanted = wanted is None or bool(wanted & E.CARRIED_EVENTS)
     filters = _filters(topology, execution_id, None if wanted is None else subject_names(wanted))
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
@@ -103,9 +106,21 @@ async def read_events(
                 except msgspec.DecodeError as exc:  # ValidationError included
                     log.warning("history.bad_event", subject=msg.subject, seq=seq, error=str(exc))
                     continue
+                if event.execution_id != execution_id:  # stored on its subject by someone else
+                    log.warning(
+                        "history.bad_event",
+                        subject=msg.subject,
+                        seq=seq,
+                        error=f"an event of execution {event.execution_id} on this execution's subject",
+                    )
+                    continue
                 if not event.carried:
                     if wanted is None or event.name in wanted:
                         yield seq, event
+                    continue
+                if not carried_wanted:  # (what it carries is not asked for: not decoded)
+                    if event.name in wanted:  # type: ignore[operator]
+                        yield seq, msgspec.structs.replace(event, carried=[])
                     continue
                 for one in expand(event):
                     if wanted is None or one.name in wanted:

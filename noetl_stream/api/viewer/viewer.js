@@ -547,7 +547,8 @@
       }
       if (!finished) {
         await refreshGraph().catch(() => {});
-        if (view.graph && TERMINAL.has(view.graph.status) && view.graph.last_seq <= after) break;
+        const shownWhole = view.graph && (view.graph.last_seq < after || (view.graph.last_seq === after && afterK === Infinity));
+        if (view.graph && TERMINAL.has(view.graph.status) && shownWhole) break;
         await sleep(Math.min(5000, 500 * (failures + 1)));
         setLive("following");
       }

@@ -17,6 +17,7 @@ from textwrap import indent
 from typing import Any
 
 import msgspec
+import nats.errors
 import pytest
 from helpers import JOURNAL_CODE, playbook, requested
 from nats.aio.client import Client as NATS
@@ -24,6 +25,7 @@ from nats.js import JetStreamContext
 
 from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
+from noetl_stream.control import groupcommit
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.deadlines import Deadlines
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, checksum
@@ -37,6 +39,7 @@ from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.local import Runtime
+from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, now_iso
 
@@ -415,6 +418,109 @@ async def test_rearming_waits_for_a_lease_that_is_not_valid_yet(
         await eventually(lambda: eid in deadlines.timers)
         deadlines.release(partition)
         assert eid not in deadlines.timers
+    finally:
+        deadlines.cancel_all()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _held_deadlines(
+    js: JetStreamContext, topology: Topology, partition: int, tasks: set[asyncio.Task[None]]
+) -> Deadlines:
+    deadlines = Deadlines(
+        js,
+        topology,
+        "ctl",
+        fence_of=lambda p: 7 if p == partition else None,
+        is_terminal=lambda e: False,
+        spawn=lambda coro: tasks.add(asyncio.create_task(coro)),
+    )
+    return deadlines
+
+
+async def test_a_deadline_index_write_that_failed_is_written_again(
+    js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch, eventually: Any
+) -> None:
+    """An execution in one long task sends no event that would write its key again: the controller
+    tries the write again itself, so the partition's next owner still re-arms its timer."""
+    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.1)
+    await provision(js, topology, ("default",))
+    store = await SnapshotStore.open(js, topology, ExecutionState)
+    index = DeadlineIndex(store.kv)
+    eid = "index-retried"
+    partition = topology.partition_of(eid)
+    failed: list[str] = []
+    put = index.kv.put
+
+    async def put_failing_twice(key: str, value: bytes, **kw: object) -> int:
+        if len(failed) < 2:
+            failed.append(key)
+            raise nats.errors.TimeoutError  # the server did not answer in time
+        return await put(key, value, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index.kv, "put", put_failing_twice)
+    tasks: set[asyncio.Task[None]] = set()
+    deadlines = _held_deadlines(js, topology, partition, tasks)
+    deadlines.open(index, topology)
+    deadlines.acquired(partition)
+    deadline_at = time.time() + 3600
+    try:
+        await deadlines.track(ExecutionState(eid, deadline_at=deadline_at), False, False)
+        assert failed and await index.of_partition(partition) == []
+        async with asyncio.timeout(10):
+            while await index.of_partition(partition) != [(eid, deadline_at)]:
+                await asyncio.sleep(0.05)
+        assert len(failed) == 2
+        # the execution ends while its removal fails: removed in a moment all the same
+        failed.clear()
+        purge = index.kv.purge
+
+        async def purge_failing_once(key: str, **kw: object) -> bool:
+            if not failed:
+                failed.append(key)
+                raise nats.errors.TimeoutError
+            return await purge(key, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(index.kv, "purge", purge_failing_once)
+        await deadlines.track(ExecutionState(eid, deadline_at=deadline_at, status="failed"), False, False)
+        async with asyncio.timeout(10):
+            while await index.of_partition(partition):
+                await asyncio.sleep(0.05)
+        assert failed
+    finally:
+        deadlines.cancel_all()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_deadline_whose_event_could_not_be_published_fires_again(
+    js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its execution may send no event for hours (one long task): the timer is armed again, not left
+    for the execution's next event."""
+    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.1)
+    await provision(js, topology, ("default",))
+    eid = "fired-again"
+    partition = topology.partition_of(eid)
+    flushes: list[int] = []
+    flush = Outbox.flush
+
+    async def flush_failing_once(self: Outbox) -> None:
+        flushes.append(1)
+        if len(flushes) == 1:
+            raise nats.errors.ConnectionClosedError
+        await flush(self)
+
+    monkeypatch.setattr(Outbox, "flush", flush_failing_once)
+    tasks: set[asyncio.Task[None]] = set()
+    deadlines = _held_deadlines(js, topology, partition, tasks)
+    deadlines.acquired(partition)
+    try:
+        deadlines.arm(eid, time.time())
+        async with asyncio.timeout(10):
+            while not [
+                e async for _, e in read_events(js, topology, eid, names=(E.EXECUTION_DEADLINE_EXCEEDED,))
+            ]:
+                await asyncio.sleep(0.05)
+        assert len(flushes) == 2
     finally:
         deadlines.cancel_all()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -19,6 +19,7 @@ from nats.js.client import JetStreamContext
 
 from noetl_stream import events as E
 from noetl_stream.control.effects import server_event
+from noetl_stream.control.groupcommit import retry_delay
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.outbox import Outbox
@@ -53,6 +54,8 @@ class Deadlines:
         self.index: DeadlineIndex | None = None
         self._indexed: set[str] = set()
         """Executions this controller has put in the index (and not removed since)."""
+        self._unindexed: dict[str, tuple[int, float | None, int]] = {}
+        """Index writes that failed, to try again: (partition, deadline to add or None to remove, failures)."""
         self._pending: set[int] = set()
         self._held: set[int] = set()
         """Partitions acquired and not released since (their re-arming is retried until it is done)."""
@@ -86,6 +89,8 @@ class Deadlines:
             self.timers.pop(eid).cancel()
         for eid in [e for e in self._indexed if self.topology.partition_of(e) == partition]:
             self._indexed.discard(eid)
+        for eid in [e for e, entry in self._unindexed.items() if entry[0] == partition]:
+            del self._unindexed[eid]
         self._held.discard(partition)
 
     def cancel_all(self) -> None:
@@ -94,11 +99,12 @@ class Deadlines:
         self.timers.clear()
         self._held.clear()
 
-    def _fire_soon(self, eid: str, deadline_at: float) -> None:
-        self._spawn(self.fire(eid, deadline_at))
+    def _fire_soon(self, eid: str, deadline_at: float, failures: int = 0) -> None:
+        self._spawn(self.fire(eid, deadline_at, failures))
 
-    async def fire(self, eid: str, deadline_at: float) -> None:
-        """Record ``execution.deadline.exceeded`` (deterministic id: firing twice is deduplicated)."""
+    async def fire(self, eid: str, deadline_at: float, failures: int = 0) -> None:
+        """Record ``execution.deadline.exceeded`` (deterministic id: firing twice is deduplicated).
+        ``failures``: how many times in a row its publish failed before."""
         self.timers.pop(eid, None)
         if self._is_terminal(eid):
             return
@@ -119,8 +125,14 @@ class Deadlines:
         outbox.event(ev)
         try:
             await outbox.flush()
-        except Exception as exc:  # retried when the next event of the execution re-arms the timer
-            log.warning("controller.deadline_publish_failed", execution_id=eid, error=str(exc))
+        except Exception as exc:  # (after the outbox's own retries): again in a while, while it is ours
+            log.warning(
+                "controller.deadline_publish_failed", execution_id=eid, error=str(exc) or type(exc).__name__
+            )
+            if eid not in self.timers:  # (a release cancels it, an end of the execution too)
+                delay = retry_delay(failures + 1)
+                loop = asyncio.get_running_loop()
+                self.timers[eid] = loop.call_later(delay, self._fire_soon, eid, deadline_at, failures + 1)
 
     # -- index -------------------------------------------------------------------------------------
     async def track(self, state: ExecutionState, was_terminal: bool, deadline_folded: bool) -> None:
@@ -130,16 +142,44 @@ class Deadlines:
             return
         eid = state.execution_id
         partition = self.topology.partition_of(eid)
+        if not state.terminal:
+            if eid not in self._indexed:
+                await self._index(eid, partition, state.deadline_at)
+        elif not was_terminal or eid in self._indexed or deadline_folded:
+            await self._index(eid, partition, None)
+
+    async def _index(self, eid: str, partition: int, deadline_at: float | None) -> None:
+        """Add the execution's key (``deadline_at``), or remove it (None). A failed write is tried again
+        (`retry_delay`) while the partition is held and no later write has said otherwise: a missing key
+        costs a timer after a takeover (an execution in one long task sends no event that would write it
+        again); a stale one, nothing (its next owner's timer finds it ended)."""
+        assert self.index is not None
         try:
-            if not state.terminal:
-                if eid not in self._indexed:
-                    await self.index.add(partition, eid, state.deadline_at)
-                    self._indexed.add(eid)
-            elif not was_terminal or eid in self._indexed or deadline_folded:
+            if deadline_at is not None:
+                await self.index.add(partition, eid, deadline_at)
+                self._indexed.add(eid)
+            else:
                 self._indexed.discard(eid)
                 await self.index.remove(partition, eid)
-        except Exception as exc:  # a missing key costs a timer after a takeover; a stale one, nothing
-            log.warning("controller.deadline_index_failed", execution_id=eid, error=str(exc))
+        except Exception as exc:
+            failures = self._unindexed[eid][2] + 1 if eid in self._unindexed else 1
+            self._unindexed[eid] = (partition, deadline_at, failures)
+            log.warning(
+                "controller.deadline_index_failed", execution_id=eid, error=str(exc) or type(exc).__name__
+            )
+            asyncio.get_running_loop().call_later(retry_delay(failures), self._index_again, eid, deadline_at)
+        else:
+            self._unindexed.pop(eid, None)
+
+    def _index_again(self, eid: str, deadline_at: float | None) -> None:
+        """A failed index write, again: unless a later write replaced it or its partition is not ours."""
+        entry = self._unindexed.get(eid)
+        if entry is None or entry[1] != deadline_at:
+            return  # written since, or a later write failed and has its own retry
+        if entry[0] not in self._held:
+            del self._unindexed[eid]
+            return
+        self._spawn(self._index(eid, entry[0], deadline_at))
 
     def acquired(self, partition: int) -> None:
         """A partition was taken: re-arm its timers (one task for the partitions of the same tick)."""

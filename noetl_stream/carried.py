@@ -1,11 +1,14 @@
-"""Worker events that travel inside the message of the boundary written with them.
+"""Events that travel inside the message of the event written right after them.
 
 A noop step run writes four worker events: ``step.started``, ``task.started``, ``task.done`` and
 ``step.done``. A step run that ends before they are published (the usual case: the worker publishes a
 command's events when it ends, or every ``PROGRESS_EVERY_S`` while it runs) sends the first three inside
-the boundary's message, in its ``carried`` list (`wire.Event`): one stored message instead of four. Each
-carried event is a whole event, with its own id and the time it happened; nothing about it changes but
-where it is stored. The controller folds the boundary and never looks at what it carries.
+the boundary's message, in its ``carried`` list (`wire.Event`): one stored message instead of four. The
+controller's fold of that boundary writes ``next.evaluated`` (its routing) and then ``step.scheduled`` of
+each step it delivers a token to: the first of those carries the routing. Each carried event is a whole
+event, with its own id and the time it happened; nothing about it changes but where it is stored. The
+controller folds the boundary and never looks at what it carries; nor does it fold ``step.scheduled``.
+Which names each carrier carries: `E.CARRIED_BY`.
 
 Readers take the carried events out in order, before their carrier (`expand`): an execution's history
 reads the same either way. A reader that asks for a carried name by subject (``task.done``) also reads
@@ -40,49 +43,57 @@ otherwise make one stored message a page no reader can return)."""
 
 
 def carry(ready: list[tuple[Event, bytes]], max_message_bytes: int) -> list[tuple[Event, bytes]]:
-    """``ready`` (events in publishing order, each with its encoding) with the carried events written just
-    before a final worker boundary moved into its message: the longest run of them right before it, of its
-    step run, within `CARRY_MAX_BYTES` and with the boundary within ``max_message_bytes``. Unchanged when
-    there is nothing to carry."""
+    """``ready`` (events in publishing order, each with its encoding) with each carrier's carried events
+    moved into its message: the longest run right before it of the names it carries (`E.CARRIED_BY`),
+    from the same execution and source (for a worker boundary, its own step run), within
+    `CARRY_MAX_BYTES` and with the carrier within ``max_message_bytes``. The same list (the same object)
+    when there is nothing to carry. Deterministic: the same events give the same messages, so a publish
+    retried after a crash has the same ``Nats-Msg-Id``s."""
     if len(ready) < 2:
         return ready
-    last, last_data = ready[-1]
-    if last.name not in E.CARRIERS or last.carried:
-        return ready
-    start = end = len(ready) - 1
-    size = 0
-    room = min(CARRY_MAX_BYTES, max_message_bytes - len(last_data) - 32)  # (32: the field's name)
-    while start > 0 and end - start < MAX_CARRIED:
-        ev, data = ready[start - 1]
-        if (
-            ev.name not in E.CARRIED_EVENTS
-            or ev.execution_id != last.execution_id
-            or ev.step_run_id != last.step_run_id
-            or ev.carried
-        ):
-            break
-        size += len(data) + 1  # (a comma between them)
-        if size > room:
-            break
-        start -= 1
-    if start == end:
-        return ready
-    carrier = msgspec.structs.replace(last, carried=[msgspec.Raw(data) for _, data in ready[start:end]])
-    return [*ready[:start], (carrier, encode(carrier))]
+    out: list[tuple[Event, bytes]] = []
+    for ev, data in ready:
+        names = E.CARRIED_BY.get(ev.name)
+        if names is None or ev.carried or not out:
+            out.append((ev, data))
+            continue
+        start = end = len(out)
+        size = 0
+        room = min(CARRY_MAX_BYTES, max_message_bytes - len(data) - 32)  # (32: the field's name)
+        while start > 0 and end - start < MAX_CARRIED:
+            before, before_data = out[start - 1]
+            if (
+                before.name not in names
+                or before.carried
+                or before.execution_id != ev.execution_id
+                or before.source != ev.source
+                or (ev.source == "worker" and before.step_run_id != ev.step_run_id)
+            ):
+                break
+            size += len(before_data) + 1  # (a comma between them)
+            if size > room:
+                break
+            start -= 1
+        if start == end:
+            out.append((ev, data))
+            continue
+        carrier = msgspec.structs.replace(ev, carried=[msgspec.Raw(d) for _, d in out[start:end]])
+        del out[start:]
+        out.append((carrier, encode(carrier)))
+    return out if len(out) < len(ready) else ready
 
 
 def expand(event: Event) -> list[Event]:
     """The events one stored message holds, in the order they were written: what ``event`` carries, then
-    itself (without them). A carried record that is not an event of the same execution, of a name that
-    may be carried, is dropped and logged (a message forged by someone who may publish on the subject):
-    the controller never reads it, so no reader may. So is a message carrying more than `MAX_CARRIED`."""
+    itself (without them). A carried record that is not an event this carrier may carry (a name it
+    carries, its execution and source, for a worker boundary its step run) is dropped and logged (a
+    message forged by someone who may publish on the subject): the controller never reads it, so no reader
+    may. So is everything a message carries beyond `MAX_CARRIED`, or that a non-carrier carries."""
     if not event.carried:
         return [event]
-    if len(event.carried) > MAX_CARRIED or event.source != "worker":
-        _bad(
-            event,
-            f"{len(event.carried)} records from the {event.source} (at most {MAX_CARRIED}, from a worker)",
-        )
+    names = E.CARRIED_BY.get(event.name)
+    if names is None or len(event.carried) > MAX_CARRIED:
+        _bad(event, f"{len(event.carried)} records (at most {MAX_CARRIED}, and only in a carrier)")
         return [msgspec.structs.replace(event, carried=[])]
     out: list[Event] = []
     for raw in event.carried:
@@ -93,11 +104,13 @@ def expand(event: Event) -> list[Event]:
             continue
         if inner.execution_id != event.execution_id:
             _bad(event, f"an event of another execution ({inner.execution_id})")
-        elif inner.name not in E.CARRIED_EVENTS:
-            _bad(event, f"a '{inner.name}' event, which is never carried")
+        elif inner.name not in names:
+            _bad(event, f"a '{inner.name}' event, which it never carries")
         elif inner.carried:
             _bad(event, "an event that carries events itself")
-        elif inner.source != "worker" or inner.step_run_id != event.step_run_id:
+        elif inner.source != event.source or (
+            event.source == "worker" and inner.step_run_id != event.step_run_id
+        ):
             _bad(event, f"an event of another step run or source ({inner.source}, {inner.step_run_id})")
         else:
             out.append(inner)
@@ -115,7 +128,9 @@ def subject_names(names: Iterable[str]) -> frozenset[str]:
     """The event names whose subjects hold the events named ``names``: a carried name's event may be
     stored inside a carrier's message."""
     wanted = frozenset(names)
-    return wanted | E.CARRIERS if wanted & E.CARRIED_EVENTS else wanted
+    if not wanted & E.CARRIED_EVENTS:
+        return wanted
+    return wanted | {carrier for carrier, carried in E.CARRIED_BY.items() if wanted & carried}
 
 
 def _bad(carrier: Event, why: str) -> None:

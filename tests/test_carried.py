@@ -58,19 +58,60 @@ def test_a_step_runs_events_travel_in_its_boundarys_message() -> None:
     assert expand(decode_event(data))[-1].carried == []
 
 
-@pytest.mark.parametrize("boundary", sorted(E.CARRIERS))
+@pytest.mark.parametrize("boundary", sorted(E.WORKER_CARRIERS))
 def test_every_worker_boundary_carries(boundary: str) -> None:
     (out,) = carry(ready(event(E.TASK_STARTED), event(E.TASK_DONE), event(boundary)), LIMIT)
     assert out[0].name == boundary and len(out[0].carried) == 2
 
 
-def test_only_the_run_right_before_the_boundary_is_carried() -> None:
-    # an iteration's boundary between them keeps the stream order: what comes before it is not carried
+def test_each_boundary_carries_the_run_right_before_it() -> None:
+    # a local loop's iterations: each boundary carries its own task events, and the order is kept
     evs = [event(n) for n in (E.TASK_STARTED, E.TASK_DONE, E.LOOP_ITERATION_DONE, E.TASK_DONE, E.LOOP_DONE)]
     out = carry(ready(*evs), LIMIT)
-    assert [e.name for e, _ in out] == [E.TASK_STARTED, E.TASK_DONE, E.LOOP_ITERATION_DONE, E.LOOP_DONE]
-    assert [len(e.carried) for e, _ in out] == [0, 0, 0, 1]
+    assert [(e.name, len(e.carried)) for e, _ in out] == [(E.LOOP_ITERATION_DONE, 2), (E.LOOP_DONE, 1)]
     assert [x for e, _ in out for x in expand(e)] == evs
+    # what is not carried keeps its place
+    evs = [event(n) for n in (E.STEP_STARTED, E.LOOP_STARTED, E.TASK_DONE, E.STEP_DONE)]
+    out = carry(ready(*evs), LIMIT)
+    assert [(e.name, len(e.carried)) for e, _ in out] == [
+        (E.STEP_STARTED, 0),
+        (E.LOOP_STARTED, 0),
+        (E.STEP_DONE, 1),
+    ]
+
+
+def server(name: str, run_id: str) -> Event:
+    return msgspec.structs.replace(
+        event(name), source="server", step_run_id=run_id, event_id=event_id("e1", run_id, name)
+    )
+
+
+def test_a_routing_travels_with_the_first_step_it_schedules() -> None:
+    evs = [
+        server(E.CTX_PATCHED, "start-1"),
+        server(E.NEXT_EVALUATED, "start-1"),
+        server(E.STEP_SCHEDULED, "a-1"),
+        server(E.STEP_SCHEDULED, "b-1"),
+    ]
+    out = carry(ready(*evs), LIMIT)
+    assert [(e.name, e.step_run_id, len(e.carried)) for e, _ in out] == [
+        (E.CTX_PATCHED, "start-1", 0),
+        (E.STEP_SCHEDULED, "a-1", 1),
+        (E.STEP_SCHEDULED, "b-1", 0),
+    ]
+    assert [x for e, _ in out for x in expand(decode_event(encode(e)))] == evs
+    # a routing with nothing scheduled after it (the last step, a skipped one) stays on its own
+    alone = ready(server(E.NEXT_EVALUATED, "start-1"), server(E.WORKFLOW_FINISHED, "x"))
+    assert carry(alone, LIMIT) is alone
+    # and a worker's event is never carried by the controller's, nor the other way
+    mixed = ready(event(E.TASK_DONE), server(E.STEP_SCHEDULED, "a-1"))
+    assert carry(mixed, LIMIT) is mixed
+    forged_routing = msgspec.structs.replace(
+        server(E.STEP_SCHEDULED, "a-1"), carried=[msgspec.Raw(encode(event(E.TASK_DONE)))]
+    )
+    with capture_logs() as logs:
+        assert expand(decode_event(encode(forged_routing)))[0].name == E.STEP_SCHEDULED
+    assert "'task.done' event, which it never carries" in logs[0]["error"]
 
 
 def test_nothing_is_carried_without_a_final_boundary() -> None:
@@ -118,7 +159,8 @@ def test_events_of_another_step_run_are_not_carried() -> None:
 
 
 def test_readers_asking_for_a_carried_name_read_the_carriers_too() -> None:
-    assert subject_names([E.TASK_DONE]) == {E.TASK_DONE} | E.CARRIERS
+    assert subject_names([E.TASK_DONE]) == {E.TASK_DONE} | E.WORKER_CARRIERS
+    assert subject_names([E.NEXT_EVALUATED]) == {E.NEXT_EVALUATED, E.STEP_SCHEDULED}
     assert subject_names([E.STEP_SCHEDULED]) == {E.STEP_SCHEDULED}
 
 
@@ -133,7 +175,7 @@ def forged(carried: list[bytes], execution_id: str = "e1") -> Event:
     [
         (b'{"not": "an event"}', "not an event"),
         (encode(event(E.TASK_DONE, "someone-else")), "another execution (someone-else)"),
-        (encode(event(E.WORKFLOW_FINISHED)), "'workflow.finished' event, which is never carried"),
+        (encode(event(E.WORKFLOW_FINISHED)), "'workflow.finished' event, which it never carries"),
         (
             encode(
                 msgspec.structs.replace(
@@ -198,6 +240,9 @@ async def test_a_fast_step_stores_one_worker_message(
     for name in (E.STEP_STARTED, E.TASK_STARTED, E.TASK_DONE):
         assert (await count_by_execution(js, topology, name)).get(eid, 0) == 0, name
     assert (await count_by_execution(js, topology, E.STEP_DONE))[eid] == 2
+    # ... and start's routing inside second's step.scheduled (second's routes nowhere: on its own)
+    assert (await count_by_execution(js, topology, E.NEXT_EVALUATED))[eid] == 1
+    assert r.names().index(E.NEXT_EVALUATED) + 1 == r.names().index(E.STEP_SCHEDULED, 5)
     # ... and every event reads back, in order, for the client and for a history read
     for step in ("start", "second"):
         seen = [e.name for e in r.events if e.step == step and e.source == "worker"]
@@ -207,6 +252,8 @@ async def test_a_fast_step_stores_one_worker_message(
     assert [e.name for _, e in history if e.step == "start"][1:5] == [*RUN, E.STEP_DONE]
     named = [e.name async for _, e in read_events(js, topology, eid, names=(E.TASK_DONE, E.STEP_SCHEDULED))]
     assert named == [E.STEP_SCHEDULED, E.TASK_DONE, E.STEP_SCHEDULED, E.TASK_DONE]
+    routed = [e.step async for _, e in read_events(js, topology, eid, names=(E.NEXT_EVALUATED,))]
+    assert routed == ["start", "second"]
     diffs, _ = await verify(js, topology, eid)
     assert diffs == []
 

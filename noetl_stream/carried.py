@@ -1,14 +1,13 @@
-"""Events that travel inside the message of the event written right after them.
+"""Worker events that travel inside the message of the boundary written right after them.
 
 A noop step run writes four worker events: ``step.started``, ``task.started``, ``task.done`` and
 ``step.done``. A step run that ends before they are published (the usual case: the worker publishes a
 command's events when it ends, or every ``PROGRESS_EVERY_S`` while it runs) sends the first three inside
-the boundary's message, in its ``carried`` list (`wire.Event`): one stored message instead of four. The
-controller's fold of that boundary writes ``next.evaluated`` (its routing) and then ``step.scheduled`` of
-each step it delivers a token to: the first of those carries the routing. Each carried event is a whole
-event, with its own id and the time it happened; nothing about it changes but where it is stored. The
-controller folds the boundary and never looks at what it carries; nor does it fold ``step.scheduled``.
-Which names each carrier carries: `E.CARRIED_BY`.
+the boundary's message, in its ``carried`` list (`wire.Event`): one stored message instead of four; a
+loop iteration's boundary carries its task events alike. Each carried event is a whole event, with its
+own id and the time it happened; nothing about it changes but where it is stored. The controller folds
+the boundary and never looks at what it carries. Which names each carrier carries: `E.CARRIED_BY` (the
+controller's own events are never carried: see there).
 
 Readers take the carried events out in order, before their carrier (`expand`): an execution's history
 reads the same either way. A reader that asks for a carried name by subject (``task.done``) also reads
@@ -45,7 +44,7 @@ otherwise make one stored message a page no reader can return)."""
 def carry(ready: list[tuple[Event, bytes]], max_message_bytes: int) -> list[tuple[Event, bytes]]:
     """``ready`` (events in publishing order, each with its encoding) with each carrier's carried events
     moved into its message: the longest run right before it of the names it carries (`E.CARRIED_BY`),
-    from the same execution and source (for a worker boundary, its own step run), within
+    from the same execution, source and step run, within
     `CARRY_MAX_BYTES` and with the carrier within ``max_message_bytes``. The same list (the same object)
     when there is nothing to carry. Deterministic: the same events give the same messages, so a publish
     retried after a crash has the same ``Nats-Msg-Id``s."""
@@ -67,7 +66,7 @@ def carry(ready: list[tuple[Event, bytes]], max_message_bytes: int) -> list[tupl
                 or before.carried
                 or before.execution_id != ev.execution_id
                 or before.source != ev.source
-                or (ev.source == "worker" and before.step_run_id != ev.step_run_id)
+                or before.step_run_id != ev.step_run_id
             ):
                 break
             size += len(before_data) + 1  # (a comma between them)
@@ -86,14 +85,14 @@ def carry(ready: list[tuple[Event, bytes]], max_message_bytes: int) -> list[tupl
 def expand(event: Event) -> list[Event]:
     """The events one stored message holds, in the order they were written: what ``event`` carries, then
     itself (without them). A carried record that is not an event this carrier may carry (a name it
-    carries, its execution and source, for a worker boundary its step run) is dropped and logged (a
-    message forged by someone who may publish on the subject): the controller never reads it, so no reader
-    may. So is everything a message carries beyond `MAX_CARRIED`, or that a non-carrier carries."""
+    carries, a worker's, of its execution and step run) is dropped and logged (a message forged by someone
+    who may publish on the subject): the controller never reads it, so no reader may. So is everything a
+    message carries beyond `MAX_CARRIED`, or that anything but a worker's boundary carries."""
     if not event.carried:
         return [event]
     names = E.CARRIED_BY.get(event.name)
-    if names is None or len(event.carried) > MAX_CARRIED:
-        _bad(event, f"{len(event.carried)} records (at most {MAX_CARRIED}, and only in a carrier)")
+    if names is None or event.source != "worker" or len(event.carried) > MAX_CARRIED:
+        _bad(event, f"{len(event.carried)} records (at most {MAX_CARRIED}, and only in a worker's boundary)")
         return [msgspec.structs.replace(event, carried=[])]
     out: list[Event] = []
     for raw in event.carried:
@@ -108,9 +107,7 @@ def expand(event: Event) -> list[Event]:
             _bad(event, f"a '{inner.name}' event, which it never carries")
         elif inner.carried:
             _bad(event, "an event that carries events itself")
-        elif inner.source != event.source or (
-            event.source == "worker" and inner.step_run_id != event.step_run_id
-        ):
+        elif inner.source != "worker" or inner.step_run_id != event.step_run_id:
             _bad(event, f"an event of another step run or source ({inner.source}, {inner.step_run_id})")
         else:
             out.append(inner)

@@ -66,19 +66,16 @@ WORKER_EVENTS: Final = frozenset(
     }
 )
 
-# Events that may travel inside the message of the event written right after them (`carried.py`), by
-# that event's name: a worker's step run that ends before its events are published sends them in its
-# boundary's message; the controller's routing of a step run, in the message of the step it schedules.
-_WORKER_CARRIED: Final = frozenset({STEP_STARTED, TASK_STARTED, TASK_DONE})
-CARRIED_BY: Final = {
-    **dict.fromkeys(
-        (STEP_DONE, STEP_FAILED, LOOP_DONE, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED), _WORKER_CARRIED
-    ),
-    STEP_SCHEDULED: frozenset({NEXT_EVALUATED}),
-}
-CARRIED_EVENTS: Final = frozenset().union(*CARRIED_BY.values())
+# Worker events that may travel inside the message of the worker boundary written right after them
+# (`carried.py`), by that boundary's name: a step run (or a loop iteration) that ends before its events
+# are published sends them in its boundary's message. (The controller's own events are not carried: a
+# controller of an older release resuming an execution would not see a carried effect as stored, and
+# would write it again; and carrying `next.evaluated` in `step.scheduled` measured no faster.)
+CARRIED_EVENTS: Final = frozenset({STEP_STARTED, TASK_STARTED, TASK_DONE})
+CARRIED_BY: Final = dict.fromkeys(
+    (STEP_DONE, STEP_FAILED, LOOP_DONE, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED), CARRIED_EVENTS
+)
 CARRIERS: Final = frozenset(CARRIED_BY)
-WORKER_CARRIERS: Final = frozenset(c for c, names in CARRIED_BY.items() if names == _WORKER_CARRIED)
 
 # Terminal boundary events of a step run: the controller evaluates `next` arcs on these.
 BOUNDARY_EVENTS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE})

@@ -189,7 +189,7 @@ def test_generator_follows_topology_settings(tmp_path: Path) -> None:
     subscribe = generate.permissions(acme)["controller"]["subscribe"]["allow"]
     assert {acme.any_execution_filter(n) for n in ("task.started", "task.done")} <= set(subscribe)
     # ... and to the worker boundaries that may carry them (noetl_stream/carried.py)
-    assert {acme.any_execution_filter(n) for n in E.WORKER_CARRIERS} <= set(subscribe)
+    assert {acme.any_execution_filter(n) for n in E.CARRIERS} <= set(subscribe)
     assert not any(s.startswith("noetl.") for s in subscribe)
 
 

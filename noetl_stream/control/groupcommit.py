@@ -20,7 +20,6 @@ import msgspec
 import structlog
 
 from noetl_stream import events as E
-from noetl_stream.carried import carry
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.reducer import Effects
 from noetl_stream.control.state import ExecutionState
@@ -220,14 +219,12 @@ class GroupCommit:
         for fx in f.effects:
             if fx.blobs or fx.loop_results:
                 return None
-            events: list[tuple[Event, bytes]] = []
             for ev in fx.events:
                 ev.controller, ev.fence = self.ctl.controller_id, fence
                 data = encode(ev)
                 if len(data) > SAFE_MESSAGE_BYTES:
                     return None
-                events.append((ev, data))
-            ready.extend(carry(events, SAFE_MESSAGE_BYTES))  # (one fold's: as resume.py groups them)
+                ready.append((ev, data))
             for cmd in fx.commands:
                 data = encode(cmd)
                 if len(data) > SAFE_MESSAGE_BYTES:
@@ -250,7 +247,6 @@ class GroupCommit:
         for fx in f.effects:
             for blob in fx.blobs:  # before anything that depends on it is published or snapshotted
                 await self.ctl.results.put_encoded(blob.key, blob.data)
-            events: list[tuple[Event, bytes]] = []
             for ev in fx.events:
                 ev.controller, ev.fence = self.ctl.controller_id, fence
                 spec = fx.loop_results.get(ev.event_id)
@@ -260,8 +256,6 @@ class GroupCommit:
                 data = encode(ev)
                 if len(data) > SAFE_MESSAGE_BYTES:  # a large result goes by reference
                     ev, data = await fit(self.ctl.results, ev, data)
-                events.append((ev, data))
-            for ev, data in carry(events, SAFE_MESSAGE_BYTES):
                 outbox.event(ev, data)
             for cmd in fx.commands:
                 data = encode(cmd)

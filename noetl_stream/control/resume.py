@@ -21,9 +21,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
-from noetl_stream.carried import carry
 from noetl_stream.control.effects import Blob, LoopResults
-from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
+from noetl_stream.control.loopresults import complete, fit
 from noetl_stream.control.reducer import Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.history import read_events
@@ -64,8 +63,7 @@ async def resume(
     out.state = state
     stored: set[str] = set()
     worked: set[tuple[str | None, int | None]] = set()
-    effects_events: list[tuple[int, Event]] = []
-    """(which fold wrote it, the event): one fold's events are carried as the controller carries them."""
+    effects_events: list[Event] = []
     effects_commands: list[Command] = []
     blobs: dict[str, Blob] = {}
     loop_results: dict[str, LoopResults] = {}
@@ -79,12 +77,11 @@ async def resume(
             continue
         out.state, fx = reducer.apply(out.state, event, seq)
         out.replayed += 1
-        effects_events.extend((out.replayed, ev) for ev in fx.events)
+        effects_events.extend(fx.events)
         effects_commands.extend(fx.commands)
         blobs.update((b.key, b) for b in fx.blobs)
         loop_results.update(fx.loop_results)
-    missing = [(fold, ev) for fold, ev in effects_events if ev.event_id not in stored]
-    out.events = [ev for _, ev in missing]
+    out.events = [ev for ev in effects_events if ev.event_id not in stored]
     unknown = [cmd for cmd in effects_commands if not _worked_on(cmd, worked)]
     if unknown:
         queued = await queued_command_ids(js, topology, execution_id)
@@ -94,8 +91,7 @@ async def resume(
         await results.put_encoded(blob.key, blob.data)
     if out.events or out.commands:
         outbox = Outbox(js, topology)
-        group: list[tuple[Event, bytes]] = []
-        for i, (fold, ev) in enumerate(missing):
+        for i, ev in enumerate(out.events):
             if stamp is not None:
                 stamp(ev)
             spec = loop_results.get(ev.event_id)
@@ -103,11 +99,7 @@ async def resume(
                 ev = await complete(js, topology, results, ev, spec)
             ev, data = await fit(results, ev)
             out.events[i] = ev
-            group.append((ev, data))
-            if i + 1 == len(missing) or missing[i + 1][0] != fold:  # one fold's missing events
-                for carrier, carrier_data in carry(group, SAFE_MESSAGE_BYTES):
-                    outbox.event(carrier, carrier_data)
-                group = []
+            outbox.event(ev, data)
         for cmd in out.commands:
             outbox.command(cmd)
         await outbox.flush()

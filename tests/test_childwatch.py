@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator
 
@@ -226,5 +227,47 @@ async def test_a_childs_index_key_whose_write_failed_is_written_again(
             assert time.monotonic() < deadline, f"the child's key was not written again after {failed}"
             await asyncio.sleep(0.05)
         assert failed == [ChildIndex.key(partition, child)]
+    finally:
+        await watch.stop()
+
+
+async def test_a_parents_end_that_cannot_be_read_is_read_again_later_and_later(
+    nc: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While NATS does not answer, a parent's end is read again after 1 s doubling to 30 s (here 0.05 s
+    doubling): one warning per try, not one a second for as long as the outage lasts. Once read, its
+    child is cancelled."""
+    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.05)  # (the controller's retry_delay)
+    await provision(js, topology, ("default",))
+    parent, child = new_execution_id(), new_execution_id()
+    await js.publish(topology.event_subject(parent, E.WORKFLOW_FINISHED), encode(_finished(parent, "failed")))
+    reads: list[float] = []
+    get_last_msg = JetStreamContext.get_last_msg
+
+    async def failing_four_times(self: JetStreamContext, stream: str, subject: str) -> object:
+        if parent in subject:
+            reads.append(time.monotonic())
+            if len(reads) <= 4:
+                raise nats.errors.TimeoutError  # the server did not answer in time
+        return await get_last_msg(self, stream, subject)
+
+    monkeypatch.setattr(JetStreamContext, "get_last_msg", failing_four_times)
+    watch = _watch(nc, topology)
+    try:
+        await watch.start()
+        watch.note(ExecutionState(child, parent_execution_id=parent))
+        deadline = time.monotonic() + 10
+        while not await _cancels(js, topology, child):
+            assert time.monotonic() < deadline, (
+                f"the child runs on after {len(reads)} reads of its parent's end"
+            )
+            await asyncio.sleep(0.05)
+        assert await _cancels(js, topology, child) == [f"parent execution {parent} ended (failed)"]
+        assert len(reads) == 5
+        gaps = [b - a for a, b in itertools.pairwise(reads)]
+        for i, gap in enumerate(gaps):  # (a timer never fires early; it may fire late on a loaded machine)
+            assert gap >= 0.05 * 2**i * 0.9, gaps
+        assert gaps[3] >= 2 * gaps[0], f"the reads did not back off: {gaps}"  # 0.4 s against 0.05 s
+        assert watch._check_failures == {}
     finally:
         await watch.stop()

@@ -50,8 +50,9 @@ log = structlog.get_logger(__name__)
 __all__ = ["ChildWatch"]
 
 RETRY_S = 1.0
-"""How soon a parent whose end could not be read, or whose children's cancels could not be written, is
-tried again (while children of it are held here)."""
+"""How soon a parent whose children are held here while their partition's lease is not valid yet (by
+our clock) is tried again. One whose end could not be read, or whose children's cancels could not be
+written, is tried again after `retry_delay` (1 s doubling to 30 s, while children of it are held here)."""
 GETS_AT_ONCE = 32
 """Direct gets of executions' ends in flight at once (a takeover checks every indexed child)."""
 WRITES_AT_ONCE = 64
@@ -96,6 +97,8 @@ class ChildWatch:
         """Index writes to make, by child: its parent (add) or None (remove); the last one wins."""
         self._write_failures: dict[str, int] = {}
         """Children whose last index write failed, and how many times in a row (the retry's backoff)."""
+        self._check_failures: dict[str, int] = {}
+        """Parents whose last check failed (a read, a publish), and how many times in a row."""
         self._unchecked: set[str] = set()
         """Parents whose end is to be read (children of theirs were added since the last read)."""
         self._ended: OrderedDict[str, str] = OrderedDict()
@@ -143,6 +146,7 @@ class ChildWatch:
         self.parent_of.clear()
         self._ended.clear()
         self._write_failures.clear()
+        self._check_failures.clear()
 
     # -- the index ---------------------------------------------------------------------------------
     def note(self, state: ExecutionState) -> None:
@@ -290,7 +294,7 @@ class ChildWatch:
                 except Exception as exc:  # (not connected): all of them again in a moment
                     log.warning("controller.end_subscribe_failed", error=str(exc) or type(exc).__name__)
                     for parent in self._unchecked:
-                        self._retry(parent)
+                        self._retry(parent, failed=True)
                     self._unchecked = set()
                     return
                 parents, self._unchecked = self._unchecked, set()
@@ -309,10 +313,12 @@ class ChildWatch:
                 parent_execution_id=parent,
                 error=str(exc) or type(exc).__name__,
             )
-            self._retry(parent)
+            self._retry(parent, failed=True)
             return
         if status is not None and status != "success":
             await self._cancel(parent, status)
+        else:
+            self._check_failures.pop(parent, None)
 
     async def _end_of(self, execution_id: str) -> str | None:
         """How the execution ended (its stored ``workflow.finished``); None while it has not."""
@@ -365,7 +371,8 @@ class ChildWatch:
                     children=cancelled,
                     error=str(exc) or type(exc).__name__,
                 )
-                later = True
+                self._retry(parent, failed=True)
+                return
             else:
                 log.info(
                     "controller.children_cancelled",
@@ -373,18 +380,28 @@ class ChildWatch:
                     parent_status=status,
                     children=cancelled,
                 )
+        self._check_failures.pop(parent, None)
         if later:
             self._retry(parent)
 
-    def _retry(self, parent: str) -> None:
-        """Check `parent` again in a moment, while children of it are held here. (Its children's cancels
-        have one id each: published again, they are stored once.)"""
-        if not self._stopped:
-            asyncio.get_running_loop().call_later(RETRY_S, self._retry_now, parent)
+    def _retry(self, parent: str, failed: bool = False) -> None:
+        """Check `parent` again in a moment, while children of it are held here: in `RETRY_S`, or after a
+        failure in `retry_delay` of the failures in a row (one warning per parent per try while NATS is
+        away, not one a second). (Its children's cancels have one id each: published again, they are
+        stored once.)"""
+        if self._stopped:
+            return
+        delay = RETRY_S
+        if failed:
+            failures = self._check_failures[parent] = self._check_failures.get(parent, 0) + 1
+            delay = retry_delay(failures)
+        asyncio.get_running_loop().call_later(delay, self._retry_now, parent)
 
     def _retry_now(self, parent: str) -> None:
         if parent in self.children and not self._stopped:
             self._check_soon(parent)
+        else:
+            self._check_failures.pop(parent, None)
 
     # -- the subscription ---------------------------------------------------------------------------
     async def _listen(self) -> None:

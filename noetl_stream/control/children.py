@@ -38,6 +38,7 @@ from nats.aio.msg import Msg
 
 from noetl_stream import events as E
 from noetl_stream.control.groupcommit import retry_delay
+from noetl_stream.control.indexwriter import IndexWriter
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.history import end_status, last_event
@@ -55,8 +56,6 @@ our clock) is tried again. One whose end could not be read, or whose children's 
 written, is tried again after `retry_delay` (1 s doubling to 30 s, while children of it are held here)."""
 GETS_AT_ONCE = 32
 """Direct gets of executions' ends in flight at once (a takeover checks every indexed child)."""
-WRITES_AT_ONCE = 64
-"""Index writes in flight at once."""
 IDLE_S = 30.0
 """How long the subscription stays open once no running child is held (children come in bursts)."""
 RECONNECT_POLL_S = 1.0
@@ -93,10 +92,8 @@ class ChildWatch:
         """Parent execution id -> its running children held here."""
         self.parent_of: dict[str, str] = {}
         """Running child held here -> its parent."""
-        self._writes: dict[str, str | None] = {}
-        """Index writes to make, by child: its parent (add) or None (remove); the last one wins."""
-        self._write_failures: dict[str, int] = {}
-        """Children whose last index write failed, and how many times in a row (the retry's backoff)."""
+        self._writer: IndexWriter[str] | None = None
+        """Writes the index: by child, its parent (add) or None (remove)."""
         self._check_failures: dict[str, int] = {}
         """Parents whose last check failed (a read, a publish), and how many times in a row."""
         self._unchecked: set[str] = set()
@@ -104,7 +101,6 @@ class ChildWatch:
         self._ended: OrderedDict[str, str] = OrderedDict()
         """Executions heard ending otherwise than with success while none of their children was held, the
         last `ENDS_KEPT` (an end is heard before it is stored: a child added meanwhile reads no end)."""
-        self._writer: asyncio.Task[None] | None = None
         self._checker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._gets = asyncio.Semaphore(GETS_AT_ONCE)
@@ -124,6 +120,10 @@ class ChildWatch:
 
     async def start(self) -> None:
         self._stopped = False
+        if self.index is not None:
+            self._writer = IndexWriter(
+                self.index, self.topology, self._still, "controller.child_index_failed"
+            )
         self._reconnects = self.nc.stats["reconnects"]
         self._spawn(self._watch_reconnects())
 
@@ -137,15 +137,12 @@ class ChildWatch:
             task.cancel()
         if self._checker is not None:
             self._checker.cancel()
-        writer = self._writer
-        if writer is not None:
-            await asyncio.wait({writer}, timeout=STOP_WRITES_S)
-            writer.cancel()
+        if self._writer is not None:
+            await self._writer.stop(STOP_WRITES_S)
         await self._unlisten(force=True)
         self.children.clear()
         self.parent_of.clear()
         self._ended.clear()
-        self._write_failures.clear()
         self._check_failures.clear()
 
     # -- the index ---------------------------------------------------------------------------------
@@ -198,55 +195,17 @@ class ChildWatch:
             self._idle = asyncio.get_running_loop().call_later(IDLE_S, self._idle_now)
 
     def _write(self, child: str, parent: str | None) -> None:
-        if self.index is None:
-            return
-        self._writes[child] = parent
-        if self._writer is None:
-            self._writer = asyncio.ensure_future(self._write_all())
+        if self._writer is not None:
+            self._writer.write(child, parent)
 
-    async def _write_all(self) -> None:
-        """Write what is pending, in rounds (a child's add and remove in one round: only the remove)."""
-        try:
-            while self._writes:
-                writes, self._writes = list(self._writes.items()), {}
-                for i in range(0, len(writes), WRITES_AT_ONCE):
-                    await asyncio.gather(*(self._write_one(c, p) for c, p in writes[i : i + WRITES_AT_ONCE]))
-        finally:
-            self._writer = None
-
-    async def _write_one(self, child: str, parent: str | None) -> None:
-        assert self.index is not None
-        partition = self.topology.partition_of(child)
-        try:
-            if parent is None:
-                await self.index.remove(partition, child)
-            else:
-                await self.index.add(partition, child, parent)
-        except Exception as exc:
-            # Written again in a moment while it still says what is true here. Until then, a missing key:
-            # a next owner learns of the child when it loads it (its next event; a child in one long task
-            # sends none); a stale one: a next owner finds the child ended and removes it.
-            log.warning(
-                "controller.child_index_failed", execution_id=child, error=str(exc) or type(exc).__name__
-            )
-            if not self._stopped:
-                failures = self._write_failures[child] = self._write_failures.get(child, 0) + 1
-                asyncio.get_running_loop().call_later(retry_delay(failures), self._write_again, child, parent)
-        else:
-            self._write_failures.pop(child, None)
-
-    def _write_again(self, child: str, parent: str | None) -> None:
-        """A failed index write, again: unless a later one is pending, or it is no longer true here (the
-        child ended or was added since, or its partition is not held any more)."""
-        if (
-            self._stopped
-            or child in self._writes
-            or self.parent_of.get(child) != parent
-            or (parent is not None and not self._held(self.topology.partition_of(child)))
-        ):
-            self._write_failures.pop(child, None)
-            return
-        self._write(child, parent)
+    def _still(self, child: str, parent: str | None) -> bool:
+        """A failed index write still says what is true here: the child is (still) held with this parent
+        on a partition held here, or (a removal) not held any more. Until it is written, a missing key: a
+        next owner learns of the child when it loads it (its next event; a child in one long task sends
+        none); a stale one: a next owner finds the child ended and removes it."""
+        if self.parent_of.get(child) != parent:
+            return False
+        return parent is None or self._held(self.topology.partition_of(child))
 
     async def _take(self, partition: int) -> None:
         """Add the partition's indexed children, but those that have ended (a key left by a controller

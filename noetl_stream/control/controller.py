@@ -292,6 +292,7 @@ class Controller:
         if self.leases is not None:
             await self.leases.stop()  # each partition: stop pulling, write snapshots, free the lease
         await self.children.stop()
+        await self.deadlines.stop()
         await self._flush_snapshots()
         self._stopped.set()
 

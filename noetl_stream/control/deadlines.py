@@ -20,6 +20,7 @@ from nats.js.client import JetStreamContext
 from noetl_stream import events as E
 from noetl_stream.control.effects import server_event
 from noetl_stream.control.groupcommit import retry_delay
+from noetl_stream.control.indexwriter import IndexWriter
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.outbox import Outbox
@@ -54,8 +55,8 @@ class Deadlines:
         self.index: DeadlineIndex | None = None
         self._indexed: set[str] = set()
         """Executions this controller has put in the index (and not removed since)."""
-        self._unindexed: dict[str, tuple[int, float | None, int]] = {}
-        """Index writes that failed, to try again: (partition, deadline to add or None to remove, failures)."""
+        self._writer: IndexWriter[float] | None = None
+        """Writes the index: by execution, its deadline (add) or None (remove)."""
         self._pending: set[int] = set()
         self._held: set[int] = set()
         """Partitions acquired and not released since (their re-arming is retried until it is done)."""
@@ -64,6 +65,12 @@ class Deadlines:
         """Start indexing (``topology``: the installation's, as the controller read it at start)."""
         self.index = index
         self.topology = topology
+        self._writer = IndexWriter(index, topology, self._still, "controller.deadline_index_failed")
+
+    async def stop(self, timeout: float = 2.0) -> None:
+        """Let the index writes in flight finish (briefly)."""
+        if self._writer is not None:
+            await self._writer.stop(timeout)
 
     # -- timers ------------------------------------------------------------------------------------
     def arm_state(self, state: ExecutionState) -> None:
@@ -89,8 +96,6 @@ class Deadlines:
             self.timers.pop(eid).cancel()
         for eid in [e for e in self._indexed if self.topology.partition_of(e) == partition]:
             self._indexed.discard(eid)
-        for eid in [e for e, entry in self._unindexed.items() if entry[0] == partition]:
-            del self._unindexed[eid]
         self._held.discard(partition)
 
     def cancel_all(self) -> None:
@@ -135,51 +140,28 @@ class Deadlines:
                 self.timers[eid] = loop.call_later(delay, self._fire_soon, eid, deadline_at, failures + 1)
 
     # -- index -------------------------------------------------------------------------------------
-    async def track(self, state: ExecutionState, was_terminal: bool, deadline_folded: bool) -> None:
+    def track(self, state: ExecutionState, was_terminal: bool, deadline_folded: bool) -> None:
         """After a fold: index an execution with a deadline while it runs, remove it when it ends (also
-        when a deadline event reached an execution that had ended: a key left by a crash)."""
-        if state.deadline_at is None or self.index is None:
+        when a deadline event reached an execution that had ended: a key left by a crash). The write goes
+        out off the fold's path (`IndexWriter`: a failed one is tried again while `_still` holds)."""
+        if state.deadline_at is None or self._writer is None:
             return
         eid = state.execution_id
-        partition = self.topology.partition_of(eid)
         if not state.terminal:
             if eid not in self._indexed:
-                await self._index(eid, partition, state.deadline_at)
-        elif not was_terminal or eid in self._indexed or deadline_folded:
-            await self._index(eid, partition, None)
-
-    async def _index(self, eid: str, partition: int, deadline_at: float | None) -> None:
-        """Add the execution's key (``deadline_at``), or remove it (None). A failed write is tried again
-        (`retry_delay`) while the partition is held and no later write has said otherwise: a missing key
-        costs a timer after a takeover (an execution in one long task sends no event that would write it
-        again); a stale one, nothing (its next owner's timer finds it ended)."""
-        assert self.index is not None
-        try:
-            if deadline_at is not None:
-                await self.index.add(partition, eid, deadline_at)
                 self._indexed.add(eid)
-            else:
-                self._indexed.discard(eid)
-                await self.index.remove(partition, eid)
-        except Exception as exc:
-            failures = self._unindexed[eid][2] + 1 if eid in self._unindexed else 1
-            self._unindexed[eid] = (partition, deadline_at, failures)
-            log.warning(
-                "controller.deadline_index_failed", execution_id=eid, error=str(exc) or type(exc).__name__
-            )
-            asyncio.get_running_loop().call_later(retry_delay(failures), self._index_again, eid, deadline_at)
-        else:
-            self._unindexed.pop(eid, None)
+                self._writer.write(eid, state.deadline_at)
+        elif not was_terminal or eid in self._indexed or deadline_folded:
+            self._indexed.discard(eid)
+            self._writer.write(eid, None)
 
-    def _index_again(self, eid: str, deadline_at: float | None) -> None:
-        """A failed index write, again: unless a later write replaced it or its partition is not ours."""
-        entry = self._unindexed.get(eid)
-        if entry is None or entry[1] != deadline_at:
-            return  # written since, or a later write failed and has its own retry
-        if entry[0] not in self._held:
-            del self._unindexed[eid]
-            return
-        self._spawn(self._index(eid, entry[0], deadline_at))
+    def _still(self, eid: str, deadline_at: float | None) -> bool:
+        """A failed index write still says what is true here: its partition is held, and the execution
+        is indexed (an add) or not (a removal). Until it is written, a missing key costs a timer after a
+        takeover (an execution in one long task sends no event that would write it again); a stale one,
+        nothing (its next owner's timer finds it ended)."""
+        held = self.topology.partition_of(eid) in self._held
+        return held and (eid in self._indexed) == (deadline_at is not None)
 
     def acquired(self, partition: int) -> None:
         """A partition was taken: re-arm its timers (one task for the partitions of the same tick)."""

@@ -276,7 +276,7 @@ class GroupCommit:
             self.ctl.deadlines.arm_state(state)
             if state.deadline_at is not None:
                 deadline = any(ev.name == E.EXECUTION_DEADLINE_EXCEEDED for _, ev, _ in batch)
-                await self.ctl.deadlines.track(state, f.was_terminal, deadline)
+                self.ctl.deadlines.track(state, f.was_terminal, deadline)
             # Under the lease this fold published with. A final snapshot stored: keep a lean copy.
             if (
                 self.ctl.snapshots.due(state)

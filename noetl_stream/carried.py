@@ -117,8 +117,7 @@ def expand(event: Event) -> list[Event]:
 
 def decode_all(data: bytes) -> list[Event]:
     """The events of one stored message (`expand`); ``msgspec.DecodeError`` if it is not an event."""
-    event = decode_event(data)
-    return expand(event) if event.carried else [event]
+    return expand(decode_event(data))
 
 
 def subject_names(names: Iterable[str]) -> frozenset[str]:

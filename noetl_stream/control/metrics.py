@@ -30,11 +30,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from noetl_stream import events as E
-from noetl_stream.carried import expand, subject_names
+from noetl_stream.carried import decode_all, subject_names
 from noetl_stream.control.reducer import PlanCache
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, decode_event
+from noetl_stream.wire import Event
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -241,11 +241,7 @@ class Metrics:
         if not msg.subject.endswith(_TASK_SUBJECTS) and b'"carried":' not in msg.data:
             return  # a boundary that carries nothing: not decoded (the results it may hold can be large)
         try:
-            event = decode_event(msg.data)
-            if event.carried:
-                for one in expand(event):
-                    self.task_event(one)
-            else:
+            for event in decode_all(msg.data):
                 self.task_event(event)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             return

@@ -182,3 +182,19 @@ async def runtime(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterato
     """A controller and one worker (16 concurrent commands) on the test's own topology."""
     async with local_runtime(nats_server.url, topology=topology, workers=1, concurrency=16) as rt:
         yield rt
+
+
+@pytest.fixture
+async def informative(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
+    """The same with ``--task-events informative``."""
+    async with local_runtime(nats_server.url, topology=topology, task_events="informative") as rt:
+        yield rt
+
+
+@pytest.fixture
+def no_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers publish no progress while a command runs, however loaded the machine: a step's events all
+    go out when it ends (with its boundary)."""
+    from noetl_stream.dataplane import worker
+
+    monkeypatch.setattr(worker, "PROGRESS_EVERY_S", 30.0)

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 from eventlog import count_by_execution, total
-from helpers import playbook, run
+from helpers import Run, playbook, run
 from structlog.testing import capture_logs
 
 from noetl_stream import events as E
 from noetl_stream.carried import CARRY_MAX_BYTES, MAX_CARRIED, carry, decode_all, expand, subject_names
+from noetl_stream.control.effects import server_event
 from noetl_stream.control.replay import verify
-from noetl_stream.dataplane import worker as worker_module
 from noetl_stream.dataplane.command import MAX_EVENT_BYTES
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events, scan
@@ -37,6 +37,11 @@ def event(name: str, execution_id: str = "e1", payload: dict[str, object] | None
         step="start",
         step_run_id="start-1",
     )
+
+
+def worker_names(r: Run, step: str) -> list[str]:
+    """The names of `step`'s worker events, in stream order."""
+    return [e.name for e in r.events if e.step == step and e.source == "worker"]
 
 
 def ready(*events: Event) -> list[tuple[Event, bytes]]:
@@ -81,9 +86,7 @@ def test_each_boundary_carries_the_run_right_before_it() -> None:
 
 
 def server(name: str, run_id: str) -> Event:
-    return msgspec.structs.replace(
-        event(name), source="server", step_run_id=run_id, event_id=event_id("e1", run_id, name)
-    )
+    return server_event("e1", name, "step", run_id, "success", run_id, {}, run_id.split("-")[0], run_id)
 
 
 def test_the_controllers_events_are_never_carried() -> None:
@@ -220,11 +223,7 @@ CHAIN = """
 """
 
 
-async def test_a_fast_step_stores_one_worker_message(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # (no progress published while a noop step runs, however loaded the machine: only its boundary)
-    monkeypatch.setattr(worker_module, "PROGRESS_EVERY_S", 30.0)
+async def test_a_fast_step_stores_one_worker_message(runtime: Runtime, no_progress: None) -> None:
     r = await run(runtime, playbook(CHAIN))
     assert r.status == "success" and r.result == 2, r.summary.error
     eid = r.summary.execution_id
@@ -239,8 +238,7 @@ async def test_a_fast_step_stores_one_worker_message(
     assert (await count_by_execution(js, topology, E.STEP_SCHEDULED))[eid] == 2
     # ... and every event reads back, in order, for the client and for a history read
     for step in ("start", "second"):
-        seen = [e.name for e in r.events if e.step == step and e.source == "worker"]
-        assert seen == [*RUN, E.STEP_DONE], seen
+        assert worker_names(r, step) == [*RUN, E.STEP_DONE]
     history = [(seq, e) async for seq, e in read_events(js, topology, eid)]
     assert [e for _, e in history] == r.events
     assert [e.name for _, e in history if e.step == "start"][1:5] == [*RUN, E.STEP_DONE]
@@ -258,32 +256,17 @@ async def separate(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterat
         yield rt
 
 
-@pytest.fixture
-async def informative(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
-    async with local_runtime(nats_server.url, topology=topology, task_events="informative") as rt:
-        yield rt
-
-
-async def test_informative_carries_step_started(
-    informative: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(worker_module, "PROGRESS_EVERY_S", 30.0)
+async def test_informative_carries_step_started(informative: Runtime, no_progress: None) -> None:
     r = await run(informative, playbook(CHAIN))
     assert r.status == "success" and r.result == 2, r.summary.error
     js, topology = informative.nc.jetstream(), informative.topology
     eid = r.summary.execution_id
     assert (await count_by_execution(js, topology, E.STEP_STARTED)).get(eid, 0) == 0
     for step in ("start", "second"):
-        assert [e.name for e in r.events if e.step == step and e.source == "worker"] == [
-            E.STEP_STARTED,
-            E.STEP_DONE,
-        ]
+        assert worker_names(r, step) == [E.STEP_STARTED, E.STEP_DONE]
 
 
-async def test_distributed_iterations_carry_their_task_events(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(worker_module, "PROGRESS_EVERY_S", 30.0)
+async def test_distributed_iterations_carry_their_task_events(runtime: Runtime, no_progress: None) -> None:
     r = await run(
         runtime,
         playbook(
@@ -330,7 +313,7 @@ async def test_separate_stores_each_event_on_its_own_subject(separate: Runtime) 
         assert await total(js, topology, name) == 2, name
     assert not any(e.carried for e in r.events)
     for step in ("start", "second"):
-        assert [e.name for e in r.events if e.step == step and e.source == "worker"] == [*RUN, E.STEP_DONE]
+        assert worker_names(r, step) == [*RUN, E.STEP_DONE]
 
 
 async def test_a_long_steps_progress_is_not_held_for_its_boundary(runtime: Runtime) -> None:

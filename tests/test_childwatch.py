@@ -31,6 +31,7 @@ from nats.js import JetStreamContext
 from noetl_stream import events as E
 from noetl_stream.control import children, groupcommit
 from noetl_stream.control.children import ChildWatch
+from noetl_stream.control.effects import server_event
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.children import ChildIndex
@@ -38,7 +39,7 @@ from noetl_stream.kv.provision import provision
 from noetl_stream.natsconn import connect
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode, new_execution_id, now_iso
+from noetl_stream.wire import Event, encode, new_execution_id
 
 
 class Proxy:
@@ -99,16 +100,9 @@ async def proxy(nats_server: EmbeddedNats) -> AsyncIterator[Proxy]:
 
 
 def _finished(execution_id: str, status: str) -> Event:
-    return Event(
-        event_id=f"{execution_id}:workflow.finished",
-        execution_id=execution_id,
-        name=E.WORKFLOW_FINISHED,
-        source="server",
-        entity_type="workflow",
-        entity_id=execution_id,
-        status="error",
-        timestamp=now_iso(),
-        payload={"status": status},
+    """The ``workflow.finished`` of an execution that ended with `status`, as the controller writes it."""
+    return server_event(
+        execution_id, E.WORKFLOW_FINISHED, "workflow", execution_id, "error", "execution", {"status": status}
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -19,19 +18,12 @@ from noetl_stream.cli import main
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.worker import Worker
-from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime, local_runtime
+from noetl_stream.local import Runtime
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event
 
 TASK = (E.TASK_STARTED, E.TASK_DONE)
-
-
-@pytest.fixture
-async def informative(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[Runtime]:
-    async with local_runtime(nats_server.url, topology=topology, task_events="informative") as rt:
-        yield rt
 
 
 def worker_events(r: Run, step: str) -> list[tuple[str, str | None, int | None]]:

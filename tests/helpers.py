@@ -150,8 +150,11 @@ def step_started(execution_id: str, step: str) -> Event:
     )
 
 
-def step_done(execution_id: str, run_id: str, result: Any) -> Event:
+def step_done(
+    execution_id: str, run_id: str, result: Any, ctx_patches: Iterable[dict[str, Any]] = ()
+) -> Event:
     """The ``step.done`` a worker records for run `run_id` (``<step>-<n>``) of `execution_id`."""
+    patches = list(ctx_patches)
     return Event(
         event_id=f"{execution_id}:{run_id}:1:step.done",
         execution_id=execution_id,
@@ -163,7 +166,7 @@ def step_done(execution_id: str, run_id: str, result: Any) -> Event:
         timestamp=now_iso(),
         step=run_id.rsplit("-", 1)[0],
         step_run_id=run_id,
-        payload={"result": result},
+        payload={"result": result, "ctx_patches": patches} if patches else {"result": result},
     )
 
 

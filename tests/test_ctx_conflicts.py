@@ -8,13 +8,13 @@ import itertools
 from typing import Any
 
 import pytest
-from helpers import playbook, requested, run
+from helpers import playbook, requested, run, step_done
 
 from noetl_stream import events as E
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.local import Runtime
-from noetl_stream.wire import Event, now_iso
+from noetl_stream.wire import Event
 
 FAN_OUT = playbook(
     """
@@ -47,20 +47,7 @@ _seq = itertools.count(2)
 
 
 def done(run_id: str, *patches: dict[str, Any]) -> Event:
-    step = run_id.rsplit("-", 1)[0]
-    return Event(
-        event_id=f"e1:{run_id}:step.done",
-        execution_id="e1",
-        name=E.STEP_DONE,
-        source="worker",
-        entity_type="step",
-        entity_id=run_id,
-        status="success",
-        timestamp=now_iso(),
-        step=step,
-        step_run_id=run_id,
-        payload={"result": step, "ctx_patches": list(patches)} if patches else {"result": step},
-    )
+    return step_done("e1", run_id, run_id.rsplit("-", 1)[0], patches)
 
 
 def fold(reducer: Reducer, state: ExecutionState, event: Event) -> tuple[ExecutionState, list[Event]]:

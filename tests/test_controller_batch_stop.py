@@ -12,6 +12,7 @@ events were then skipped as already applied and its effects were lost for good.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -24,8 +25,10 @@ from nats.js import JetStreamContext
 from noetl_stream import events as E
 from noetl_stream.control import groupcommit
 from noetl_stream.control.controller import Controller
+from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
+from noetl_stream.natsconn import connect
 from noetl_stream.outbox import Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Event, encode
@@ -95,16 +98,54 @@ async def _publish(nc: NATS, t: Topology, events: list[Event]) -> None:
         )
 
 
-async def _into_one_read() -> None:
-    """Let what was just published go out (nats-py's flusher), then keep the loop busy: the controller
-    then reads it all at once (one turn, one batch)."""
-    for _ in range(3):
-        await asyncio.sleep(0)
-    time.sleep(0.5)
+async def _publish_into_one_read(url: str, js: JetStreamContext, t: Topology, events: list[Event]) -> None:
+    """Publish `events` and return once the server has delivered each to the controller's consumer of its
+    partition, from a thread of its own while this event loop (the controller's) is blocked: the
+    controller then finds them all in its socket and reads them in one turn (one batch). Timing alone
+    (publish, then block the loop for a while) did not do it on a loaded machine."""
+    deadline = time.monotonic() + 10
+    for partition in {t.partition_of(ev.execution_id) for ev in events}:  # its pull requests are waiting
+        consumer = t.controller_events_consumer(partition)
+        while not (await js.consumer_info(t.events_stream, consumer)).num_waiting:
+            assert time.monotonic() < deadline, f"the controller does not pull partition {partition}"
+            await asyncio.sleep(0.01)
+    failure: list[BaseException] = []
+
+    async def publish_and_wait() -> None:
+        nc = await connect(url, name="pytest-one-read")
+        try:
+            js = nc.jetstream()
+            seqs: dict[int, int] = {}
+            for ev in events:
+                subject = t.event_subject(ev.execution_id, ev.name)
+                ack = await js.publish(subject, encode(ev), headers={"Nats-Msg-Id": ev.event_id})
+                seqs[t.partition_of(ev.execution_id)] = ack.seq
+            deadline = time.monotonic() + 10
+            for partition, seq in seqs.items():
+                consumer = t.controller_events_consumer(partition)
+                while (await js.consumer_info(t.events_stream, consumer)).delivered.stream_seq < seq:
+                    assert time.monotonic() < deadline, f"partition {partition}'s event was not delivered"
+                    await asyncio.sleep(0.01)
+            time.sleep(0.05)  # (the last bytes on their way into the controller's socket)
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            await nc.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(publish_and_wait(),))
+    thread.start()
+    thread.join()  # (blocks the loop)
+    if failure:
+        raise failure[0]
 
 
 async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_execution_in_its_batch(
-    nc: NATS, nc2: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
+    nats_server: EmbeddedNats,
+    nc: NATS,
+    nc2: NATS,
+    js: JetStreamContext,
+    topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     t = await _two_partitions(js, topology)
 
@@ -131,8 +172,9 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
         batches.clear()
         # Both step.done reach the controller's socket while its loop is busy: one read, one turn, one
         # batch (a task of the controller's own, folding the executions of both partitions).
-        await _publish(nc2, t, [step_done(eid, run_ids[eid], 7) for eid in (x0, x1)])
-        await _into_one_read()
+        await _publish_into_one_read(
+            nats_server.url, js, t, [step_done(eid, run_ids[eid], 7) for eid in (x0, x1)]
+        )
         await asyncio.wait_for(gate.blocked.wait(), 5)
         assert any({x0, x1} <= set(b) for b in batches), f"not one batch: {batches}"
         owner, victim = 0, x1  # partition 0 is lost; partition 1, x1's, stays held
@@ -176,7 +218,12 @@ async def test_a_lost_partition_does_not_lose_the_effects_of_another_partitions_
 
 
 async def test_a_partitions_stop_returns_with_no_fold_of_it_still_running(
-    nc: NATS, nc2: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
+    nats_server: EmbeddedNats,
+    nc: NATS,
+    nc2: NATS,
+    js: JetStreamContext,
+    topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """test_leases.py's D3b property ("a lost lease stops its folds before another controller can take
     it") with the real intake and a batch across partitions: the stop of partition Q waits for the batch
@@ -190,8 +237,7 @@ async def test_a_partitions_stop_returns_with_no_fold_of_it_still_running(
     await a.start()
     try:
         x0, x1 = one_of_each_partition(t, "w")
-        await _publish(nc2, t, [requested(eid, GOOD) for eid in (x0, x1)])
-        await _into_one_read()
+        await _publish_into_one_read(nats_server.url, js, t, [requested(eid, GOOD) for eid in (x0, x1)])
         await asyncio.wait_for(gate.blocked.wait(), 5)
         assert any({x0, x1} <= set(b) for b in batches), f"not one batch: {batches}"
         other, victim = 1, x1  # partition 1 is lost while the batch folding both flushes

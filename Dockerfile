@@ -6,13 +6,17 @@
 #
 # Runs with a read-only root filesystem (the Helm chart mounts an emptyDir at /tmp).
 
-# --- build: wheels of the package and every dependency ---------------------------------------------------
+# --- build: wheels of the package and of every dependency at its version in uv.lock ------------------------
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+RUN pip install uv==0.13.10
+COPY pyproject.toml uv.lock README.md ./
 COPY noetl_stream ./noetl_stream
-RUN pip wheel --wheel-dir /wheels .
+# The runtime dependencies only (no test/dev extras), pinned with their hashes.
+RUN uv export --frozen --no-emit-project --format requirements-txt --output-file requirements.txt \
+ && pip wheel --wheel-dir /wheels --require-hashes -r requirements.txt \
+ && pip wheel --wheel-dir /wheels --no-deps .
 
 # --- runtime -------------------------------------------------------------------------------------------
 FROM python:3.11-slim

@@ -1,4 +1,4 @@
-"""Compile-time figures of the 003 §12 streaming pagination step, embedded in a full playbook.
+"""Compile-time figures of a 003 §12 streaming pagination step, embedded in a full playbook.
 
     python -m bench.compile_bench [--rounds N] [--json]
 
@@ -9,8 +9,8 @@
   each request), "cold" clears it first (the first compile of a template text in a process);
 * per added step: the marginal warm cost of one more copy of the step, from a playbook with 50.
 
-The step is read from ../shared/spec/examples/003_streaming_pagination.yaml. Figures are medians;
-this is a benchmark, not a test.
+The step is the repository's fixture tests/data/dsl/streaming_pagination_step.yaml (the one
+tests/test_dsl_examples.py compiles). Figures are medians; this is a benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from noetl_stream.dsl.source import load_yaml
 from noetl_stream.dsl.templates import analyze, compile_template
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP_FILE = ROOT / "tests" / "data" / "dsl" / "streaming_pagination_step.yaml"
+STEP_NAME = "harvest_feeds"
 COPIES = 50
 
 HEADER = """\
@@ -36,36 +38,34 @@ apiVersion: noetl.io/v2
 kind: Playbook
 metadata: {name: compile_bench, path: bench/compile}
 keychain:
-  - {name: pg_k8s, kind: postgres_credential}
+  - {name: warehouse_pg, kind: postgres_credential}
 workload:
-  api_url: "http://127.0.0.1:8080"
-  endpoints: [{path: /a, page_size: 2}]
+  base_url: "http://127.0.0.1:8080"
+  feeds: [{name: a, path: /a, size: 2}]
 workflow:
 """
 TAIL = """\
-  - step: validate_results
+  - step: check_totals
     tool: {kind: noop}
-  - step: cleanup
+  - step: abandon
     tool: {kind: noop}
 """
 
 
 def pagination_step() -> tuple[str, str]:
     """The step's YAML (a one-item list, at column 0) and where it came from."""
-    for parent in ROOT.parents:
-        spec = parent / "shared" / "spec" / "examples" / "003_streaming_pagination.yaml"
-        if spec.is_file():
-            return spec.read_text(encoding="utf-8"), str(spec)
-    raise SystemExit("003_streaming_pagination.yaml not found (expected in ../shared/spec/examples)")
+    return STEP_FILE.read_text(encoding="utf-8"), str(STEP_FILE.relative_to(ROOT))
 
 
 def playbook(step: str, copies: int) -> str:
     """A playbook whose start step fans out to ``copies`` renamed copies of the step (0: none)."""
-    names = ["fetch_all_endpoints"] + [f"fetch_all_endpoints_{i}" for i in range(1, copies)]
+    names = [STEP_NAME] + [f"{STEP_NAME}_{i}" for i in range(1, copies)]
     names = names[:copies]
     body = textwrap.indent(step.strip("\n"), "  ") + "\n"
-    steps = "".join(body.replace("step: fetch_all_endpoints", f"step: {name}", 1) for name in names)
-    targets = names or ["validate_results", "cleanup"]
+    if f"- step: {STEP_NAME}\n" not in body:
+        raise SystemExit(f"{STEP_FILE} has no step '{STEP_NAME}'")
+    steps = "".join(body.replace(f"- step: {STEP_NAME}\n", f"- step: {name}\n", 1) for name in names)
+    targets = names or ["check_totals", "abandon"]
     arcs = "".join(f"        - step: {name}\n" for name in targets)
     start = "  - step: start\n    next:\n      spec: {mode: inclusive}\n      arcs:\n" + arcs
     return HEADER + start + steps + TAIL

@@ -1,6 +1,6 @@
 """Raw JetStream step baseline, the denominator of the runtime's benchmark ratios.
 
-The method of ../shared/perf/js_limits.py ``step_seq_raw`` / ``step_c100_raw_msgspec``: a "step"
+The method of the JetStream limits measurement (``js_limits.py``'s ``step_seq_raw`` / ``step_c100_raw_msgspec``): a "step"
 is command publish -> worker continuous pull -> event publish (awaiting the PubAck) -> controller
 continuous pull -> next command, over two work-queue streams, with a ~500-byte msgspec JSON
 envelope, worker and controller on separate connections in this process. No runtime code runs:

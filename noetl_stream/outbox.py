@@ -10,7 +10,7 @@ plain publishes on the same connection. JetStream ingests one connection's messa
 to one stream in order, so the ack of the last message to a stream confirms the ones
 before it were processed too: two acks per write instead of one per event or command
 (each ack is a message for the server to send and for Python to parse, and Python's
-CPU is what bounds throughput, ../shared/perf/README.md). A failed ack fails every flush of the
+CPU is what bounds throughput: docs/performance.md). A failed ack fails every flush of the
 write; each publishes its own messages again. Duplicates are dropped by the server
 through ``Nats-Msg-Id`` either way (headers built once as bytes, acks matched by a
 counter).

@@ -1,7 +1,7 @@
 """A continuous pull consumer: what ``Consume()`` is in the Go client (nats-py 2.16 only has ``fetch()``).
 
 One inbox subscription, pull requests kept topped up at 50 % of a window, messages handed to an async
-handler with bounded concurrency. ../shared/perf/README.md: 3-4x faster than one ``fetch()`` per message.
+handler with bounded concurrency: 3-4x faster than one ``fetch()`` per message (docs/performance.md).
 
 Messages given to the handler are plain ``nats.aio.msg.Msg`` objects whose ``reply`` is the
 ``$JS.ACK...`` subject of the delivery, so ``ack()``, ``nak(delay=)``, ``in_progress()``,

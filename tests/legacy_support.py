@@ -12,7 +12,10 @@ from noetl_stream.dsl import compile_playbook
 from noetl_stream.dsl.canonical import expand
 from noetl_stream.dsl.source import load_yaml
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "spec" / "examples"
+# The legacy fixtures: a whole playbook in 000/004 forms, and one step (a fragment) in 002 forms.
+DATA = Path(__file__).resolve().parent / "data" / "legacy"
+CASE_FILE = DATA / "case_retry_sink.yaml"
+EVAL_STEP_FILE = DATA / "eval_step.yaml"
 
 # Steps given to ``legacy(...)`` start on line 6 (the first ``- step:``).
 HEADER = """\
@@ -72,23 +75,23 @@ def compiles(text: str) -> None:
     assert result.playbook is not None, [d.format() for d in result.errors]
 
 
-# -- the spec's 002 example (one step) in a playbook around it -----------------------------------------
+# -- the 002 fixture (one step) in a playbook around it ------------------------------------------------
 
 WRAP_002 = """\
 apiVersion: noetl.io/v2
 kind: Playbook
 metadata: {{name: legacy_eval, path: tests/legacy_eval}}
 {executor}workload:
-  api_url: "http://127.0.0.1:8080"
-  endpoints: [{{path: "/pages/a"}}]
+  base_url: "http://127.0.0.1:8080"
+  sources: [{{path: "/pages/a"}}]
 workflow:
   - step: start
-    next: {{arcs: [{{step: fetch_transform_store}}]}}
+    next: {{arcs: [{{step: crawl_sources}}]}}
 {steps}
-  - step: validate_results
+  - step: summarize
     tool:
       kind: python
-      args: {{pages: "{{{{ fetch_transform_store }}}}"}}
+      args: {{pages: "{{{{ crawl_sources }}}}"}}
       code: |
         result = {{"last_pages": [p["data"]["paging"]["page"] for p in pages]}}
       spec:
@@ -96,7 +99,7 @@ workflow:
           rules:
             - else:
                 then: {{do: continue, set_ctx: {{summary: "{{{{ outcome.result }}}}"}}}}
-  - step: cleanup
+  - step: tidy_up
     tool: {{kind: noop}}
 """
 
@@ -106,7 +109,11 @@ def wrap_002(steps: str, *, legacy: bool = False) -> str:
     return WRAP_002.format(executor=executor, steps=textwrap.indent(steps.rstrip("\n"), ""))
 
 
+def fragment_002() -> str:
+    """The 002 fixture step, indented as an item of ``workflow:``."""
+    return textwrap.indent(EVAL_STEP_FILE.read_text(), "  ")
+
+
 def example_002(*, legacy: bool = False) -> str:
-    """The spec's 002 example step, as authored, in a playbook (asking for the extension itself if `legacy`)."""
-    fragment = textwrap.indent((EXAMPLES / "002_legacy_eval_step.yaml").read_text(), "  ")
-    return wrap_002(fragment, legacy=legacy)
+    """The 002 fixture step, as authored, in a playbook (asking for the extension itself if `legacy`)."""
+    return wrap_002(fragment_002(), legacy=legacy)

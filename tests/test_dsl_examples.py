@@ -1,4 +1,4 @@
-"""The spec's own examples (../shared/spec/examples): canonical ones compile, legacy ones are rejected.
+"""Our fixture playbooks (tests/data): canonical ones compile, legacy ones are rejected.
 
 The fragments (one step, or several documents each holding a step spec, a task policy, a router or
 a tool shape) are embedded into a complete playbook here, the way an author would paste them.
@@ -6,7 +6,6 @@ a tool shape) are embedded into a complete playbook here, the way an author woul
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -15,27 +14,12 @@ import pytest
 from noetl_stream.dsl import Playbook, compile_playbook, kinds, known_kinds
 from noetl_stream.dsl.kinds import KindInfo
 
-
-def _examples_dir() -> Path | None:
-    env = os.environ.get("NOETL_SPEC_EXAMPLES")
-    if env:
-        return Path(env)
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "spec" / "examples"
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-EXAMPLES = _examples_dir()
-pytestmark = pytest.mark.skipif(
-    EXAMPLES is None, reason="the spec examples (../shared/spec/examples) are not next to this checkout"
-)
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def example(name: str) -> str:
-    assert EXAMPLES is not None
-    return (EXAMPLES / name).read_text(encoding="utf-8")
+    """A fixture under tests/data, by its path there (``dsl/...``, ``legacy/...``)."""
+    return (DATA / name).read_text(encoding="utf-8")
 
 
 def documents(name: str) -> list[str]:
@@ -63,40 +47,45 @@ metadata:
 """
 
 
-def test_keychain_and_admission_example_compiles_cleanly() -> None:
-    playbook = compile_clean(example("001_keychain_and_admit.yaml"), "001_keychain_and_admit.yaml")
-    assert [k.name for k in playbook.keychain] == ["openai_token", "pg_k8s"]
-    guarded = playbook.step("guarded")
-    assert guarded.admit is not None
-    assert [(r.when, r.allow, r.is_else) for r in guarded.admit.rules] == [
-        ("{{ workload.enabled }}", True, False),
+def test_keychain_and_admission_fixture_compiles_cleanly() -> None:
+    playbook = compile_clean(example("dsl/keychain_admit.yaml"), "keychain_admit.yaml")
+    assert [(k.name, k.kind) for k in playbook.keychain] == [
+        ("slack_webhook", "secret_manager"),
+        ("warehouse_pg", "postgres_credential"),
+    ]
+    gated = playbook.step("gated")
+    assert gated.admit is not None
+    assert [(r.when, r.allow, r.is_else) for r in gated.admit.rules] == [
+        ("{{ workload.nightly }}", True, False),
         (None, False, True),
     ]
-    assert [t.name for t in guarded.tasks] == ["guarded_task"]
+    assert [t.name for t in gated.tasks] == ["gated_task"]
+    assert playbook.step("done").admit is None
 
 
-def test_appendix_a_compiles_with_exactly_the_two_label_as_key_warnings() -> None:
-    file = "001_appendix_a_minimal.yaml"
-    result = compile_playbook(example(file), file)
+def test_minimal_fixture_compiles_with_exactly_the_two_label_as_key_warnings() -> None:
+    file = "minimal_label_as_key.yaml"
+    result = compile_playbook(example(f"dsl/{file}"), file)
     assert [d.format() for d in result.diagnostics] == [
-        f"{file}:19:9: warning: step 'fetch': task 'call' uses the label-as-key shape; write it as "
-        "'- name: call' with 'kind: ...' (003 §7) (at workflow[1].tool[0].call)",
-        f"{file}:40:9: warning: step 'end': task 'done' uses the label-as-key shape; write it as "
-        "'- name: done' with 'kind: ...' (003 §7) (at workflow[2].tool[0].done)",
+        f"{file}:18:9: warning: step 'probe': task 'ping' uses the label-as-key shape; write it as "
+        "'- name: ping' with 'kind: ...' (003 §7) (at workflow[1].tool[0].ping)",
+        f"{file}:38:9: warning: step 'finish': task 'record' uses the label-as-key shape; write it as "
+        "'- name: record' with 'kind: ...' (003 §7) (at workflow[2].tool[0].record)",
     ]
     playbook = result.playbook
     assert playbook is not None
-    call = playbook.step("fetch").tasks[0]
-    assert (call.name, call.kind, call.config) == (
-        "call",
+    ping = playbook.step("probe").tasks[0]
+    assert (ping.name, ping.kind, ping.config) == (
+        "ping",
         "http",
-        {"method": "GET", "url": "{{ workload.api_url }}/ping"},
+        {"method": "HEAD", "url": "{{ workload.service_url }}/healthz"},
     )
-    assert (call.line, call.col) == (19, 9)
-    assert call.policy is not None
-    assert [r.then.do for r in call.policy.rules] == ["retry", "fail", "break"]
-    assert call.policy.rules[0].then.attempts == 5
-    assert [(t.name, t.kind) for t in playbook.step("end").tasks] == [("done", "noop")]
+    assert (ping.line, ping.col) == (18, 9)
+    assert ping.policy is not None
+    assert [r.then.do for r in ping.policy.rules] == ["retry", "fail", "break"]
+    retry = ping.policy.rules[0].then
+    assert (retry.attempts, retry.backoff, retry.delay) == (3, "linear", 1)
+    assert [(t.name, t.kind) for t in playbook.step("finish").tasks] == [("record", "noop")]
 
 
 def test_streaming_pagination_step_compiles_inside_a_playbook() -> None:
@@ -104,61 +93,64 @@ def test_streaming_pagination_step_compiles_inside_a_playbook() -> None:
         HEADER
         + """\
 keychain:
-  - name: pg_k8s
+  - name: warehouse_pg
     kind: postgres_credential
 workload:
-  api_url: "http://127.0.0.1:8080"
-  endpoints: [{path: /a, page_size: 2}]
+  base_url: "http://127.0.0.1:8080"
+  feeds: [{name: f, path: /f, size: 2}]
 workflow:
   - step: start
     next:
       arcs:
-        - step: fetch_all_endpoints
+        - step: harvest_feeds
 """
-        + indent(example("003_streaming_pagination.yaml"), 2)
+        + indent(example("dsl/streaming_pagination_step.yaml"), 2)
         + """\
-  - step: validate_results
+  - step: check_totals
     tool: {kind: noop}
-  - step: cleanup
+  - step: abandon
     tool: {kind: noop}
 """
     )
     playbook = compile_clean(text, "pagination.yaml")
-    step = playbook.step("fetch_all_endpoints")
+    step = playbook.step("harvest_feeds")
     assert [t.name for t in step.tasks] == [
-        "init_iter",
-        "fetch_page",
-        "route_by_status",
-        "store_200",
-        "store_404",
-        "paginate",
+        "begin",
+        "fetch",
+        "route",
+        "save_rows",
+        "save_missing",
+        "turn_page",
     ]
     assert step.loop is not None
-    assert (step.loop.iterator, step.loop.in_) == ("endpoint", "{{ workload.endpoints }}")
+    assert (step.loop.iterator, step.loop.in_) == ("feed", "{{ workload.feeds }}")
     assert (step.loop.spec.mode, step.loop.spec.max_in_flight, step.loop.spec.exec) == (
         "parallel",
-        10,
+        4,
         "distributed",
     )
-    assert (step.failure_mode, step.timeout_s) == ("best_effort", 600.0)
+    assert (step.failure_mode, step.timeout_s) == ("best_effort", 900.0)
     assert step.admit is not None
     assert [(r.is_else, r.allow) for r in step.admit.rules] == [(True, True)]
-    paginate = step.tasks[-1].policy
-    assert paginate is not None
-    jump = paginate.rules[0].then
+    route = step.tasks[2].policy
+    assert route is not None
+    assert [(r.then.do, r.then.to) for r in route.rules] == [("jump", "save_missing"), ("jump", "save_rows")]
+    turn_page = step.tasks[-1].policy
+    assert turn_page is not None
+    jump = turn_page.rules[0].then
     assert (jump.do, jump.to, jump.set_iter) == (
         "jump",
-        "fetch_page",
-        {"page": "{{ (iter.page | int) + 1 }}"},
+        "fetch",
+        {"page": "{{ iter.page + 1 }}"},
     )
-    assert paginate.rules[1].then.do == "break"
+    assert turn_page.rules[1].then.do == "break"
     assert step.next is not None
     assert step.next.mode == "exclusive"
-    assert [a.step for a in step.next.arcs] == ["validate_results", "cleanup"]
+    assert [a.step for a in step.next.arcs] == ["check_totals", "abandon"]
 
 
 def test_policy_shapes_compile_at_their_scopes() -> None:
-    step_spec, task_spec, router = documents("003_policy_shapes.yaml")
+    step_spec, task_spec, router = documents("dsl/policy_shapes.yaml")
     text = (
         HEADER
         + """\
@@ -174,9 +166,9 @@ workflow:
         + indent(task_spec, 8)
         + indent(router, 4)
         + """\
-  - step: branch_a
+  - step: left
     tool: {kind: noop}
-  - step: branch_b
+  - step: right
     tool: {kind: noop}
 """
     )
@@ -184,34 +176,34 @@ workflow:
     start = playbook.step("start")
     assert start.admit is not None
     assert (start.admit.mode, len(start.admit.rules)) == ("exclusive", 2)
-    assert (start.failure_mode, start.timeout_s) == ("fail_fast", 300.0)
+    assert (start.failure_mode, start.timeout_s) == ("fail_fast", 120.0)
     work = start.tasks[0]
     assert work.policy is not None
     retry, fail, otherwise = work.policy.rules
     assert (retry.then.do, retry.then.attempts, retry.then.backoff, retry.then.delay) == (
         "retry",
-        5,
-        "exponential",
-        1.0,
+        3,
+        "linear",
+        0.25,
     )
     assert fail.then.do == "fail"
     assert otherwise.is_else
-    assert otherwise.then.set_ctx == {"last_ok": "{{ outcome.result }}"}
+    assert otherwise.then.set_ctx == {"previous": "{{ outcome.result }}"}
     assert start.next is not None
     assert start.next.mode == "inclusive"
     assert [(a.step, a.args) for a in start.next.arcs] == [
-        ("branch_a", {"id": "{{ ctx.id }}"}),
-        ("branch_b", None),
+        ("left", {"key": "{{ ctx.key }}"}),
+        ("right", None),
     ]
 
 
 def test_task_shapes_normalize_to_named_tasks() -> None:
-    named, unnamed, single = documents("003_task_shapes.yaml")
+    named, unnamed, single = documents("dsl/task_shapes.yaml")
     text = (
         HEADER
         + """\
 workload:
-  api_url: "http://127.0.0.1:8080"
+  base_url: "http://127.0.0.1:8080"
 workflow:
   - step: start
 """
@@ -233,8 +225,8 @@ workflow:
     )
     playbook = compile_clean(text, "task_shapes.yaml")
     assert [(t.name, t.kind) for t in playbook.step("start").tasks] == [
-        ("init_iter", "noop"),
-        ("fetch_page", "http"),
+        ("prepare", "noop"),
+        ("download", "http"),
     ]
     assert [(t.name, t.kind) for t in playbook.step("unnamed").tasks] == [
         ("task_0", "http"),
@@ -244,12 +236,12 @@ workflow:
     assert (task.name, task.kind, task.config) == (
         "single_task",
         "http",
-        {"method": "GET", "url": "{{ api_url }}"},
+        {"method": "POST", "url": "{{ workload.base_url }}/notify"},
     )
 
 
-LEGACY_000 = "000_004_legacy_case.yaml"
-LEGACY_002 = "002_legacy_eval_step.yaml"
+LEGACY_000 = "case_retry_sink.yaml"
+LEGACY_002 = "eval_step.yaml"
 ROUTER = "use a router object 'next: {spec: {mode: exclusive}, arcs: [{step: %s}]}'"
 LEGACY = (
     " (enable legacy extensions to translate it): validate or run with --legacy, or declare "
@@ -258,68 +250,68 @@ LEGACY = (
 V10 = "is not part of noetl.io/v2 (v10)"
 
 
-def test_legacy_case_example_is_rejected_with_the_canonical_replacements() -> None:
-    result = compile_playbook(example(LEGACY_000), LEGACY_000)
+def test_legacy_case_fixture_is_rejected_with_the_canonical_replacements() -> None:
+    result = compile_playbook(example(f"legacy/{LEGACY_000}"), LEGACY_000)
     assert result.playbook is None
     assert [d.format() for d in result.diagnostics] == [
-        f"{LEGACY_000}:3:1: missing 'metadata' (with 'name' and 'path') (at <root>)",
-        f"{LEGACY_000}:5:1: root 'name' {V10}; use metadata.name{LEGACY} (at name)",
-        f"{LEGACY_000}:6:1: root 'path' {V10}; use metadata.path{LEGACY} (at path)",
-        f"{LEGACY_000}:13:11: step 'start': 'next' as a string {V10}; {ROUTER % 'fetch_user'}{LEGACY} "
+        f"{LEGACY_000}:2:1: missing 'metadata' (with 'name' and 'path') (at <root>)",
+        f"{LEGACY_000}:4:1: root 'name' {V10}; use metadata.name{LEGACY} (at name)",
+        f"{LEGACY_000}:5:1: root 'path' {V10}; use metadata.path{LEGACY} (at path)",
+        f"{LEGACY_000}:12:11: step 'start': 'next' as a string {V10}; {ROUTER % 'load_owner'}{LEGACY} "
         "(at workflow[0].next)",
-        f"{LEGACY_000}:18:5: step 'fetch_user': 'vars' {V10}; use set_ctx or set_iter in task "
+        f"{LEGACY_000}:17:5: step 'load_owner': 'vars' {V10}; use set_ctx or set_iter in task "
         f"spec.policy.rules{LEGACY} (at workflow[1].vars)",
-        f"{LEGACY_000}:21:11: step 'fetch_user': 'next' as a string {V10}; "
-        f"{ROUTER % 'fetch_all_endpoints'}{LEGACY} (at workflow[1].next)",
-        f"{LEGACY_000}:31:5: step 'fetch_all_endpoints': 'retry' {V10}; use task spec.policy.rules with "
+        f"{LEGACY_000}:20:11: step 'load_owner': 'next' as a string {V10}; "
+        f"{ROUTER % 'walk_feeds'}{LEGACY} (at workflow[1].next)",
+        f"{LEGACY_000}:30:5: step 'walk_feeds': 'retry' {V10}; use task spec.policy.rules with "
         f"'do: retry'{LEGACY} (at workflow[2].retry)",
-        f"{LEGACY_000}:41:5: step 'fetch_all_endpoints': 'case' {V10}; use task spec.policy.rules and "
+        f"{LEGACY_000}:40:5: step 'walk_feeds': 'case' {V10}; use task spec.policy.rules and "
         f"next.arcs{LEGACY} (at workflow[2].case)",
-        f"{LEGACY_000}:56:11: step 'error_handler': 'next' as a string {V10}; {ROUTER % 'end'}{LEGACY} "
+        f"{LEGACY_000}:55:11: step 'report_failure': 'next' as a string {V10}; {ROUTER % 'finish'}{LEGACY} "
         "(at workflow[3].next)",
     ]
 
 
-def test_legacy_eval_example_is_rejected_with_the_canonical_replacements() -> None:
-    result = compile_playbook(example(LEGACY_002), LEGACY_002)
+def test_legacy_eval_fixture_is_rejected_with_the_canonical_replacements() -> None:
+    result = compile_playbook(example(f"legacy/{LEGACY_002}"), LEGACY_002)
     assert result.playbook is None
-    step = "step 'fetch_transform_store'"
+    step = "step 'crawl_sources'"
     label_as_key = "uses the label-as-key shape; write it as '- name: %s' with 'kind: ...' (003 §7)"
     assert [d.format() for d in result.diagnostics] == [
         f"{LEGACY_002}:1:1: this document is a list of steps, not a playbook: a playbook is a mapping "
         "with apiVersion, kind, metadata and workflow (put the steps under 'workflow:') (at <root>)",
-        f"{LEGACY_002}:3:11: {step}: 'spec.next_mode' {V10}; use next.spec.mode{LEGACY} (at [0].spec.next_mode)",
-        f"{LEGACY_002}:4:3: {step}: 'when' {V10}; use spec.policy.admit.rules{LEGACY} (at [0].when)",
-        f"{LEGACY_002}:10:7: warning: {step}: task 'init' {label_as_key % 'init'} (at [0].tool[0].init)",
-        f"{LEGACY_002}:12:9: {step} task 'init': 'eval' {V10}; use spec.policy.rules{LEGACY} "
-        "(at [0].tool[0].init.eval)",
-        f"{LEGACY_002}:16:7: warning: {step}: task 'fetch_page' {label_as_key % 'fetch_page'} "
-        "(at [0].tool[1].fetch_page)",
-        f"{LEGACY_002}:22:9: {step} task 'fetch_page': 'eval' {V10}; use spec.policy.rules{LEGACY} "
-        "(at [0].tool[1].fetch_page.eval)",
-        f"{LEGACY_002}:34:7: warning: {step}: task 'paginate' {label_as_key % 'paginate'} "
-        "(at [0].tool[2].paginate)",
-        f"{LEGACY_002}:36:9: {step} task 'paginate': 'eval' {V10}; use spec.policy.rules{LEGACY} "
-        "(at [0].tool[2].paginate.eval)",
-        f"{LEGACY_002}:45:5: {step}: 'next' as a list {V10}; {ROUTER % '...'}{LEGACY} (at [0].next)",
+        f"{LEGACY_002}:7:3: {step}: 'when' {V10}; use spec.policy.admit.rules{LEGACY} (at [0].when)",
+        f"{LEGACY_002}:9:5: {step}: 'spec.next_mode' {V10}; use next.spec.mode{LEGACY} (at [0].spec.next_mode)",
+        f"{LEGACY_002}:11:7: warning: {step}: task 'reset' {label_as_key % 'reset'} (at [0].tool[0].reset)",
+        f"{LEGACY_002}:13:9: {step} task 'reset': 'eval' {V10}; use spec.policy.rules{LEGACY} "
+        "(at [0].tool[0].reset.eval)",
+        f"{LEGACY_002}:15:7: warning: {step}: task 'get_page' {label_as_key % 'get_page'} "
+        "(at [0].tool[1].get_page)",
+        f"{LEGACY_002}:20:9: {step} task 'get_page': 'eval' {V10}; use spec.policy.rules{LEGACY} "
+        "(at [0].tool[1].get_page.eval)",
+        f"{LEGACY_002}:32:7: warning: {step}: task 'advance' {label_as_key % 'advance'} "
+        "(at [0].tool[2].advance)",
+        f"{LEGACY_002}:34:9: {step} task 'advance': 'eval' {V10}; use spec.policy.rules{LEGACY} "
+        "(at [0].tool[2].advance.eval)",
+        f"{LEGACY_002}:41:5: {step}: 'next' as a list {V10}; {ROUTER % '...'}{LEGACY} (at [0].next)",
     ]
 
 
 def test_legacy_eval_step_inside_a_playbook_is_rejected_at_the_same_lines() -> None:
     """Pasted under ``workflow:`` the legacy step fails for its constructs only, not for its shape."""
-    text = HEADER + "workflow:\n" + indent(example(LEGACY_002), 2)
+    text = HEADER + "workflow:\n" + indent(example(f"legacy/{LEGACY_002}"), 2)
     result = compile_playbook(text, "embedded.yaml")
     offset = HEADER.count("\n") + 1  # fragment line n is line n + offset here; `workflow:` is line 0
     errors = [(d.line - offset, d.message.split(";")[0]) for d in result.errors]
-    step = "step 'fetch_transform_store'"
+    step = "step 'crawl_sources'"
     assert errors == [
         (0, "workflow has no 'start' step (execution begins at the step named 'start')"),
-        (3, f"{step}: 'spec.next_mode' {V10}"),
-        (4, f"{step}: 'when' {V10}"),
-        (12, f"{step} task 'init': 'eval' {V10}"),
-        (22, f"{step} task 'fetch_page': 'eval' {V10}"),
-        (36, f"{step} task 'paginate': 'eval' {V10}"),
-        (45, f"{step}: 'next' as a list {V10}"),
+        (7, f"{step}: 'when' {V10}"),
+        (9, f"{step}: 'spec.next_mode' {V10}"),
+        (13, f"{step} task 'reset': 'eval' {V10}"),
+        (20, f"{step} task 'get_page': 'eval' {V10}"),
+        (34, f"{step} task 'advance': 'eval' {V10}"),
+        (41, f"{step}: 'next' as a list {V10}"),
     ]
 
 

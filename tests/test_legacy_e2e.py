@@ -1,9 +1,8 @@
-"""The spec's legacy examples, migrated and run: same tables written and same final ctx as a canonical
-translation written by hand (real NATS, PostgreSQL and an aiohttp server)."""
+"""The legacy fixtures (tests/data/legacy), migrated and run: same tables written and same final ctx as
+a canonical translation written by hand (real NATS, PostgreSQL and an aiohttp server)."""
 
 from __future__ import annotations
 
-import textwrap
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,7 +11,7 @@ import asyncpg
 import pytest
 from helpers import run
 from httpserver import HttpServer
-from legacy_support import EXAMPLES, wrap_002
+from legacy_support import CASE_FILE, fragment_002, wrap_002
 from pgserver import PgServer
 
 from noetl_stream.dsl import compile_playbook
@@ -22,7 +21,7 @@ from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.migrate import migrate_text
 from noetl_stream.subjects import Topology
 
-USERS = [(7, "ada@example.com"), (8, "bob@example.com")]
+OWNERS = [(31, "ops@archive.test"), (44, "night@archive.test")]
 ROWS = {"a": [1, 2, 3, 4, 5], "b": ["x", "y", "z"]}
 
 
@@ -43,7 +42,7 @@ async def rt(nats_server: EmbeddedNats, topology: Topology) -> AsyncIterator[tup
 
 @pytest.fixture
 async def database(pg: PgServer) -> dict[str, Any]:
-    """A database with the tables the 000 example reads and writes; its credential fields."""
+    """A database with the tables the 000/004 fixture reads and writes; its credential fields."""
     name = "db_" + uuid.uuid4().hex[:10]
     admin = await asyncpg.connect(pg.dsn)
     try:
@@ -53,9 +52,9 @@ async def database(pg: PgServer) -> dict[str, Any]:
     cred = {**pg.credential(), "database": name}
     conn = await asyncpg.connect(**cred)
     try:
-        await conn.execute("CREATE TABLE users (user_id int, email text)")
-        await conn.executemany("INSERT INTO users VALUES ($1, $2)", USERS)
-        await conn.execute('CREATE TABLE raw_events ("user" int, pages jsonb)')
+        await conn.execute("CREATE TABLE owners (owner_id int, contact text)")
+        await conn.executemany("INSERT INTO owners VALUES ($1, $2)", OWNERS)
+        await conn.execute("CREATE TABLE feed_archive (owner int, batches jsonb)")
     finally:
         await conn.close()
     return cred
@@ -74,21 +73,21 @@ async def table(cred: dict[str, Any], sql: str) -> list[dict[str, Any]]:
 HAND_000 = """\
 apiVersion: noetl.io/v2
 kind: Playbook
-metadata: {name: legacy_case_by_hand, path: tests/legacy_case_by_hand}
+metadata: {name: feed_archive_by_hand, path: tests/feed_archive_by_hand}
 keychain:
   - {name: noetl_db, kind: postgres_credential}
-  - {name: pg_creds, kind: postgres_credential}
+  - {name: archive_db, kind: postgres_credential}
 workload:
-  api_url: "http://127.0.0.1:8080"
-  endpoints: [{path: "/a", page_size: 2}]
+  feed_host: "http://127.0.0.1:9000"
+  feeds: [{path: "/feeds/primary", batch: 4}]
 workflow:
   - step: start
-    next: {arcs: [{step: fetch_user}]}
-  - step: fetch_user
+    next: {arcs: [{step: load_owner}]}
+  - step: load_owner
     tool:
       kind: postgres
       auth: noetl_db
-      query: "SELECT user_id, email FROM users LIMIT 1"
+      query: "SELECT owner_id, contact FROM owners ORDER BY owner_id LIMIT 1"
       spec:
         policy:
           rules:
@@ -98,95 +97,95 @@ workflow:
                 then:
                   do: continue
                   set_ctx:
-                    user_id: "{{ outcome.result[0].user_id }}"
-                    user_email: "{{ outcome.result[0].email }}"
-    next: {arcs: [{step: fetch_all_endpoints, when: "{{ event.name == 'step.done' }}"}]}
-  - step: fetch_all_endpoints
-    loop: {in: "{{ workload.endpoints }}", iterator: endpoint}
+                    owner_id: "{{ outcome.result[0].owner_id }}"
+                    owner_contact: "{{ outcome.result[0].contact }}"
+    next: {arcs: [{step: walk_feeds, when: "{{ event.name == 'step.done' }}"}]}
+  - step: walk_feeds
+    loop: {in: "{{ workload.feeds }}", iterator: feed}
     tool:
-      - name: first_page
+      - name: first_call
         kind: noop
-        spec: {policy: {rules: [{else: {then: {do: continue, set_iter: {page: 1, pages: []}}}}]}}
-      - name: fetch_page
+        spec: {policy: {rules: [{else: {then: {do: continue, set_iter: {page: 1, batches: []}}}}]}}
+      - name: call_feed
         kind: http
         method: GET
-        url: "{{ workload.api_url }}{{ iter.endpoint.path }}"
-        params: {page: "{{ iter.page }}", pageSize: "{{ iter.endpoint.page_size }}"}
+        url: "{{ workload.feed_host }}{{ iter.feed.path }}"
+        params: {page: "{{ iter.page }}", pageSize: "{{ iter.feed.batch }}"}
         spec:
           policy:
             rules:
-              - when: "{{ outcome.status == 'error' and outcome.http.status in [429, 500, 502, 503] }}"
-                then: {do: retry, attempts: 5, backoff: exponential, delay: 1.0}
+              - when: "{{ outcome.status == 'error' and outcome.http.status in [500, 502, 503, 504] }}"
+                then: {do: retry, attempts: 4, backoff: exponential, delay: 0.5}
               - when: "{{ outcome.status == 'error' }}"
                 then: {do: fail}
-              # legacy collects a page when its policy matches: pages that have more
+              # legacy collects a page when its retry rule matches: the pages that have more
               - when: "{{ outcome.result.data.paging.hasMore }}"
                 then:
                   do: jump
-                  to: fetch_page
+                  to: call_feed
                   set_iter:
-                    pages: "{{ iter.pages + [outcome.result.data.data] }}"
+                    batches: "{{ iter.batches + [outcome.result.data.data] }}"
                     page: "{{ (outcome.result.data.paging.page | int) + 1 }}"
-      - name: collected
+      - name: gathered
         kind: noop
-        result: "{{ iter.pages }}"
+        result: "{{ iter.batches }}"
     next:
       arcs:
-        - step: error_handler
+        - step: report_failure
           when: "{{ event.name == 'step.failed' }}"
-        - step: store
+        - step: archive
           when: "{{ event.name == 'loop.done' }}"
-  - step: store
+  - step: archive
     tool:
       kind: postgres
-      auth: pg_creds
-      command: 'INSERT INTO raw_events ("user", pages) VALUES ($1, $2)'
-      params: ["{{ ctx.user_id }}", "{{ fetch_all_endpoints | sum(start=[]) }}"]
+      auth: archive_db
+      command: "INSERT INTO feed_archive (owner, batches) VALUES ($1, $2)"
+      params: ["{{ ctx.owner_id }}", "{{ walk_feeds | sum(start=[]) }}"]
     next:
       arcs:
-        - step: end
+        - step: finish
           when: "{{ event.name == 'step.done' }}"
-          args: {count: "{{ fetch_all_endpoints | sum(start=[]) | length }}"}
-  - step: error_handler
+          args: {total: "{{ walk_feeds | sum(start=[]) | length }}"}
+  - step: report_failure
     tool: {kind: noop}
-    next: {arcs: [{step: end, when: "{{ event.name == 'step.done' }}"}]}
-  - step: end
+    next: {arcs: [{step: finish, when: "{{ event.name == 'step.done' }}"}]}
+  - step: finish
     tool: {kind: noop}
 """
 
 
 def with_legacy_extension(text: str) -> str:
-    """The example as authored, asking for the legacy extension itself (translated by the controller)."""
+    """The fixture as authored, asking for the legacy extension itself (translated by the controller)."""
     return text.replace("kind: Playbook\n", "kind: Playbook\nexecutor: {spec: {extensions: [legacy]}}\n", 1)
 
 
 async def run_000(
     rt: Runtime, key: KeychainKey, cred: dict[str, Any], http: HttpServer, text: str
 ) -> dict[str, Any]:
-    await table(cred, "DELETE FROM raw_events")
+    await table(cred, "DELETE FROM feed_archive")
     keychain = Keychain(rt.nc.jetstream(), rt.topology, key)
-    for name in ("noetl_db", "pg_creds"):
+    for name in ("noetl_db", "archive_db"):
         await keychain.put(name, "postgres_credential", cred)
     payload = {
-        "api_url": http.url,
-        "endpoints": [{"path": "/pages/a", "page_size": 2}, {"path": "/pages/b", "page_size": 2}],
+        "feed_host": http.url,
+        "feeds": [{"path": "/pages/a", "batch": 2}, {"path": "/pages/b", "batch": 2}],
     }
     r = await run(rt, text, payload)
     assert r.status == "success", (r.summary.error, r.names())
     return {
         "ctx": r.summary.ctx,
-        "raw_events": await table(cred, 'SELECT "user", pages FROM raw_events'),
-        "end": r.summary.steps["end"].status,
-        "count": [e.payload.get("args") for e in r.named("step.scheduled", step="end")],
+        "feed_archive": await table(cred, "SELECT owner, batches FROM feed_archive"),
+        "finish": r.summary.steps["finish"].status,
+        "total": [e.payload.get("args") for e in r.named("step.scheduled", step="finish")],
     }
 
 
-async def test_000_004_example_migrates_validates_and_runs_like_its_canonical_translation(
+async def test_000_004_fixture_migrates_validates_and_runs_like_its_canonical_translation(
     rt: tuple[Runtime, KeychainKey], database: dict[str, Any], http: HttpServer
 ) -> None:
     runtime, key = rt
-    authored = (EXAMPLES / "000_004_legacy_case.yaml").read_text()
-    migration = migrate_text(authored, "000_004_legacy_case.yaml")
+    authored = CASE_FILE.read_text()
+    migration = migrate_text(authored, CASE_FILE.name)
     assert migration.text is not None, [d.format() for d in migration.errors]
     check = compile_playbook(migration.text, "migrated.yaml")
     assert check.playbook is not None and not check.errors
@@ -196,9 +195,10 @@ async def test_000_004_example_migrates_validates_and_runs_like_its_canonical_tr
     migrated = await run_000(runtime, key, database, http, migration.text)
     translated = await run_000(runtime, key, database, http, with_legacy_extension(authored))
 
-    assert by_hand["ctx"] == {"user_id": 7, "user_email": "ada@example.com"}
-    assert by_hand["raw_events"] == [{"user": 7, "pages": '[[1, 2], [3, 4], ["x", "y"]]'}]
-    assert by_hand["end"] == "done"
+    assert by_hand["ctx"] == {"owner_id": 31, "owner_contact": "ops@archive.test"}
+    assert by_hand["feed_archive"] == [{"owner": 31, "batches": '[[1, 2], [3, 4], ["x", "y"]]'}]
+    assert by_hand["finish"] == "done"
+    assert by_hand["total"] == [{"total": 3}]
     assert migrated == by_hand
     assert translated == by_hand
 
@@ -206,67 +206,75 @@ async def test_000_004_example_migrates_validates_and_runs_like_its_canonical_tr
 # -- 002: eval/expr, step when, next_mode, list next ----------------------------------------------
 
 HAND_002 = """\
-  - step: fetch_transform_store
+  - step: crawl_sources
     loop:
-      in: "{{ workload.endpoints }}"
-      iterator: endpoint
+      in: "{{ workload.sources }}"
+      iterator: source
       spec: {mode: sequential}
+    spec:
+      policy:
+        admit:
+          rules:
+            - when: "{{ workload.sources | length > 0 }}"
+              then: {allow: true}
+            - else:
+                then: {allow: false}
     tool:
-      - name: init
+      - name: reset
         kind: noop
-        spec: {policy: {rules: [{else: {then: {do: continue, set_iter: {page: 1, has_more: true}}}}]}}
-      - name: fetch_page
+        spec: {policy: {rules: [{else: {then: {do: continue, set_iter: {cursor: 1, more: true}}}}]}}
+      - name: get_page
         kind: http
         method: GET
-        url: "{{ workload.api_url }}{{ iter.endpoint.path }}"
-        params: {page: "{{ iter.page }}"}
+        url: "{{ workload.base_url }}{{ iter.source.path }}"
+        params: {page: "{{ iter.cursor }}", pageSize: 2}
         spec:
           policy:
             rules:
-              - when: "{{ outcome.status == 'error' and outcome.http.status in [429,500,502,503,504] }}"
-                then: {do: retry, attempts: 10, backoff: exponential, delay: 2}
+              - when: "{{ outcome.status == 'error' and outcome.http.status in [429, 502, 503] }}"
+                then: {do: retry, attempts: 6, backoff: exponential, delay: 0.5}
               - when: "{{ outcome.status == 'error' }}"
                 then: {do: fail}
               - else:
                   then:
                     do: continue
-                    set_iter: {has_more: "{{ outcome.result.data.paging.hasMore | default(false) }}"}
-      - name: paginate
+                    set_iter: {more: "{{ outcome.result.data.paging.hasMore | default(false) }}"}
+      - name: advance
         kind: noop
         spec:
           policy:
             rules:
-              - when: "{{ iter.has_more == true }}"
-                then: {do: jump, to: fetch_page, set_iter: {page: "{{ (iter.page | int) + 1 }}"}}
+              - when: "{{ iter.more }}"
+                then: {do: jump, to: get_page, set_iter: {cursor: "{{ iter.cursor + 1 }}"}}
               - else:
                   then: {do: break}
     next:
       spec: {mode: exclusive}
       arcs:
-        - step: validate_results
+        - step: summarize
           when: "{{ event.name == 'loop.done' }}"
-        - step: cleanup
+        - step: tidy_up
           when: "{{ event.name == 'step.failed' }}"
 """
 
 
 async def run_002(rt: Runtime, http: HttpServer, text: str) -> dict[str, Any]:
-    payload = {"api_url": http.url, "endpoints": [{"path": "/pages/a"}, {"path": "/pages/b"}]}
+    payload = {"base_url": http.url, "sources": [{"path": "/pages/a"}, {"path": "/pages/b"}]}
     r = await run(rt, text, payload)
     assert r.status == "success", (r.summary.error, r.names())
     return {
         "ctx": r.summary.ctx,
-        "loop": r.step_result("fetch_transform_store"),
+        "loop": r.step_result("crawl_sources"),
         "ran": sorted(r.ran()),
-        "calls": sum(1 for e in r.tasks("fetch_transform_store", "fetch_page")),
+        "calls": sum(1 for e in r.tasks("crawl_sources", "get_page")),
     }
 
 
-async def test_002_example_migrates_validates_and_runs_like_its_canonical_translation(
+async def test_002_fixture_migrates_validates_and_runs_like_its_canonical_translation(
     rt: tuple[Runtime, KeychainKey], http: HttpServer
 ) -> None:
     runtime, _ = rt
-    fragment = textwrap.indent((EXAMPLES / "002_legacy_eval_step.yaml").read_text(), "  ")
+    fragment = fragment_002()
     authored = wrap_002(fragment)
     migration = migrate_text(authored, "002_wrapped.yaml")
     assert migration.text is not None, [d.format() for d in migration.errors]
@@ -278,7 +286,7 @@ async def test_002_example_migrates_validates_and_runs_like_its_canonical_transl
     translated = await run_002(runtime, http, wrap_002(fragment, legacy=True))
 
     assert by_hand["ctx"] == {"summary": {"last_pages": [3, 2]}}
-    assert by_hand["ran"] == ["fetch_transform_store", "start", "validate_results"]
+    assert by_hand["ran"] == ["crawl_sources", "start", "summarize"]
     assert by_hand["calls"] == 5  # a: pages 1-3, b: pages 1-2
     assert migrated == by_hand
     assert translated == by_hand

@@ -92,7 +92,7 @@ async def test_submit_legacy_runs_the_002_example_and_the_execution_records_it(
 ) -> None:
     file = tmp_path / "legacy_002.yaml"
     file.write_text(example_002())
-    payload = json.dumps({"api_url": http.url, "endpoints": [{"path": "/pages/a"}, {"path": "/pages/b"}]})
+    payload = json.dumps({"base_url": http.url, "sources": [{"path": "/pages/a"}, {"path": "/pages/b"}]})
     target = ("--nats", nats_server.url, "--prefix", topology.prefix, "--payload", payload, str(file))
     async with local_runtime(nats_server.url, topology=topology) as rt:  # a controller without the setting
         code, out, err = await cli("submit", "--legacy", "--wait", "--json", *target)

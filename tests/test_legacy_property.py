@@ -3,20 +3,18 @@ compiler or ``migrate``; what ``migrate`` writes always validates without extens
 
 from __future__ import annotations
 
-import textwrap
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from legacy_support import CASE_FILE, fragment_002
 from ruamel.yaml import YAML
 from test_dsl_property import SETTINGS, _dump, _mutate, check
 
 from noetl_stream.dsl import compile_playbook
 from noetl_stream.migrate import migrate_text
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "spec" / "examples"
 EXTRA = """\
 apiVersion: noetl.io/v2
 kind: Playbook
@@ -75,19 +73,18 @@ def _load(text: str) -> Any:
 
 
 def _wrapped_002() -> str:
-    fragment = textwrap.indent((EXAMPLES / "002_legacy_eval_step.yaml").read_text(), "  ")
     return (
         "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: w, path: w}\n"
-        "executor: {spec: {extensions: [legacy]}}\nworkload: {api_url: u, endpoints: []}\nworkflow:\n"
-        "  - step: start\n    next: fetch_transform_store\n" + fragment + "  - step: validate_results\n"
-        "    tool: {kind: noop}\n  - step: cleanup\n    tool: {kind: noop}\n"
+        "executor: {spec: {extensions: [legacy]}}\nworkload: {base_url: u, sources: []}\nworkflow:\n"
+        "  - step: start\n    next: crawl_sources\n" + fragment_002() + "  - step: summarize\n"
+        "    tool: {kind: noop}\n  - step: tidy_up\n    tool: {kind: noop}\n"
     )
 
 
 BASES = [
-    (EXAMPLES / "000_004_legacy_case.yaml")
-    .read_text()
-    .replace("kind: Playbook\n", "kind: Playbook\nexecutor: {spec: {extensions: [legacy]}}\n", 1),
+    CASE_FILE.read_text().replace(
+        "kind: Playbook\n", "kind: Playbook\nexecutor: {spec: {extensions: [legacy]}}\n", 1
+    ),
     _wrapped_002(),
     EXTRA,
 ]

@@ -17,7 +17,7 @@ from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.migrate import migrate_text
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT.parent / "shared" / "spec" / "examples"
+DATA = Path(__file__).resolve().parent / "data"
 
 COMMENTED = """\
 # A legacy playbook.
@@ -103,9 +103,9 @@ def test_the_result_validates_without_extensions_and_migrates_to_itself() -> Non
     assert (again.text, again.diagnostics, again.changed) == (migration.text, (), False)
 
 
-@pytest.mark.parametrize("name", ["000_004_legacy_case.yaml", "001_appendix_a_minimal.yaml"])
-def test_spec_examples_migrate_to_playbooks_that_validate(name: str) -> None:
-    text = (EXAMPLES / name).read_text()
+@pytest.mark.parametrize("name", ["legacy/case_retry_sink.yaml", "dsl/minimal_label_as_key.yaml"])
+def test_fixture_playbooks_migrate_to_playbooks_that_validate(name: str) -> None:
+    text = (DATA / name).read_text()
     migration = migrate_text(text, name)
     assert migration.text is not None, [d.format() for d in migration.errors]
     assert migration.text.startswith(text.splitlines()[0] + "\n")  # the leading comment stays

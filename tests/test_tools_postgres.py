@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import textwrap
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -399,106 +398,60 @@ async def test_playbook_retries_a_real_serialization_failure(
     assert r.step_result("start") == [{"v": 11}]
 
 
-# --- 003 §12: the canonical streaming pagination step, end to end (http + postgres) ------------------
+# --- 003 §12: streaming pagination, end to end (http pages in a loop, rows stored in postgres) ---------
+
+PAGINATION = Path(__file__).resolve().parent / "data" / "pagination" / "http_pages_to_postgres.yaml"
 
 
-def _spec_example(name: str) -> str | None:
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "spec" / "examples" / name
-        if candidate.is_file():
-            return candidate.read_text(encoding="utf-8")
-    return None
-
-
-PAGINATION = _spec_example("003_streaming_pagination.yaml")
-
-
-@pytest.mark.skipif(PAGINATION is None, reason="../shared/spec/examples is not next to this checkout")
-async def test_streaming_pagination_example_runs_end_to_end(
+async def test_streaming_pagination_playbook_runs_end_to_end(
     nats_server: EmbeddedNats, topology: Topology, pg: PgServer
 ) -> None:
-    assert PAGINATION is not None
-    suffix = uuid.uuid4().hex[:8]
-    ok_table, nf_table = f"results_ok_{suffix}", f"results_not_found_{suffix}"
-    setup = await asyncpg.connect(pg.dsn)
-    await setup.execute(
-        f"CREATE TABLE {ok_table} (endpoint text, page int, item jsonb);"
-        f"CREATE TABLE {nf_table} (endpoint text, status int)"
-    )
-    step = (
-        PAGINATION.replace(
-            'command: "INSERT INTO results_ok (...)"',
-            f'command: "INSERT INTO {ok_table} SELECT $1, $2, x FROM jsonb_array_elements($3::jsonb) AS x"\n'
-            '      params: ["{{ iter.endpoint.name }}", "{{ iter.page }}", "{{ iter.items }}"]',
+    database = "harvest_" + uuid.uuid4().hex[:8]  # the playbook's tables, in a database of this test's own
+    admin = await asyncpg.connect(pg.dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {database}")
+    finally:
+        await admin.close()
+    cred = {**pg.credential(), "database": database}
+    setup = await asyncpg.connect(**cred)
+    try:
+        await setup.execute(
+            "CREATE TABLE harvested (feed text, page int, item jsonb);"
+            "CREATE TABLE missing_feeds (feed text, status int)"
         )
-        .replace(
-            'command: "INSERT INTO results_not_found (...)"',
-            f'command: "INSERT INTO {nf_table} VALUES ($1, $2)"\n'
-            '      params: ["{{ iter.endpoint.name }}", "{{ iter.http_status }}"]',
-        )
-        .replace("delay: 2.0", "delay: 0.05")
-    )
-    assert ok_table in step and nf_table in step
-    text = "\n".join(
-        [
-            "apiVersion: noetl.io/v2",
-            "kind: Playbook",
-            "metadata: {name: pagination, path: tests/pagination}",
-            "keychain:",
-            "  - {name: pg_k8s, kind: postgres_credential}",
-            "workload:",
-            "  api_url: URL",
-            "  endpoints:",
-            "    - {name: cities, path: /pages/cities, page_size: 2}",
-            "    - {name: flaky_hotels, path: /pages/flaky_hotels, page_size: 3}",
-            "    - {name: gone, path: /pages/gone, page_size: 2}",
-            "workflow:",
-            "  - step: start",
-            "    next: {arcs: [{step: fetch_all_endpoints}]}",
-            textwrap.indent(step.split("\n", 1)[1], "  "),
-            "  - step: validate_results",
-            "    tool:",
-            "      kind: postgres",
-            "      auth: pg_k8s",
-            "      query: >-",
-            "        SELECT (SELECT jsonb_agg(jsonb_build_object('e', endpoint, 'p', page, 'i', item)",
-            f"                ORDER BY endpoint, page, item::text) FROM {ok_table}) AS ok,",
-            f"               (SELECT jsonb_agg(jsonb_build_object('e', endpoint, 's', status)) FROM {nf_table}) AS nf",
-            "  - step: cleanup",
-            "    tool: {kind: noop}",
-        ]
-    )
+    finally:
+        await setup.close()
     key = KeychainKey([generate_key()])
     server = await HttpServer().start()
-    server.pages = {"cities": ["c1", "c2", "c3", "c4", "c5"], "flaky_hotels": ["h1", "h2", "h3", "h4"]}
+    server.pages = {
+        "rivers": ["nile", "rhine", "volga", "indus", "yukon"],
+        "flaky_bridges": ["b1", "b2", "b3", "b4"],
+    }
     try:
         async with local_runtime(nats_server.url, topology=topology, keychain_key=key) as rt:
-            await Keychain(rt.nc.jetstream(), topology, key).put(
-                "pg_k8s", "postgres_credential", pg.credential()
-            )
-            r = await run(rt, text.replace("URL", server.url))
+            await Keychain(rt.nc.jetstream(), topology, key).put("harvest_db", "postgres_credential", cred)
+            r = await run(rt, PAGINATION.read_text(), {"base_url": server.url}, file=PAGINATION.name)
     finally:
         await server.stop()
-        await setup.close()
     assert r.status == "success", r.summary
-    assert r.ran()[-2:] == ["fetch_all_endpoints", "validate_results"]
-    (boundary,) = r.named("loop.done", step="fetch_all_endpoints")
+    assert r.ran()[-2:] == ["harvest", "check_totals"]
+    (boundary,) = r.named("loop.done", step="harvest")
     assert boundary.payload["total"] == 3 and boundary.payload["failed"] == 0
-    (row,) = r.step_result("validate_results")
-    assert row["ok"] == [
-        {"e": "cities", "p": 1, "i": "c1"},
-        {"e": "cities", "p": 1, "i": "c2"},
-        {"e": "cities", "p": 2, "i": "c3"},
-        {"e": "cities", "p": 2, "i": "c4"},
-        {"e": "cities", "p": 3, "i": "c5"},
-        {"e": "flaky_hotels", "p": 1, "i": "h1"},
-        {"e": "flaky_hotels", "p": 1, "i": "h2"},
-        {"e": "flaky_hotels", "p": 1, "i": "h3"},
-        {"e": "flaky_hotels", "p": 2, "i": "h4"},
+    (row,) = r.step_result("check_totals")
+    assert row["stored"] == [
+        {"feed": "flaky_bridges", "page": 1, "row": "b1"},
+        {"feed": "flaky_bridges", "page": 1, "row": "b2"},
+        {"feed": "flaky_bridges", "page": 1, "row": "b3"},
+        {"feed": "flaky_bridges", "page": 2, "row": "b4"},
+        {"feed": "rivers", "page": 1, "row": "nile"},
+        {"feed": "rivers", "page": 1, "row": "rhine"},
+        {"feed": "rivers", "page": 2, "row": "indus"},
+        {"feed": "rivers", "page": 2, "row": "volga"},
+        {"feed": "rivers", "page": 3, "row": "yukon"},
     ]
-    assert row["nf"] == [{"e": "gone", "s": 404}]
+    assert row["missing"] == [{"feed": "retired", "status": 404}]
     # the 503 was retried (one extra fetch), every other page fetched once
-    assert server.calls == {"pages/cities": 3, "pages/flaky_hotels": 3, "pages/gone": 1}
+    assert server.calls == {"pages/rivers": 3, "pages/flaky_bridges": 3, "pages/retired": 1}
     fetches = [e for e in r.named("task.done") if e.payload.get("task") == "fetch_page"]
     assert sum(1 for e in fetches if e.payload["do"] == "retry") == 1
     assert pg.password not in msgspec.json.encode(r.events).decode()

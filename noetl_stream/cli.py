@@ -177,10 +177,10 @@ def entry() -> None:
     try:
         try:
             main(prog_name="noetl-stream")
-        except NoetlError as exc:  # a failure the core names that its command did not handle
-            _fail(str(exc) or type(exc).__name__, EXIT_FAILED)
         except msgspec.DecodeError as exc:  # a stored message that is not what it should be
             _fail(f"a stored message could not be decoded: {exc}", EXIT_FAILED)
+        except NoetlError as exc:  # a failure the core names that its command did not handle
+            _fail(str(exc) or type(exc).__name__, EXIT_FAILED)
     except SystemExit as exc:
         if _threads_left_running():
             import atexit

@@ -31,6 +31,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from noetl_stream.decoding import explain
 from noetl_stream.natsio import subscribe_inline
 
 __all__ = [
@@ -218,8 +219,9 @@ class Acks:
             return
         try:
             ack = _decode_ack(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            settles.set_exception(APIError(description=f"unreadable publish ack {msg.data[:200]!r}: {exc}"))
+        except Exception as exc:  # whatever the bytes cause: said in our words (`decoding.explain`)
+            why = explain(msg.data, exc, PubAck)
+            settles.set_exception(APIError(description=f"unreadable publish ack {msg.data[:200]!r}: {why}"))
             return
         if ack.error is not None:
             settles.set_exception(api_error(ack.error))

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from noetl_stream import events as E
+from noetl_stream.decoding import explain
 from noetl_stream.dsl.model import Step, Task
 from noetl_stream.jsonvalue import enc_hook
 
@@ -183,52 +184,38 @@ class Checkpoint(msgspec.Struct):
 T = TypeVar("T")
 
 
-def decode_error(exc: Exception) -> msgspec.DecodeError:
-    """What decoding bytes raised, as a ``msgspec.DecodeError`` (unchanged if it is one) with a clear
-    message. msgspec itself raises ``UnicodeDecodeError`` for invalid UTF-8 inside a JSON string and
-    ``RecursionError`` for JSON nested past its depth limit."""
-    if isinstance(exc, msgspec.DecodeError):
-        return exc
-    if isinstance(exc, UnicodeDecodeError):
-        bad = exc.object[exc.start : exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
-        return msgspec.DecodeError(
-            f"JSON is malformed: a string is not valid UTF-8 ({exc.reason}: byte 0x{bad})"
-        )
-    if isinstance(exc, RecursionError):
-        return msgspec.DecodeError("JSON is malformed: it is nested too deeply")
-    return msgspec.DecodeError(f"JSON cannot be decoded: {type(exc).__name__}: {exc}")
-
-
-def guarded(decode: Callable[[bytes], T]) -> Callable[[bytes], T]:
-    """`decode` (a msgspec decoder's ``decode``) made safe for bytes from anyone: whatever it raises is a
-    ``msgspec.DecodeError`` (`decode_error`), so the one ``except msgspec.DecodeError`` of a consumer
-    (``ValidationError`` is one) settles every bad message. Uncaught, the others made a handler fail on
-    the message at each redelivery, for ever."""
+def guarded(decoder: msgspec.json.Decoder[T]) -> Callable[[bytes], T]:
+    """`decoder`'s ``decode`` made safe for bytes from anyone: whatever it raises becomes a
+    `decoding.DecodingError` saying why in our own words (`decoding.explain`), a ``msgspec.DecodeError``
+    (a ``msgspec.ValidationError`` too for JSON of the wrong shape), so the one
+    ``except msgspec.DecodeError`` of a consumer settles every bad message. Uncaught, msgspec's others
+    (``RecursionError``) made a handler fail on the message at each redelivery, for ever."""
+    decode, type_ = decoder.decode, decoder.type
 
     def run(data: bytes) -> T:
         try:
             return decode(data)
         except Exception as exc:  # nothing a message's bytes cause escapes as something else
-            raise decode_error(exc) from None
+            raise explain(data, exc, type_) from None
 
     return run
 
 
 def decode_json(data: bytes, type_: type[T]) -> T:
-    """Bytes from outside (a request body, a KV value) as a `type_`; ``msgspec.DecodeError`` if they are
-    not one, whatever is wrong with them."""
+    """Bytes from outside (a request body, a KV value) as a `type_`; a `decoding.DecodingError` saying
+    why if they are not one, whatever is wrong with them."""
     try:
         return msgspec.json.decode(data, type=type_)
     except Exception as exc:
-        raise decode_error(exc) from None
+        raise explain(data, exc, type_) from None
 
 
 _encoder = msgspec.json.Encoder(enc_hook=enc_hook)
 """``enc_hook`` converts what has a JSON form (a ``str`` subclass, a tuple, a ``range``); msgspec calls it
 only for values it cannot encode itself."""
-decode_event: Callable[[bytes], Event] = guarded(msgspec.json.Decoder(Event).decode)
-decode_command: Callable[[bytes], Command] = guarded(msgspec.json.Decoder(Command).decode)
-decode_request: Callable[[bytes], ExecutionRequest] = guarded(msgspec.json.Decoder(ExecutionRequest).decode)
+decode_event: Callable[[bytes], Event] = guarded(msgspec.json.Decoder(Event))
+decode_command: Callable[[bytes], Command] = guarded(msgspec.json.Decoder(Command))
+decode_request: Callable[[bytes], ExecutionRequest] = guarded(msgspec.json.Decoder(ExecutionRequest))
 
 
 def encode(value: Any) -> bytes:

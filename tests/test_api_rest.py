@@ -215,10 +215,13 @@ async def test_start_by_catalog_path_and_unknown_path(api: Api, runtime: Runtime
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
-        (b"{not json", "not valid JSON"),
-        (b"[]", "Expected `object`"),
+        (b"{not json", "bad request: not valid JSON at line 1, column 2 (offset 1)"),
+        (b"[]", "bad request: wrong shape at $: expected an object, got an array"),
         (json.dumps({"payload": {}}).encode(), "give 'playbook'"),
-        (json.dumps({"playbook": HELLO, "surprise": 1}).encode(), "unknown field `surprise`"),
+        (
+            json.dumps({"playbook": HELLO, "surprise": 1}).encode(),
+            "wrong shape at $: unknown field 'surprise'",
+        ),
         (json.dumps({"playbook": HELLO, "execution_id": "a.b"}).encode(), "execution id"),
     ],
 )

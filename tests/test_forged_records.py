@@ -48,7 +48,11 @@ def requested(execution_id: str, request: Any) -> Event:
     ("request_", "fragment"),
     [
         pytest.param("xx", "the recorded request is a str, not a mapping", id="not-a-mapping"),
-        pytest.param({"playbook": GOOD, "payload": [1, 2]}, "Expected `object`", id="payload-not-a-mapping"),
+        pytest.param(
+            {"playbook": GOOD, "payload": [1, 2]},
+            "bad request: wrong shape at $.payload: expected an object, got an array",
+            id="payload-not-a-mapping",
+        ),
         pytest.param(
             {"playbook": GOOD, "execution_id": "someone-else"},
             "the recorded request is for execution 'someone-else'",

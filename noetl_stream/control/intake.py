@@ -175,10 +175,8 @@ def parse_request(raw: bytes) -> ExecutionRequest:
 def _parse_request(raw: bytes) -> ExecutionRequest:
     try:
         request = decode_request(raw)
-    except msgspec.ValidationError as exc:
+    except msgspec.DecodeError as exc:  # not UTF-8, not JSON, nested too deeply, wrong shape (`decoding`)
         raise RequestError(f"bad request: {exc}") from None
-    except msgspec.DecodeError as exc:  # invalid UTF-8 and JSON nested too deeply included (`decode_error`)
-        raise RequestError(f"request is not valid JSON: {exc}") from None
     if request.playbook is None and request.path is None:
         raise RequestError("bad request: give 'playbook' (the YAML text) or 'path' (a catalog path)")
     if request.playbook is not None and (request.path is not None or request.version is not None):

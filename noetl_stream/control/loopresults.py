@@ -49,7 +49,7 @@ class _Iteration(msgspec.Struct):
     step_run_id: str | None = None
 
 
-_decode = guarded(msgspec.json.Decoder(_Iteration).decode)
+_decode = guarded(msgspec.json.Decoder(_Iteration))
 
 
 async def assemble(

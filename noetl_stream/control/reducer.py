@@ -26,6 +26,7 @@ from noetl_stream.control.items import ItemsMissingError, LoopItems
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.control.transitions import Run as _Run
+from noetl_stream.decoding import shape_error
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.layering import deep_merge
@@ -330,7 +331,7 @@ def _recorded_request(raw: Any, execution_id: str) -> tuple[ExecutionRequest, st
     try:
         request = msgspec.convert(fields, ExecutionRequest)
     except msgspec.ValidationError as exc:
-        return empty, f"bad request: {exc}"
+        return empty, f"bad request: {shape_error(fields, ExecutionRequest, exc)}"
     if request.execution_id is not None and request.execution_id != execution_id:
         return empty, f"the recorded request is for execution {request.execution_id!r}, not {execution_id!r}"
     return request, None

@@ -14,9 +14,9 @@ from nats.js.kv import KeyValue
 
 from noetl_stream.kv.forget import forget_key
 from noetl_stream.subjects import Topology
-from noetl_stream.wire import Checkpoint
+from noetl_stream.wire import Checkpoint, guarded
 
-_decoder = msgspec.json.Decoder(Checkpoint)
+_decode = guarded(msgspec.json.Decoder(Checkpoint))
 _BUCKETS: dict[tuple[int, str], KeyValue] = {}
 """Bucket handles by JetStream context (looking a bucket up costs an API round trip)."""
 
@@ -50,7 +50,7 @@ class KvCheckpoints:
             entry = await kv.get(self._key(scope_id))
         except (KeyNotFoundError, KeyDeletedError, NotFoundError):
             return None
-        return _decoder.decode(entry.value) if entry.value else None
+        return _decode(entry.value) if entry.value else None
 
     async def clear(self, scope_id: str) -> None:
         """Forget the run's checkpoint (a purge marker that expires: nothing is left behind)."""

@@ -42,6 +42,7 @@ from nats.js.kv import KeyValue
 from noetl_stream.errors import ConfigurationError, NoetlError
 from noetl_stream.kv import scan
 from noetl_stream.subjects import Topology
+from noetl_stream.wire import decode_json
 
 __all__ = [
     "KEY_ENV",
@@ -229,12 +230,12 @@ class Keychain:
             raise CredentialNotFoundError(name) from None
         if not entry.value:
             raise CredentialNotFoundError(name)
-        return msgspec.json.decode(entry.value, type=_Stored)
+        return decode_json(entry.value, _Stored)
 
     async def get(self, name: str) -> KeychainEntry:
         """The decrypted entry (raises `CredentialNotFoundError`, or `ConfigurationError` without a key)."""
         stored = await self._stored(name)
-        fields = msgspec.json.decode(self.key.decrypt(stored.secret, name))
+        fields = decode_json(self.key.decrypt(stored.secret, name), object)
         if not isinstance(fields, dict):
             raise ConfigurationError(f"keychain entry {name!r} is corrupt (fields are not a mapping)")
         return KeychainEntry(name=name, kind=stored.kind, fields=fields)

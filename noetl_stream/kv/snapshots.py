@@ -36,6 +36,7 @@ from noetl_stream.jspublish import (
 )
 from noetl_stream.kv.results import purge_object
 from noetl_stream.subjects import Topology
+from noetl_stream.wire import guarded
 
 S = TypeVar("S", bound=msgspec.Struct)
 MSG_TTL = "Nats-TTL"
@@ -55,7 +56,7 @@ class _PointerValue(msgspec.Struct, frozen=True, rename={"snapshot": "$snapshot"
     snapshot: _Pointer
 
 
-_decode_pointer = msgspec.json.Decoder(_PointerValue).decode
+_decode_pointer = guarded(msgspec.json.Decoder(_PointerValue))
 
 
 def _missing(what: str, bucket: str) -> StoreMissingError:
@@ -78,7 +79,7 @@ class SnapshotStore(Generic[S]):
         self.kv = kv
         self._bucket = bucket
         """The KV bucket's name: `put` publishes to ``$KV.<bucket>.<key>`` itself (to set a TTL)."""
-        self._decoder = msgspec.json.Decoder(type_)
+        self._decode = guarded(msgspec.json.Decoder(type_))
         self.revisions: dict[str, int] = {}
         self._js = js
         self._objects_bucket = objects_bucket
@@ -122,7 +123,7 @@ class SnapshotStore(Generic[S]):
                 raise ValueError(f"snapshot of {execution_id}: object {pointer.object} has another checksum")
             if record:
                 self._pointers[execution_id] = pointer.object
-        return self._decoder.decode(data)
+        return self._decode(data)
 
     async def put(self, execution_id: str, state: S, ttl_s: float | None = None) -> None:
         """Compare-and-set: create the key, or update it from the revision this store last saw. With

@@ -19,7 +19,9 @@ class HttpServer:
     ``/slow?s=SECONDS``                sleeps before answering
     ``/flaky/{key}?fail=N&code=C&retry_after=S``  answers C (default 503) N times per key, then 200
     ``/setcookie``                     sets a cookie
-    ``/pages/{name}?page=P&pageSize=Z`` a paginated API: ``data: {data: [...], paging: {page, hasMore}}``
+    ``/pages/{name}?page=P&pageSize=Z`` a paginated API: ``{data: [...], paging: {page, hasMore}}``
+    ``/redirect?to=PATH``              302 to PATH
+    ``/raw?type=T&body=B``             B as the body, T (default none) as its content type
     ``/big?bytes=N&chunked=1&status=S&type=T&char=C``  that status (200) and N bytes of C (``x``; a
                                        multi-byte C counts its bytes), with a Content-Length or (chunked)
                                        without one
@@ -51,6 +53,8 @@ class HttpServer:
         app.router.add_get("/pages/{name}", self._pages)
         app.router.add_get("/big", self._big)
         app.router.add_get("/drip", self._drip)
+        app.router.add_route("*", "/redirect", self._redirect)
+        app.router.add_get("/raw", self._raw)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -157,5 +161,14 @@ class HttpServer:
         page, size = int(request.query.get("page", "1")), int(request.query.get("pageSize", "2"))
         chunk = rows[(page - 1) * size : page * size]
         return web.json_response(
-            {"data": {"data": chunk, "paging": {"page": page, "hasMore": page * size < len(rows)}}}
+            {"data": chunk, "paging": {"page": page, "hasMore": page * size < len(rows)}}
         )
+
+    async def _redirect(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(request.query["to"])
+
+    async def _raw(self, request: web.Request) -> web.Response:
+        resp = web.Response(body=request.query.get("body", "").encode())
+        if "type" in request.query:
+            resp.headers["Content-Type"] = request.query["type"]
+        return resp

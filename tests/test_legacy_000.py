@@ -221,10 +221,10 @@ async def test_a_retried_call_succeeds_and_an_exhausted_one_fails_the_step(
     )
     r = await run(runtime, text)
     assert r.status == "success", r.summary.error
-    assert r.result == {"attempt": 3, "ok": True}
+    assert r.result["data"] == {"attempt": 3, "ok": True}
     r = await run(runtime, text.replace("max_attempts: 3", "max_attempts: 2"), {"key": "k2"})
     assert r.status == "failed"
-    assert r.step_error("start")["kind"] == "http_error"
+    assert r.step_error("start")["kind"] == "server_error"
 
 
 PAGES = """
@@ -391,18 +391,18 @@ CASE_ACTIONS = """
         sink:
           tool: {kind: python, code: "open(path, 'a').write('enter\\\\n')"}
           args: {path: "{{ workload.journal }}"}
-    - when: "{{ event.name == 'call.done' and response.ok }}"
+    - when: "{{ event.name == 'call.done' and response.data.ok }}"
       then:
-        set: {attempt: "{{ response.attempt }}"}
+        set: {attempt: "{{ response.data.attempt }}"}
         sink:
           tool: {kind: python, code: "open(path, 'a').write(f'call {n}\\\\n')"}
           args: {path: "{{ workload.journal }}", n: "{{ attempt }}"}
     - when: "{{ event.name == 'call.error' }}"
       then:
         retry: {max_attempts: 2, initial_delay: 0}
-    - when: "{{ event.name == 'step.exit' and result.ok }}"
+    - when: "{{ event.name == 'step.exit' and result.data.ok }}"
       then:
-        next: [{step: good, args: {n: "{{ result.attempt }}"}}]
+        next: [{step: good, args: {n: "{{ result.data.attempt }}"}}]
     - when: "{{ event.name == 'step.exit' }}"
       then: {fail: true}
 - step: good
@@ -429,8 +429,8 @@ def test_case_actions_on_every_event_become_tasks_rules_and_arcs() -> None:
     )
     assert start["tool"][2]["spec"]["policy"]["rules"] == yaml(
         """
-        - when: "{{ outcome.status == 'ok' and outcome.result.ok }}"
-          then: {do: jump, to: start_sink_0, set_iter: {attempt: "{{ outcome.result.attempt }}"}}
+        - when: "{{ outcome.status == 'ok' and outcome.result.data.ok }}"
+          then: {do: jump, to: start_sink_0, set_iter: {attempt: "{{ outcome.result.data.attempt }}"}}
         - when: "{{ outcome.status == 'error' }}"
           then: {do: retry, attempts: 2, backoff: none, delay: 0}
         - when: "{{ outcome.status == 'error' }}"
@@ -448,7 +448,7 @@ def test_case_actions_on_every_event_become_tasks_rules_and_arcs() -> None:
             spec:
               policy:
                 rules:
-                  - when: "{{ start.ok }}"
+                  - when: "{{ start.data.ok }}"
                     then: {do: break}
                   - else: {then: {do: jump, to: start_exit_fail_1}}
           - name: start_exit_fail_1
@@ -457,8 +457,8 @@ def test_case_actions_on_every_event_become_tasks_rules_and_arcs() -> None:
         next:
           arcs:
             - step: good
-              when: "{{ event.name != 'step.failed' and start.ok }}"
-              args: {n: "{{ start.attempt }}"}
+              when: "{{ event.name != 'step.failed' and start.data.ok }}"
+              args: {n: "{{ start.data.attempt }}"}
         """
     )
 
@@ -519,7 +519,7 @@ def test_skip_becomes_admission_and_call_error_next_a_failure_arc() -> None:
     )
 
 
-@pytest.mark.parametrize(("code", "expected"), [(500, "http_error"), (200, "fine"), (0, None)])
+@pytest.mark.parametrize(("code", "expected"), [(500, "server_error"), (200, "fine"), (0, None)])
 async def test_skip_and_call_error_at_run_time(
     runtime: Runtime, http: HttpServer, code: int, expected: str | None
 ) -> None:

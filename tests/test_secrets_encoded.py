@@ -152,9 +152,9 @@ async def test_encoded_forms_of_credentials_are_masked_in_every_event(
         return done.payload
 
     # ... and what the echoes show in task.done is masked.
-    assert result("basic")["result"]["headers"]["Authorization"] == "Basic ***"
-    assert result("apiparam")["result"]["path"] == "/500?appid=***"
-    assert result("templated")["result"]["path"] == "/401?q=***"
+    assert result("basic")["result"]["data"]["headers"]["Authorization"] == "Basic ***"
+    assert result("apiparam")["result"]["data"]["path"] == "/500?appid=***"
+    assert result("templated")["result"]["data"]["path"] == "/401?q=***"
     assert result("printed")["result"] == {"plus": "***", "path": "***"}
     assert result("printed")["output"]["stdout"] == "quoted ***\n"
     assert result("header")["result"] == "Basic ***"

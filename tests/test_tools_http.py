@@ -67,7 +67,7 @@ async def test_registered() -> None:
 async def test_json_body_and_http_helpers(server: HttpServer, services: WorkerServices) -> None:
     out = await run_http({"url": f"{server.url}/json"}, context(services))
     assert out.status == "ok"
-    assert out.result == {"ok": True, "items": [1, 2, 3], "nested": {"a": "b"}}
+    assert out.result["data"] == {"ok": True, "items": [1, 2, 3], "nested": {"a": "b"}}
     http = out.as_scope()["http"]
     assert http["status"] == 200
     assert http["headers"]["content-type"].startswith("application/json")
@@ -80,13 +80,13 @@ async def test_json_body_and_http_helpers(server: HttpServer, services: WorkerSe
 
 async def test_text_binary_and_empty_bodies(server: HttpServer, services: WorkerServices) -> None:
     text = await run_http({"url": f"{server.url}/text"}, context(services))
-    assert text.result == "hello, world"
+    assert text.result["data"] == "hello, world"
     assert text.helpers["http"]["headers"]["x-custom"] == "yes"
     binary = await run_http({"url": f"{server.url}/bin"}, context(services))
-    assert binary.result == "//4AgA=="
+    assert binary.result["data"] == "//4AgA=="
     assert binary.helpers["http"]["encoding"] == "base64"
     empty = await run_http({"url": f"{server.url}/empty"}, context(services))
-    assert empty.status == "ok" and empty.result is None and empty.helpers["http"]["status"] == 204
+    assert empty.status == "ok" and empty.result["data"] is None and empty.helpers["http"]["status"] == 204
 
 
 async def test_params_headers_and_bodies(server: HttpServer, services: WorkerServices) -> None:
@@ -101,7 +101,7 @@ async def test_params_headers_and_bodies(server: HttpServer, services: WorkerSer
         context(services),
     )
     assert out.status == "ok", out.error
-    echo = out.result
+    echo = out.result["data"]
     assert echo["method"] == "POST"
     assert echo["query"] == [["page", "2"], ["flag", "true"], ["tag", "a"], ["tag", "b"]]
     assert echo["headers"]["X-Trace"] == "abc" and echo["headers"]["X-Num"] == "7"
@@ -111,8 +111,8 @@ async def test_params_headers_and_bodies(server: HttpServer, services: WorkerSer
     form = await run_http(
         {"method": "POST", "url": f"{server.url}/echo", "form": {"a": "1", "b": 2}}, context(services)
     )
-    assert form.result["content_type"] == "application/x-www-form-urlencoded"
-    assert form.result["body"] == "a=1&b=2"
+    assert form.result["data"]["content_type"] == "application/x-www-form-urlencoded"
+    assert form.result["data"]["body"] == "a=1&b=2"
 
     raw = await run_http(
         {
@@ -123,13 +123,13 @@ async def test_params_headers_and_bodies(server: HttpServer, services: WorkerSer
         },
         context(services),
     )
-    assert raw.result["body"] == "plain text" and raw.result["content_type"] == "text/x"
+    assert raw.result["data"]["body"] == "plain text" and raw.result["data"]["content_type"] == "text/x"
 
 
 async def test_config_errors(server: HttpServer, services: WorkerServices) -> None:
-    two = await run_http({"url": f"{server.url}/echo", "json": {}, "body": "x"}, context(services))
+    two = await run_http({"url": f"{server.url}/echo", "endpoint": f"{server.url}/json"}, context(services))
     assert two.status == "error" and two.error is not None
-    assert two.error["kind"] == "config_error" and "at most one" in two.error["message"]
+    assert two.error["kind"] == "config_error" and "not both" in two.error["message"]
     no_url = await run_http({}, context(services))
     assert no_url.error is not None and no_url.error["kind"] == "config_error"
     bad_timeout = await run_http({"url": server.url}, context(services, timeout={"read": "soon"}))
@@ -137,19 +137,32 @@ async def test_config_errors(server: HttpServer, services: WorkerServices) -> No
 
 
 @pytest.mark.parametrize(
-    ("code", "retryable"), [(400, False), (401, False), (404, False), (429, True), (500, True), (503, True)]
+    ("code", "kind", "retryable"),
+    [
+        (400, "client_error", False),
+        (401, "auth", False),
+        (403, "auth", False),
+        (404, "not_found", False),
+        (409, "client_error", False),
+        (429, "rate_limit", True),
+        (500, "server_error", True),
+        (503, "server_error", True),
+        (304, "http_error", False),
+    ],
 )
-async def test_non_2xx_is_http_error(
-    server: HttpServer, services: WorkerServices, code: int, retryable: bool
+async def test_non_2xx_is_a_task_error_of_its_kind(
+    server: HttpServer, services: WorkerServices, code: int, kind: str, retryable: bool
 ) -> None:
     out = await run_http({"url": f"{server.url}/status/{code}"}, context(services))
     assert out.status == "error" and out.error is not None
-    assert out.error["kind"] == "http_error"
+    assert out.error["kind"] == kind
     assert out.error["retryable"] is retryable
     assert out.error["status"] == code
     assert str(code) in out.error["message"]
     assert out.helpers["http"]["status"] == code
-    assert out.result == {"error": {"code": code}}  # the error body stays readable by policies
+    assert out.result["status_code"] == code
+    if code != 304:  # (a 304 has no body)
+        assert out.result["data"] == {"error": {"code": code}}  # the error body stays readable by policies
 
 
 async def test_retry_after_header(server: HttpServer, services: WorkerServices) -> None:
@@ -187,7 +200,7 @@ async def test_one_pooled_session_per_worker(server: HttpServer, services: Worke
     ports = []
     for _ in range(3):
         out = await run_http({"url": f"{server.url}/echo"}, context(services))
-        ports.append(out.result["client_port"])
+        ports.append(out.result["data"]["client_port"])
     assert len(set(ports)) == 1  # keep-alive: one connection reused by the shared session
 
 
@@ -196,12 +209,12 @@ async def test_cookies_never_travel_between_requests(server: HttpServer, service
     assert first.helpers["http"]["headers"]["set-cookie"] == "***"
     assert "cookie-secret-value" not in encoded(first)
     second = await run_http({"url": f"{server.url}/echo"}, context(services))
-    assert "Cookie" not in second.result["headers"]
+    assert "Cookie" not in second.result["data"]["headers"]
 
 
 async def test_works_without_worker_services(server: HttpServer) -> None:
     out = await run_http({"url": f"{server.url}/json"}, context(None))
-    assert out.status == "ok" and out.result["ok"] is True
+    assert out.status == "ok" and out.result["data"]["ok"] is True
 
 
 @pytest.mark.parametrize(
@@ -271,7 +284,7 @@ async def test_playbook_retries_503_then_succeeds(
                           set_iter: {status: "{{ outcome.http.status }}"}
             - name: after
               kind: noop
-              result: {attempt: "{{ fetch.attempt }}", status: "{{ iter.status }}"}
+              result: {attempt: "{{ fetch.data.attempt }}", status: "{{ iter.status }}"}
         """,
         workload={"api": server.url},
     )
@@ -283,7 +296,7 @@ async def test_playbook_retries_503_then_succeeds(
     done = r.tasks("start", "fetch")
     assert [e.payload["status"] for e in done] == ["error", "error", "ok"]
     assert [e.payload["do"] for e in done] == ["retry", "retry", "continue"]
-    assert done[0].payload["error"]["kind"] == "http_error"
+    assert done[0].payload["error"]["kind"] == "server_error"
 
 
 async def test_playbook_404_is_not_retried_and_fails_the_step(
@@ -309,7 +322,7 @@ async def test_playbook_404_is_not_retried_and_fails_the_step(
         r = await run(rt, text)
     assert r.status == "failed"
     err = r.step_error("start")
-    assert err["kind"] == "http_error" and err["status"] == 404 and err["retryable"] is False
+    assert err["kind"] == "not_found" and err["status"] == 404 and err["retryable"] is False
     assert server.calls["gone"] == 1
 
 
@@ -338,7 +351,7 @@ async def test_playbook_bearer_from_keychain_never_shows_the_token(
                       then: {do: continue}
             - name: out
               kind: noop
-              result: {sent: "{{ call.headers.Authorization }}", status: "{{ _prev.error.code }}"}
+              result: {sent: "{{ call.data.headers.Authorization }}", status: "{{ _prev.data.error.code }}"}
         """,
         workload={"api": server.url},
     )

@@ -146,7 +146,7 @@ async def test_api_key_header_is_not_sent_to_another_origin_on_redirect(
               auth: api
             - name: out
               kind: noop
-              result: {away: "{{ away.headers }}", same: "{{ same.headers }}"}
+              result: {away: "{{ away.data.headers }}", same: "{{ same.data.headers }}"}
         """,
         workload={"api": server.url, "other": other, "redirector": redirector.url},
     )

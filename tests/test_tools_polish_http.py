@@ -47,7 +47,7 @@ async def test_timeouts_given_as_text_are_seconds(
 ) -> None:
     out = await run_http({"url": f"{server.url}/json"}, context(services, timeout=timeout))
     assert out.status == "ok", out.error
-    assert out.result["ok"] is True
+    assert out.result["data"]["ok"] is True
 
 
 @pytest.mark.parametrize("timeout", ["0.3", {"connect": "5", "read": "0.3"}])
@@ -91,7 +91,7 @@ async def test_max_body_bytes_given_as_text(server: HttpServer, services: Worker
     small = await run_http({"url": f"{server.url}/big?bytes=2000"}, context(services, max_body_bytes="1000"))
     assert small.error is not None and small.error["kind"] == "response_too_large", small.error
     fits = await run_http({"url": f"{server.url}/big?bytes=500"}, context(services, max_body_bytes="1000"))
-    assert fits.status == "ok" and fits.result == "x" * 500
+    assert fits.status == "ok" and fits.result["data"] == "x" * 500
     bad = await run_http({"url": f"{server.url}/json"}, context(services, max_body_bytes="lots"))
     assert bad.error is not None and bad.error["kind"] == "config_error"
     assert "spec.max_body_bytes" in bad.error["message"] and "'lots'" in bad.error["message"]
@@ -106,7 +106,7 @@ async def test_the_probes_quoted_timeout_runs_end_to_end(
     async with local_runtime(nats_server.url, topology=topology) as rt:
         r = await run(rt, text)
     assert r.status == "success", r.summary.error
-    assert r.result["ok"] is True
+    assert r.result["data"]["ok"] is True
 
 
 # --- json: null ---------------------------------------------------------------------------------------
@@ -115,23 +115,24 @@ async def test_the_probes_quoted_timeout_runs_end_to_end(
 async def test_json_null_sends_the_json_body_null(server: HttpServer, services: WorkerServices) -> None:
     out = await run_http({"method": "POST", "url": f"{server.url}/echo", "json": None}, context(services))
     assert out.status == "ok", out.error
-    assert out.result["body"] == "null"
-    assert out.result["content_type"] == "application/json"
+    assert out.result["data"]["body"] == "null"
+    assert out.result["data"]["content_type"] == "application/json"
 
 
 async def test_a_null_body_form_or_data_sends_no_body(server: HttpServer, services: WorkerServices) -> None:
     for key in ("body", "form", "data"):
         out = await run_http({"method": "POST", "url": f"{server.url}/echo", key: None}, context(services))
         assert out.status == "ok", out.error
-        assert out.result["body"] == "" and out.result["content_type"] != "application/json", key
+        echo = out.result["data"]
+        assert echo["body"] == "" and echo["content_type"] != "application/json", key
 
 
-async def test_json_null_with_another_body_is_refused(server: HttpServer, services: WorkerServices) -> None:
+async def test_json_null_comes_before_another_body(server: HttpServer, services: WorkerServices) -> None:
     out = await run_http(
         {"method": "POST", "url": f"{server.url}/echo", "json": None, "body": "x"}, context(services)
     )
-    assert out.error is not None and out.error["kind"] == "config_error"
-    assert "at most one" in out.error["message"]
+    assert out.status == "ok", out.error
+    assert out.result["data"]["body"] == "null"  # `json` first, even null: `body` is ignored
 
 
 async def test_json_null_from_a_playbook(
@@ -144,7 +145,7 @@ async def test_json_null_from_a_playbook(
             - {{name: literal, kind: http, method: PUT, url: "{server.url}/echo", json: null}}
             - {{name: rendered, kind: http, method: PUT, url: "{server.url}/echo", json: "{{{{ workload.nothing }}}}"}}
             - {{name: none, kind: http, method: PUT, url: "{server.url}/echo"}}
-            - {{name: out, kind: noop, result: {{literal: "{{{{ literal.body }}}}", rendered: "{{{{ rendered.body }}}}"}}}}
+            - {{name: out, kind: noop, result: {{literal: "{{{{ literal.data.body }}}}", rendered: "{{{{ rendered.data.body }}}}"}}}}
         """,
         workload={"nothing": None},
     )
@@ -168,20 +169,20 @@ async def test_an_error_status_with_a_large_body_is_still_that_status(
 ) -> None:
     url = f"{server.url}/big?status=404&bytes=5000&chunked={chunked}"
     out = await run_http({"url": url}, context(services, max_body_bytes=1000))
-    assert out.error is not None and out.error["kind"] == "http_error", out.error
+    assert out.error is not None and out.error["kind"] == "not_found", out.error
     assert out.error["status"] == 404 and out.error["retryable"] is False
     assert out.error["message"].startswith(f"GET {url} -> 404 Not Found")
     assert "cut to its first 1000 bytes" in out.error["message"]
     http = out.as_scope()["http"]
     assert http["status"] == 404 and http["truncated"] is True
-    assert out.result == "x" * 1000
+    assert out.result["data"] == "x" * 1000
 
 
 async def test_a_large_5xx_body_stays_retryable(server: HttpServer, services: WorkerServices) -> None:
     out = await run_http(
         {"url": f"{server.url}/big?status=503&bytes=5000&chunked=1"}, context(services, max_body_bytes=1000)
     )
-    assert out.error is not None and out.error["kind"] == "http_error"
+    assert out.error is not None and out.error["kind"] == "server_error"
     assert out.error["status"] == 503 and out.error["retryable"] is True
 
 
@@ -193,14 +194,14 @@ async def test_a_cut_body_is_text_not_json_and_splits_no_character(
         context(services, max_body_bytes=999),
     )
     assert cut_json.error is not None and cut_json.error["status"] == 400
-    assert cut_json.result == "x" * 999
+    assert cut_json.result["data"] == "x" * 999
     assert "json_error" not in cut_json.as_scope()["http"]
     # "é" is two bytes: the 999th byte would be half of one; it is dropped, not replaced by U+FFFD
     split = await run_http(
         {"url": f"{server.url}/big?status=500&bytes=5000&char=%C3%A9"}, context(services, max_body_bytes=999)
     )
     assert split.error is not None and split.error["status"] == 500
-    assert split.result == "é" * 499
+    assert split.result["data"] == "é" * 499
 
 
 async def test_a_large_2xx_body_is_still_too_large(server: HttpServer, services: WorkerServices) -> None:
@@ -211,7 +212,7 @@ async def test_a_large_2xx_body_is_still_too_large(server: HttpServer, services:
 async def test_a_policy_routes_on_the_404_of_a_large_body(
     nats_server: EmbeddedNats, topology: Topology, server: HttpServer
 ) -> None:
-    # only the outcome of the 404 (an http_error) continues: anything else fails the step
+    # only the outcome of the 404 (not_found) continues: anything else fails the step
     text = playbook(
         f"""
         - step: start
@@ -223,11 +224,11 @@ async def test_a_policy_routes_on_the_404_of_a_large_body(
                 max_body_bytes: 1000
                 policy:
                   rules:
-                    - when: "{{{{ outcome.http.status == 404 and outcome.error.kind == 'http_error' }}}}"
+                    - when: "{{{{ outcome.http.status == 404 and outcome.error.kind == 'not_found' }}}}"
                       then: {{do: continue}}
                     - when: true
                       then: {{do: fail}}
-            - {{name: out, kind: noop, result: {{cut: "{{{{ _prev | length }}}}"}}}}
+            - {{name: out, kind: noop, result: {{cut: "{{{{ _prev.data | length }}}}"}}}}
         """
     )
     async with local_runtime(nats_server.url, topology=topology) as rt:

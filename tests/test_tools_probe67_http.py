@@ -43,7 +43,7 @@ async def _get(url: str) -> tuple[str, object, dict[str, object]]:
         out = await run_http({"url": url}, ctx)
     finally:
         await services.close()
-    return out.status, out.result, out.helpers["http"]
+    return out.status, out.result["data"], out.helpers["http"]
 
 
 async def test_a_byte_order_mark_before_json_is_skipped(base_url: str) -> None:

@@ -66,7 +66,7 @@ async def test_http_auth_uses_the_declared_env_entry_not_the_store(
         r = await run(rt, text)
     assert r.status == "success", r.summary
     assert [s["headers"].get("Authorization") for s in server.seen] == [f"Bearer {ENV_TOKEN}"]
-    assert r.step_result("start")["headers"]["Authorization"] == "Bearer ***"
+    assert r.step_result("start")["data"]["headers"]["Authorization"] == "Bearer ***"
     assert ENV_TOKEN not in msgspec.json.encode(r.events).decode()
 
 

@@ -62,8 +62,9 @@ def known_kinds() -> tuple[str, ...]:
 register_kind("noop", {"result"}, description="does nothing; returns `result` if given")
 register_kind(
     "http",
-    {"method", "url", "params", "headers", "body", "json", "form", "data", "auth"},
-    required_any=[("url",)],
+    {"method", "url", "endpoint", "params", "headers", "json", "form", "body", "payload", "data", "auth"},
+    required_any=[("url", "endpoint")],
+    exclusive=[("url", "endpoint")],
     defaults={"timeout": {"connect": 10, "read": 60}},
     description="HTTP request (aiohttp)",
 )

@@ -1,38 +1,44 @@
 """``http``: one request with aiohttp, on one pooled session per worker.
 
-Config: ``method`` (default GET), ``url``, ``params`` (query; lists repeat the key), ``headers``, and at
-most one body: ``body`` (str/bytes, sent as is), ``json`` (any JSON value; ``json: null`` sends the body
-``null``), ``form`` (a mapping, sent urlencoded) or ``data`` (a mapping like ``form``, else like
-``body``). ``auth`` names a keychain entry: ``bearer``/``http_bearer`` {token}, ``basic``/``http_basic``
-{username, password}, or ``api_key`` {value, header (default ``X-API-Key``)} / {value, param} (a query
-parameter). ``spec.timeout``: ``{connect, read, total}`` in seconds, each a number or text holding one
-(a number sets connect and read; defaults in ``dsl/kinds.py``; no total by default: ``total`` bounds a
-server that sends a byte now and then, which no read timeout catches). ``spec.max_body_bytes`` (default
-64 MiB; a whole number or text holding one): a longer 2xx body is not read but fails the task with
+Config: ``method`` (default GET), ``url`` (or its alias ``endpoint``; not both), ``params`` (query;
+lists repeat the key), ``headers``, and a body from the first given of ``json`` (any JSON value;
+``json: null`` sends the body ``null``), ``form`` (a mapping, sent urlencoded), ``body`` (str/bytes, sent
+as is), ``payload`` (like ``body`` for str/bytes, else like ``json``) and ``data`` (str/bytes like
+``body``; otherwise JSON, or urlencoded when the Content-Type header says form). On a GET, ``data`` is
+not a body but query parameters, merged with ``params`` (``params`` wins a name both give). ``auth``
+names a keychain entry: ``bearer``/``http_bearer`` {token}, ``basic``/``http_basic`` {username,
+password}, or ``api_key`` {value, header (default ``X-API-Key``)} / {value, param} (a query parameter).
+``spec.timeout``: ``{connect, read, total}`` in seconds, each a number or text holding one (a number sets
+connect and read; defaults in ``dsl/kinds.py``; no total by default: ``total`` bounds a server that sends
+a byte now and then, which no read timeout catches). ``spec.max_body_bytes`` (default 64 MiB; a whole
+number or text holding one): a longer 2xx body is not read but fails the task with
 ``response_too_large``, so that one answer cannot take the worker's memory; a longer body of an error
-status is cut there (the task is still that status's ``http_error``, ``outcome.http.truncated`` true).
+status is cut there (the task still fails with that status's kind, ``outcome.http.truncated`` true).
 
 ``auth``'s header replaces a header of the same name in ``headers``, whatever its case (header names
 are case-insensitive: one header, never two).
 
-The result is the response body: JSON-decoded when the content type is JSON (after a UTF-8 byte order
-mark, if any), else text (bytes that are not UTF-8 text are base64 and ``outcome.http.encoding`` says
-so). A body of a JSON content type that is not JSON (``{not json``, a number out of range like
-``1e400``) is the text too, with the task still ``ok`` (the status decides that), and
-``outcome.http.json_error`` says why it did not decode (absent when it did). ``outcome.http``: ``status``,
-``headers`` (lower-case names), ``url``, ``method``, ``elapsed_s`` and ``retry_after`` (seconds, from a
-``Retry-After`` header, else None).
+The result is an envelope: ``{status_code, headers, url, elapsed, data, body}`` (`envelope`), ``data``
+the body and ``body`` the same value. The body is JSON-decoded when the content type is JSON (after a
+UTF-8 byte order mark, if any) or, whatever the content type, when it is a JSON object or array; else it
+is text (bytes that are not UTF-8 text are base64 and ``outcome.http.encoding`` says so). A body of a
+JSON content type that is not JSON (``{not json``, a number out of range like ``1e400``) is the text too,
+with the task still ``ok`` (the status decides that), and ``outcome.http.json_error`` says why it did not
+decode (absent when it did). ``outcome.http``: ``status``, ``headers`` (lower-case names), ``url``,
+``method``, ``elapsed_s`` and ``retry_after`` (seconds, from a ``Retry-After`` header, else None).
 
-Errors: a non-2xx response is ``http_error`` (the body is still the result), retryable for 429 and 5xx;
-a refused or dropped connection is ``connection_error`` and a connect/read timeout ``timeout``, both
-retryable with ``outcome.http.status`` None; a certificate or TLS handshake failure is ``tls_error`` and a
-URL that is not http(s) ``config_error`` (neither retryable). Redirects are followed, but a header that
+Errors: a non-2xx response fails the task with the envelope still its result (`status_error`: 429
+``rate_limit`` and 5xx ``server_error``, retryable; 401/403 ``auth``, 404 ``not_found``, other 4xx
+``client_error``, any other status ``http_error``; ``error.status`` is the status code); a refused or
+dropped connection is ``connection_error`` and a connect/read timeout ``timeout``, both retryable with
+``outcome.http.status`` None; a certificate or TLS handshake failure is ``tls_error`` and a URL that is
+not http(s) ``config_error`` (neither retryable). Redirects are followed, but a header that
 carries a credential (``auth``'s, or one named in `SENSITIVE_HEADERS`) is never sent to another origin
 than the task's URL. Credential values never appear in the outcome: headers
 that carry credentials are masked and every value of the credential used is redacted, also in the forms
 the request carried it (URL-encoded in the query, the Basic header's base64 token: `secret_strings`), so
-a server echoing the request shows ``***``. In the URLs of error messages and ``outcome.http`` (the
-request's, a redirect's, those in response headers), the password of a URL's userinfo
+a server echoing the request shows ``***``. In the URLs of error messages, ``outcome.http`` and the
+envelope (the request's, a redirect's, those in response headers), the password of a URL's userinfo
 (``https://user:pw@host``) and the values of query parameters named like credentials (``access_token``,
 ``api_key``, ``sig``, ... `urlmask.SENSITIVE_PARAMS`, and the ``param`` of the ``api_key`` entry used)
 are masked by the URL's structure: the same text outside a URL (a status reason) stays as it is.
@@ -41,11 +47,7 @@ are masked by the URL's structure: the same text outside a URL (a status reason)
 from __future__ import annotations
 
 import base64
-import codecs
 import contextlib
-import datetime
-import email.utils
-import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -53,20 +55,28 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 import yarl
-from multidict import CIMultiDictProxy
 
 from noetl_stream import __version__
 from noetl_stream.dataplane.outcome import Outcome, json_safe
 from noetl_stream.dataplane.tools.base import ToolContext, seconds
+from noetl_stream.dataplane.tools.httpresponse import (
+    decode_body,
+    decode_cut,
+    envelope,
+    response_headers,
+    retry_after_seconds,
+    status_error,
+)
 from noetl_stream.dataplane.tools.urlmask import mask_urls, masked_url
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.kv.keychain import MASK, CredentialNotFoundError, redact, secret_strings
+from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
 
 if TYPE_CHECKING:  # client middlewares: aiohttp >= 3.12
     from aiohttp.client_middlewares import ClientHandlerType, ClientMiddlewareType
 
 _SESSION_KEY = "http.session"
-_BODY_KEYS = ("body", "json", "form", "data")
+_BODY_KEYS = ("json", "form", "body", "payload", "data")
+"""The keys that give a request body, in precedence order: the first given is the body."""
 SENSITIVE_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key", "x-auth-token"}
 )
@@ -144,11 +154,11 @@ def _param_value(value: Any) -> str:
     return msgspec.json.encode(json_safe(value)).decode()
 
 
-def _params(raw: Any) -> list[tuple[str, str]]:
+def _params(raw: Any, name: str = "params") -> list[tuple[str, str]]:
     if raw is None:
         return []
     if not isinstance(raw, Mapping):
-        raise _ConfigError(f"'params' must be a mapping, got {type(raw).__name__}")
+        raise _ConfigError(f"'{name}' must be a mapping, got {type(raw).__name__}")
     out: list[tuple[str, str]] = []
     for key, value in raw.items():
         if value is None:
@@ -167,28 +177,53 @@ def _headers(raw: Any) -> dict[str, str]:
     return {str(k): _param_value(v) for k, v in raw.items() if v is not None}
 
 
-def _body(config: Mapping[str, Any], headers: dict[str, str]) -> Any:
+def _given(config: Mapping[str, Any], key: str) -> bool:
     # `json` is any JSON value, null too: an explicit `json: null` sends the body `null`; the other
     # keys given as null send nothing.
-    given = [k for k in _BODY_KEYS if config.get(k) is not None or (k == "json" and k in config)]
-    if len(given) > 1:
-        raise _ConfigError(f"give at most one of body/json/form/data, not {' and '.join(given)}")
-    if not given:
+    return key in config if key == "json" else config.get(key) is not None
+
+
+def _body(
+    config: Mapping[str, Any], method: str, headers: dict[str, str], params: list[tuple[str, str]]
+) -> Any:
+    """The request body: the first given of `_BODY_KEYS` (the others are ignored). On a GET, ``data`` is
+    query parameters instead, added to `params` unless ``params`` gives that name."""
+    keys: tuple[str, ...] = _BODY_KEYS
+    if method == "GET" and config.get("data") is not None:
+        given = {name for name, _ in params}
+        params.extend(p for p in _params(config["data"], "data") if p[0] not in given)
+        keys = keys[:-1]
+    key = next((k for k in keys if _given(config, k)), None)
+    if key is None:
         return None
-    key = given[0]
     value = config[key]
-    has_type = any(h.lower() == "content-type" for h in headers)
-    if key == "json":
-        if not has_type:
+    sent_as = key
+    if key in ("payload", "data") and isinstance(value, (str, bytes)):
+        sent_as = "body"
+    elif key == "payload" or (key == "data" and not _says_form(headers)):
+        sent_as = "json"
+    elif key == "data":
+        sent_as = "form"
+    if sent_as == "json":
+        if not any(h.lower() == "content-type" for h in headers):
             headers["Content-Type"] = "application/json"
         return msgspec.json.encode(json_safe(value))
-    if isinstance(value, Mapping) and key in ("form", "data"):
+    if sent_as == "form":
+        if not isinstance(value, Mapping):
+            why = " (the Content-Type says form)" if key == "data" else ""
+            raise _ConfigError(f"'{key}' must be a mapping{why}, got {type(value).__name__}")
         return [(str(k), _param_value(v)) for k, v in value.items() if v is not None]
-    if key == "form":
-        raise _ConfigError(f"'form' must be a mapping, got {type(value).__name__}")
     if isinstance(value, (str, bytes)):
         return value
     raise _ConfigError(f"'{key}' must be a string or bytes, got {type(value).__name__}")
+
+
+def _says_form(headers: Mapping[str, str]) -> bool:
+    """The request's Content-Type is ``application/x-www-form-urlencoded``."""
+    return any(
+        k.lower() == "content-type" and v.lower().startswith("application/x-www-form-urlencoded")
+        for k, v in headers.items()
+    )
 
 
 def _set_header(headers: dict[str, str], name: str, value: str) -> None:
@@ -254,72 +289,25 @@ def _same_origin_only(url: str, names: list[str]) -> tuple[ClientMiddlewareType,
     return (middleware,)
 
 
-def retry_after_seconds(value: str | None, now: datetime.datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        delta = float(value)
-    except ValueError:
-        pass
-    else:
-        return max(0.0, delta) if math.isfinite(delta) else None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    now = now or datetime.datetime.now(datetime.UTC)
-    return max(0.0, (when - now).total_seconds())
-
-
-def _response_headers(headers: CIMultiDictProxy[str], sensitive: frozenset[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in headers.items():
-        name = key.lower()
-        shown = MASK if name in sensitive else value
-        out[name] = f"{out[name]}, {shown}" if name in out else shown
-    return out
-
-
-def _decode(data: bytes, content_type: str, charset: str | None) -> tuple[Any, str | None, str | None]:
-    """``(result, encoding, json_error)``: a JSON content type is decoded (after a UTF-8 byte order
-    mark, which some servers send); a body that is not JSON then is kept as text and `json_error` says
-    why it could not be decoded."""
-    if not data:
-        return None, None, None
-    ctype = content_type.lower()
-    json_error = None
-    if ctype.endswith("/json") or ctype.endswith("+json"):
-        try:
-            return msgspec.json.decode(data.removeprefix(codecs.BOM_UTF8)), None, None
-        except msgspec.DecodeError as exc:
-            json_error = str(exc)
-    try:
-        return data.decode(charset or "utf-8"), None, json_error
-    except (UnicodeDecodeError, LookupError):
-        if ctype.startswith("text/"):
-            return data.decode(charset or "utf-8", errors="replace"), None, json_error
-    return base64.b64encode(data).decode(), "base64", json_error
-
-
 async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     secrets: set[str] = set()
     sensitive = SENSITIVE_HEADERS
     names: frozenset[str] = frozenset()  # query parameters masked in URLs besides urlmask's
     method = str(config.get("method") or "GET").upper()
     url = config.get("url")
+    if url is None:
+        url = config.get("endpoint")
     http: dict[str, Any] = {"status": None, "headers": {}, "url": url, "method": method, "retry_after": None}
     try:
+        if config.get("url") is not None and config.get("endpoint") is not None:
+            raise _ConfigError("give 'url' or its alias 'endpoint', not both")
         if not isinstance(url, str) or not url:
             raise _ConfigError("http task needs 'url' (a string)")
         timeout = _timeout(ctx.spec)
         max_body = _max_body(ctx.spec)
         params = _params(config.get("params"))
         headers = _headers(config.get("headers"))
-        data = _body(config, headers)
+        data = _body(config, method, headers, params)
         auth = config.get("auth")
         if auth is not None:
             if not isinstance(auth, str):
@@ -347,6 +335,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
 
     shown = masked_url(url, names)  # the task's URL in messages
     started = time.monotonic()
+    answered = False  # a response was read: the result is its envelope
     try:
         if ctx.services is not None:  # the worker's pooled session, kept open
             shared = await ctx.services.get_or_create(_SESSION_KEY, _new_session, _close_session)
@@ -368,6 +357,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                 sensitive,
                 middlewares,
             )
+        answered = True
     except _TooLarge as exc:
         outcome = Outcome.fail(
             "response_too_large",
@@ -407,7 +397,10 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     except ValueError as exc:  # e.g. a header value with a newline
         outcome = Outcome.fail("config_error", f"{method} {shown}: {mask_urls(str(exc), names)}", http=http)
     http["elapsed_s"] = round(time.monotonic() - started, 6)
-    return _redacted(outcome, secrets, names)
+    outcome = _redacted(outcome, secrets, names)
+    if answered:  # after the masking: the envelope shares outcome.http's masked headers and URL
+        outcome.result = envelope(outcome.helpers["http"], outcome.result)
+    return outcome
 
 
 async def _request(
@@ -434,7 +427,7 @@ async def _request(
         middlewares=middlewares or None,
     ) as resp:
         http["status"] = resp.status
-        http["headers"] = _response_headers(resp.headers, sensitive)
+        http["headers"] = response_headers(resp.headers, sensitive)
         http["url"] = str(resp.url)
         ok = 200 <= resp.status < 300
         bodiless = method == "HEAD" or resp.status < 200 or resp.status in (204, 304)
@@ -457,37 +450,25 @@ async def _request(
         body = b"".join(chunks)
         http["retry_after"] = retry_after_seconds(resp.headers.get("Retry-After"))
         if cut:
-            result, encoding, json_error = *_decode_cut(body, resp.charset), None
+            result, encoding, json_error = *decode_cut(body, resp.charset), None
             http["truncated"] = True
         else:
-            result, encoding, json_error = _decode(body, resp.content_type, resp.charset)
+            result, encoding, json_error = decode_body(body, resp.content_type, resp.charset)
         if encoding:
             http["encoding"] = encoding
         if json_error:
             http["json_error"] = json_error
         if ok:
             return Outcome.ok(result, http=http)
-        retryable = resp.status == 429 or resp.status >= 500
+        kind, retryable = status_error(resp.status)
         reason = f" {resp.reason}" if resp.reason else ""
         note = f" (the body is cut to its first {max_body} bytes: spec.max_body_bytes)" if cut else ""
         outcome = Outcome.fail(
-            "http_error",
-            f"{method} {shown} -> {resp.status}{reason}{note}",
-            retryable=retryable,
-            http=http,
+            kind, f"{method} {shown} -> {resp.status}{reason}{note}", retryable=retryable, http=http
         )
         outcome.error = {**(outcome.error or {}), "status": resp.status}
         outcome.result = result
         return outcome
-
-
-def _decode_cut(data: bytes, charset: str | None) -> tuple[str, str | None]:
-    """``(result, encoding)`` of a body cut at ``spec.max_body_bytes``: text, never JSON-decoded (cut,
-    it would not decode), without a character the cut split; bytes that are not text as base64."""
-    try:
-        return codecs.getincrementaldecoder(charset or "utf-8")().decode(data), None
-    except (UnicodeDecodeError, LookupError):
-        return base64.b64encode(data).decode(), "base64"
 
 
 def _described(exc: BaseException, names: frozenset[str]) -> str:

@@ -17,28 +17,30 @@ EXPECTED_FORM = "expected nats://HOST:PORT (or tls://, ws://, wss://), several c
 
 
 @pytest.mark.parametrize(
-    ("args", "said"),
+    "args",
     [
-        (["worker", "--concurrency", "0"], "Invalid value for '--concurrency': 0 is not in the range x>=1"),
-        (["worker", "--concurrency", "-3"], "Invalid value for '--concurrency': -3 is not in the range x>=1"),
-        (["worker", "--grace", "-1"], "Invalid value for '--grace': -1.0 is not in the range x>=0"),
-        (["controller", "--grace", "-5"], "Invalid value for '--grace': -5.0 is not in the range x>=0"),
-        (["worker", "--log-level", "nonsense"], "Invalid value for '--log-level': 'nonsense' is not one of"),
-        (["controller", "--log-level", "nonsense"], "Invalid value for '--log-level': 'nonsense' is not"),
+        ["worker", "--concurrency", "0"],
+        ["worker", "--concurrency", "-3"],
+        ["worker", "--grace", "-1"],
+        ["controller", "--grace", "-5"],
+        ["worker", "--log-level", "nonsense"],
+        ["controller", "--log-level", "nonsense"],
     ],
 )
 def test_a_meaningless_worker_or_controller_option_is_a_usage_error_before_connecting(
-    args: list[str], said: str
+    args: list[str],
 ) -> None:
+    """Exit 2 (usage) and the option named; the rest of the line is click's."""
     proc = noetl(*args, "--nats", UNREACHABLE, timeout=30)
-    assert said in usage_error(proc)
+    assert args[1] in usage_error(proc)
 
 
 def test_log_levels_are_taken_in_any_case() -> None:
     # The level is checked first (options are processed in the order given): WARNING passes, and
     # the error is about the concurrency.
     proc = noetl("worker", "--log-level", "WARNING", "--concurrency", "0", "--nats", UNREACHABLE, timeout=30)
-    assert "'--concurrency'" in usage_error(proc)
+    line = usage_error(proc)
+    assert "--concurrency" in line and "--log-level" not in line
 
 
 def test_an_executions_page_out_of_range_is_refused_before_connecting() -> None:

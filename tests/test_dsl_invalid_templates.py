@@ -1,13 +1,14 @@
 """Invalid playbooks, inside a step: templates (syntax, tags, filters, located in every YAML scalar
 style), and the warnings that do not reject a playbook (label-as-key tasks, names no scope defines).
 
-Each case asserts every diagnostic, complete with file:line:col, text and YAML path.
+Each case asserts every diagnostic, complete with file:line:col, text and YAML path; Jinja's account of a
+syntax error is not ours, and any text stands for it (`LIBRARY`).
 """
 
 from __future__ import annotations
 
 import pytest
-from dsl_support import assert_accepted_with, assert_rejected_with, steps
+from dsl_support import LIBRARY, assert_accepted_with, assert_rejected_with, steps
 
 CASES = [
     pytest.param(
@@ -20,7 +21,7 @@ CASES = [
         code: "result = n"
 """),
         [
-            "bad.yaml:11:19: step 'start' task 'calc': template syntax error: unexpected 'end of print statement' (at workflow[0].tool[0].args.n)",
+            f"bad.yaml:11:19: step 'start' task 'calc': template syntax error: {LIBRARY} (at workflow[0].tool[0].args.n)",
         ],
         id="template-syntax-error",
     ),
@@ -35,7 +36,7 @@ CASES = [
           WHERE x = {{ workload.x ) }}
 """),
         [
-            "bad.yaml:13:11: step 'start' task 'query': template syntax error: unexpected ')' (at workflow[0].tool[0].query)",
+            f"bad.yaml:13:11: step 'start' task 'query': template syntax error: {LIBRARY} (at workflow[0].tool[0].query)",
         ],
         id="template-syntax-error-in-block-scalar",
     ),
@@ -49,7 +50,7 @@ CASES = [
           when: "{{ event.name == 'step.done' and }}"
 """),
         [
-            "bad.yaml:12:17: step 'start': template syntax error: unexpected 'end of print statement' (at workflow[0].next.arcs[0].when)",
+            f"bad.yaml:12:17: step 'start': template syntax error: {LIBRARY} (at workflow[0].next.arcs[0].when)",
         ],
         id="template-syntax-error-in-arc-when",
     ),
@@ -66,7 +67,7 @@ CASES = [
           {% frobnicate %}
 """),
         [
-            "bad.yaml:15:11: step 'start' task 'calc': template syntax error: Encountered unknown tag 'frobnicate'. (at workflow[0].tool[0].code)",
+            f"bad.yaml:15:11: step 'start' task 'calc': template syntax error: {LIBRARY} (at workflow[0].tool[0].code)",
         ],
         id="template-unknown-tag",
     ),
@@ -97,7 +98,7 @@ CASES = [
           result = x
 """),
         [
-            "bad.yaml:12:11: step 'start' task 'calc': template syntax error: unexpected 'end of print statement' (at workflow[0].tool[0].code)",
+            f"bad.yaml:12:11: step 'start' task 'calc': template syntax error: {LIBRARY} (at workflow[0].tool[0].code)",
         ],
         id="template-syntax-error-on-first-line-of-block",
     ),
@@ -112,7 +113,7 @@ CASES = [
           # {{ workload.n + }}"
 """),
         [
-            "bad.yaml:13:11: step 'start' task 'calc': template syntax error: unexpected 'end of print statement' (at workflow[0].tool[0].code)",
+            f"bad.yaml:13:11: step 'start' task 'calc': template syntax error: {LIBRARY} (at workflow[0].tool[0].code)",
         ],
         id="template-syntax-error-in-multiline-quoted-string",
     ),
@@ -129,7 +130,7 @@ CASES = [
           {{ workload.m + }}
 """),
         [
-            "bad.yaml:14:11: step 'start' task 'report': template syntax error: unexpected 'end of print statement' (at workflow[0].tool[0].result)",
+            f"bad.yaml:14:11: step 'start' task 'report': template syntax error: {LIBRARY} (at workflow[0].tool[0].result)",
         ],
         id="template-syntax-error-in-folded-block",
     ),

@@ -149,7 +149,6 @@ async def test_an_expect_new_publish_is_stored_once_and_refused_on_that_subject_
         with pytest.raises(BadRequestError) as info:
             await asyncio.wait_for(await pub.acked(f"{stream}.n", b"again", msg_id, expect_new=True), 10)
         assert (info.value.code, info.value.err_code) == (400, WRONG_LAST_SEQUENCE)
-        assert "wrong last sequence: 1" in (info.value.description or "")
     plain = await (await pub.acked(f"{stream}.n", b"plain", "n-3"))  # a normal publish still goes in
     other = await (await pub.acked(f"{stream}.m", b"other", "m-1", expect_new=True))  # another subject
     assert (plain.seq, other.seq) == (2, 3)

@@ -44,7 +44,7 @@ def retrying(delay: str, value: Any) -> str:
         ("{{ workload.d }}", -2, "got -2"),
         ("{{ workload.d }}", True, "got True"),
         ("{{ workload.d }}", [1], "got [1]"),
-        ("{{ workload.nosuch }}", 1, "has no attribute 'nosuch'"),
+        ("{{ workload.nosuch }}", 1, "no key 'nosuch' in the mapping"),
         ("{{ nosuch }}", 1, "'nosuch' is undefined"),
     ],
     ids=["text", "negative", "boolean", "list", "missing-key", "undefined-name"],

@@ -261,13 +261,24 @@ def _yaml_error(file: str, text: str, exc: YAMLError) -> Diagnostic:
             if exc.problem and context and cmark is not None and cmark is not pmark:
                 what = context.removeprefix("while parsing ").removeprefix("while scanning ")
                 message += f" (in {what} that starts at {cmark.line + 1}:{cmark.column + 1})"
+            at = _char_at(text, pmark)  # what the parser stopped at, from the text: not from its words
             if "the end of the block" in message:
                 message += "; check the indentation"
-            elif "mapping values are not allowed" in message:
+            elif at == ":" and cmark is None:  # a ': ' in a plain value, not an unclosed [ or {
                 message += "; quote a value that contains ': ', or check the indentation"
-            elif "'\\t'" in message:
+            elif at == "\t":
                 message += "; indent with spaces, not tabs"
     return Diagnostic("error", f"YAML syntax error: {message}", file, line, col, "<root>", code)
+
+
+def _char_at(text: str, mark: Any) -> str:
+    """The character of `text` at a parser's `mark` (``""`` past the end, or without a mark)."""
+    if mark is None:
+        return ""
+    lines = text.split("\n")
+    if not 0 <= mark.line < len(lines):
+        return ""
+    return str(lines[mark.line][mark.column : mark.column + 1])
 
 
 def _first_key(text: str, key: str, start: Any, end: Any) -> int | None:

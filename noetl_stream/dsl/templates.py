@@ -4,7 +4,7 @@
   expression's native value (list, dict, int, bool, ...), not its text.
 * Any other template renders to a string; a string without ``{{``/``{%`` is a
   constant and costs nothing.
-* Names that do not exist fail loudly (``'foo' is undefined``), but chains such
+* Names that do not exist fail loudly (``'foo' is undefined``, ``no key 'x' in the mapping``), but chains such
   as ``outcome.result.data.paging.hasMore | default(false)`` work: attribute and
   item access on an undefined value stays undefined until it is used.
 * ``obj.key`` on a mapping reads the key first, so ``{{ fetch.items }}`` is the
@@ -27,6 +27,7 @@ from jinja2 import ChainableUndefined, TemplateSyntaxError, nodes
 from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
 from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import missing
 
 from noetl_stream.dsl import budget
 from noetl_stream.dsl.budget import (
@@ -65,9 +66,14 @@ class RenderError(NoetlError):
 
 
 class StrictChainableUndefined(ChainableUndefined):
-    """Chainable on access, strict on use: rendering, iterating or testing truth fails."""
+    """Chainable on access, strict on use: rendering, iterating or testing truth fails, saying what was
+    undefined in our words (`undefined_message`), not Jinja's."""
 
     __slots__ = ()
+
+    @property
+    def _undefined_message(self) -> str:
+        return undefined_message(self._undefined_name, self._undefined_obj, self._undefined_hint)
 
     __str__ = Undefined._fail_with_undefined_error
     __iter__ = Undefined._fail_with_undefined_error
@@ -75,6 +81,21 @@ class StrictChainableUndefined(ChainableUndefined):
     __bool__ = Undefined._fail_with_undefined_error
     __contains__ = Undefined._fail_with_undefined_error
     __html__ = Undefined._fail_with_undefined_error
+
+
+def undefined_message(name: Any, obj: Any = missing, hint: str | None = None) -> str:
+    """What a template read that is not there: a name no scope defines, a key a mapping lacks, an item
+    past a list's end, an attribute a value does not have."""
+    if hint:
+        return hint
+    if obj is missing:
+        return f"{name!r} is undefined"
+    if isinstance(obj, Mapping):
+        return f"no key {name!r} in the mapping"
+    if isinstance(obj, (list, tuple)) and isinstance(name, int):
+        return f"no item {name} in the list of {len(obj)}"
+    what = "attribute" if isinstance(name, str) else "item"
+    return f"a value of type '{type(obj).__name__}' has no {what} {name!r}"
 
 
 class Environment(ImmutableSandboxedEnvironment):

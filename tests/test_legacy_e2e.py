@@ -97,8 +97,8 @@ workflow:
                 then:
                   do: continue
                   set_ctx:
-                    owner_id: "{{ outcome.result[0].owner_id }}"
-                    owner_contact: "{{ outcome.result[0].contact }}"
+                    owner_id: "{{ outcome.result.rows[0].owner_id }}"
+                    owner_contact: "{{ outcome.result.rows[0].contact }}"
     next: {arcs: [{step: walk_feeds, when: "{{ event.name == 'step.done' }}"}]}
   - step: walk_feeds
     loop: {in: "{{ workload.feeds }}", iterator: feed}

@@ -97,7 +97,7 @@ async def test_json_and_decimal_values_are_those_of_postgres(
           tool:
             - {{name: pg, kind: postgres, dsn: "{{{{ dsn }}}}", query: {pg_sql}}}
             - {{name: duck, kind: duckdb, query: {duck_sql}}}
-            - {{name: out, kind: noop, result: {{pg: "{{{{ pg }}}}", duck: "{{{{ duck }}}}"}}}}
+            - {{name: out, kind: noop, result: {{pg: "{{{{ pg.rows }}}}", duck: "{{{{ duck }}}}"}}}}
         """,
         workload={"dsn": pg.dsn},
     )

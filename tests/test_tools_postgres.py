@@ -71,7 +71,7 @@ async def test_query_rows_are_json_safe(services: WorkerServices) -> None:
         """,
     )
     assert out.status == "ok", out.error
-    (row,) = out.result
+    (row,) = out.result["rows"]
     assert row == {
         "i": 1,
         "n": 1.5,
@@ -94,18 +94,18 @@ async def test_query_rows_are_json_safe(services: WorkerServices) -> None:
 async def test_params_are_bound_never_interpolated(services: WorkerServices, table: str) -> None:
     evil = "x'); DROP TABLE " + table + "; --"
     created = await pg_run(services, command=f"CREATE TABLE {table} (id int, name text, doc jsonb)")
-    assert created.result == {"status": "CREATE TABLE", "rowcount": None}
+    assert created.result["message"] == "CREATE TABLE" and created.result["affected_rows"] == 0
     ins = await pg_run(
         services,
         command=f"INSERT INTO {table} VALUES ($1, $2, $3), ($4, $5, $6)",
         params=[1, evil, {"k": [1, 2]}, 2, "plain", '{"already": "json"}'],
     )
     assert ins.status == "ok", ins.error
-    assert ins.result == {"status": "INSERT 0 2", "rowcount": 2}
+    assert ins.result["message"] == "INSERT 0 2" and ins.result["affected_rows"] == 2
     rows = await pg_run(
         services, query=f"SELECT id, name, doc FROM {table} WHERE id = ANY($1) ORDER BY id", params=[[1, 2]]
     )
-    assert rows.result == [
+    assert rows.result["rows"] == [
         {"id": 1, "name": evil, "doc": {"k": [1, 2]}},
         {"id": 2, "name": "plain", "doc": {"already": "json"}},
     ]
@@ -117,11 +117,17 @@ async def test_many_statements_and_executemany(services: WorkerServices, table: 
         command=f"CREATE TABLE {table} (id int primary key, v text); INSERT INTO {table} VALUES (1, 'a'); "
         f"UPDATE {table} SET v = 'b' WHERE id = 1",
     )
-    assert script.result == {"status": "UPDATE 1", "rowcount": 1}
+    assert script.result["message"] == "UPDATE 1" and script.result["affected_rows"] == 1
     many = await pg_run(
         services, command=f"INSERT INTO {table} VALUES ($1, $2)", params=[[2, "c"], [3, "d"]], many=True
     )
-    assert many.result == {"status": "EXECUTEMANY", "executed": 2}
+    assert many.result == {
+        "row_count": None,
+        "affected_rows": None,
+        "message": "EXECUTEMANY 2",
+        "executed": 2,
+        "command_0": {"row_count": None, "affected_rows": None, "message": "EXECUTEMANY 2", "executed": 2},
+    }
     listed = await pg_run(
         services,
         command=[
@@ -131,11 +137,15 @@ async def test_many_statements_and_executemany(services: WorkerServices, table: 
         ],
     )
     assert listed.status == "ok", listed.error
-    assert listed.result == [
-        {"status": "INSERT 0 1", "rowcount": 1},
-        {"status": "DELETE 1", "rowcount": 1},
-        [{"id": 1, "v": "b"}, {"id": 3, "v": "d"}, {"id": 4, "v": "e"}],
-    ]
+    rows = [{"id": 1, "v": "b"}, {"id": 3, "v": "d"}, {"id": 4, "v": "e"}]
+    assert listed.result == {
+        "rows": rows,
+        "row_count": 3,
+        "columns": ["id", "v"],
+        "command_0": {"row_count": 1, "affected_rows": 1, "message": "INSERT 0 1"},
+        "command_1": {"row_count": 1, "affected_rows": 1, "message": "DELETE 1"},
+        "command_2": {"rows": rows, "row_count": 3, "columns": ["id", "v"]},
+    }
     assert listed.helpers["pg"]["statements"] == 3
 
 
@@ -147,12 +157,12 @@ async def test_transaction_is_all_or_nothing(services: WorkerServices, table: st
     assert failed.helpers["pg"]["code"] == "23505"
     assert failed.helpers["pg"]["constraint"] == f"{table}_pkey"
     assert failed.error["retryable"] is False
-    assert (await pg_run(services, query=f"SELECT count(*) AS n FROM {table}")).result == [{"n": 0}]
+    assert (await pg_run(services, query=f"SELECT count(*) AS n FROM {table}")).result["rows"] == [{"n": 0}]
     # without a transaction the first insert stays
     await pg_run(services, command=statements)
-    assert (await pg_run(services, query=f"SELECT count(*) AS n FROM {table}")).result == [{"n": 1}]
+    assert (await pg_run(services, query=f"SELECT count(*) AS n FROM {table}")).result["rows"] == [{"n": 1}]
     level = await pg_run(services, query="SHOW transaction_isolation", transaction="serializable")
-    assert level.result == [{"transaction_isolation": "serializable"}]
+    assert level.result["rows"] == [{"transaction_isolation": "serializable"}]
 
 
 @pytest.mark.parametrize(
@@ -187,7 +197,7 @@ async def test_client_side_errors(services: WorkerServices) -> None:
     for config, needle in [
         ({"query": "SELECT 1", "command": "SELECT 1"}, "not both"),
         ({"query": "SELECT 1", "params": {"a": 1}}, "must be a list"),
-        ({"query": "SELECT 1", "many": True, "params": [[1]]}, "command"),
+        ({"query": "SELECT 1", "many": True}, "'many: true' needs 'params'"),
         ({"command": ["SELECT 1"], "params": [1]}, "per item"),
         ({"query": "SELECT 1", "transaction": "sometimes"}, "transaction"),
         ({"query": "SELECT 1", "auth": None}, "'auth'"),
@@ -261,10 +271,13 @@ async def test_a_timeout_that_is_no_number_of_seconds_is_a_config_error(
 
 async def test_one_pool_per_credential(services: WorkerServices, pg: PgServer) -> None:
     pids = [
-        (await pg_run(services, query="SELECT pg_backend_pid() AS pid")).result[0]["pid"] for _ in range(3)
+        (await pg_run(services, query="SELECT pg_backend_pid() AS pid")).result["rows"][0]["pid"]
+        for _ in range(3)
     ]
     assert len(set(pids)) == 1  # the connection went back to the credential's pool and was reused
-    other = (await pg_run(services, query="SELECT pg_backend_pid() AS pid", auth="pg_dsn")).result[0]["pid"]
+    other = (await pg_run(services, query="SELECT pg_backend_pid() AS pid", auth="pg_dsn")).result["rows"][0][
+        "pid"
+    ]
     assert other != pids[0]  # another credential, another pool
     conn = await asyncpg.connect(pg.dsn)
     try:
@@ -291,7 +304,7 @@ async def test_one_pool_per_credential(services: WorkerServices, pg: PgServer) -
 
 async def test_without_worker_services_uses_a_connection_per_task(pg: PgServer) -> None:
     out = await run_postgres({"query": "SELECT 41 + 1 AS x", "dsn": pg.dsn}, context(None))
-    assert out.result == [{"x": 42}]
+    assert out.result["rows"] == [{"x": 42}]
 
 
 # --- end to end ---------------------------------------------------------------------------------------
@@ -329,7 +342,7 @@ async def test_playbook_writes_and_reads_with_a_keychain_credential(
         )
         r = await run(rt, text)
     assert r.status == "success", r.summary
-    assert r.step_result("start") == [
+    assert r.step_result("start")["rows"] == [
         {"id": 2, "city": "Lima", "payload": {"pop": 2}},
         {"id": 3, "city": "Rome", "payload": {"pop": 3}},
     ]
@@ -395,7 +408,7 @@ async def test_playbook_retries_a_real_serialization_failure(
     assert [e.payload["status"] for e in bumps] == ["error", "ok"]
     assert bumps[0].payload["error"]["kind"] == "pg_error"
     assert "40001" in bumps[0].payload["error"]["message"]
-    assert r.step_result("start") == [{"v": 11}]
+    assert r.step_result("start")["rows"] == [{"v": 11}]
 
 
 # --- 003 §12: streaming pagination, end to end (http pages in a loop, rows stored in postgres) ---------
@@ -437,7 +450,7 @@ async def test_streaming_pagination_playbook_runs_end_to_end(
     assert r.ran()[-2:] == ["harvest", "check_totals"]
     (boundary,) = r.named("loop.done", step="harvest")
     assert boundary.payload["total"] == 3 and boundary.payload["failed"] == 0
-    (row,) = r.step_result("check_totals")
+    (row,) = r.step_result("check_totals")["rows"]
     assert row["stored"] == [
         {"feed": "flaky_bridges", "page": 1, "row": "b1"},
         {"feed": "flaky_bridges", "page": 1, "row": "b2"},

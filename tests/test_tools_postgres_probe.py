@@ -86,7 +86,7 @@ async def test_ranges_bit_strings_and_numerics_come_back_as_json(
     async with local_runtime(nats_server.url, topology=topology) as rt:
         r = await run(rt, text)
     assert r.status == "success", r.summary.error
-    (row,) = r.result
+    (row,) = r.result["rows"]
     assert row["r"] == {"lower": 1, "upper": 5, "lower_inc": True, "upper_inc": False, "empty": False}
     assert row["e"]["empty"] is True and row["b"] == "101"
     assert row["whole"] == 42 and row["half"] == 1.5
@@ -157,4 +157,4 @@ async def test_duplicate_columns_in_a_transaction_roll_it_back(
     assert r.status == "success", r.summary
     err = r.tasks("start", "both")[0].payload["error"]
     assert err["kind"] == "pg_error" and "duplicate column names 'id'" in err["message"], err
-    assert r.step_result("start") == [{"n": 0}]
+    assert r.step_result("start")["rows"] == [{"n": 0}]

@@ -89,7 +89,7 @@ async def test_postgres_auth_uses_the_declared_file_entry(
     async with local_runtime(nats_server.url, topology=topology) as rt:
         r = await run(rt, text)
     assert r.status == "success", r.summary
-    assert r.step_result("start")[0]["one"] == 1
+    assert r.step_result("start")["rows"][0]["one"] == 1
     password = str(pg.credential()["password"])
     assert password not in msgspec.json.encode(r.events).decode()
 

@@ -94,7 +94,7 @@ async def test_a_float_for_a_numeric_column_is_stored_as_written(
         services, query=f"SELECT n::text AS n, f, i, j::text AS j, a::text AS a FROM {table} ORDER BY n"
     )
     assert rows.status == "ok", rows.error
-    assert rows.result == [
+    assert rows.result["rows"] == [
         {"n": "0.0000001", "f": None, "i": None, "j": None, "a": "{}"},
         {"n": "0.1", "f": 0.1, "i": 2, "j": "[0.1, 1.0]", "a": "{0.2,19.99}"},
         {"n": "1.15", "f": None, "i": None, "j": None, "a": "{0.3}"},
@@ -130,7 +130,7 @@ async def test_geometry_has_a_json_form_and_no_memory_address(services: WorkerSe
         "'(1,2)'::point AS pt",
     )
     assert out.status == "ok", out.error
-    assert out.result == [
+    assert out.result["rows"] == [
         {
             "open_path": {"points": [[0.0, 0.0], [1.0, 2.0]], "closed": False},
             "poly": {"points": [[0.0, 0.0], [1.0, 1.0], [1.0, 0.0]], "closed": True},
@@ -148,7 +148,7 @@ async def test_infinite_timestamps_and_dates_are_the_words_real_extremes_stay(
         "'-infinity'::date AS d, '9999-12-31'::date AS real_end, ARRAY['infinity'::date, '2024-01-02'] AS arr",
     )
     assert out.status == "ok", out.error
-    assert out.result == [
+    assert out.result["rows"] == [
         {
             "a": "infinity",
             "b": "-infinity",

@@ -70,11 +70,12 @@ register_kind(
 )
 register_kind(
     "postgres",
-    {"query", "command", "params", "many", "auth", "dsn", "transaction"},
+    # `pool` (a NoETL connection pool's name) is accepted and ignored: a worker keeps its own pools.
+    {"query", "command", "params", "many", "auth", "dsn", "transaction", "pool"},
     required_any=[("query", "command")],
     exclusive=[("query", "command")],
     defaults={"timeout": {"connect": 10}},
-    description="PostgreSQL statements with bound parameters (asyncpg)",
+    description="PostgreSQL statements or a script, with bound parameters (asyncpg)",
 )
 register_kind(
     "duckdb",

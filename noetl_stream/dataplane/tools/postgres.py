@@ -2,21 +2,31 @@
 
 Config:
 
-* ``query: <sql>`` returns the rows as a list of mappings (JSON-safe: Decimal, UUID, timestamps;
-  ``json``/``jsonb`` decoded). ``command: <sql>`` returns ``{status, rowcount}`` (``"INSERT 0 3"``, 3).
-* ``params``: a list bound as ``$1, $2, ...`` (never interpolated into the SQL). ``many: true`` with a
-  ``command`` takes ``params`` as a list of parameter lists and runs the statement once per list
-  (asyncpg ``executemany``; result ``{status: EXECUTEMANY, executed: n}``). A value for a ``json``/``jsonb``
-  parameter may be any JSON value; a string is taken as JSON text. Parameters are typed by the server
-  and a string is accepted only for text-like types: to pass a rendered string to another type, cast
-  it from text (``$1::text::timestamptz``, ``$1::text::int``).
-* Several statements: a ``command`` text without params may hold several ``;``-separated statements
-  (the status is the last one's), or ``query``/``command`` is a list whose items are SQL strings or
-  ``{query|command: <sql>, params: [...], many: bool}``; the result is the list of their results.
+* ``query: <sql>`` or ``command: <sql>`` (one of them; they mean the same). The result is NoETL's
+  (`sqlresult`): the last statement's ``{rows, row_count, columns}`` when it returns rows, else
+  ``{row_count, affected_rows, message}`` (``message`` the command tag, ``"INSERT 0 3"``), plus
+  ``command_<i>`` with each statement's own result. Values are JSON-safe (Decimal, UUID, timestamps as
+  ISO text; ``json``/``jsonb`` decoded).
+* A text of several ``;``-separated statements (a script) runs them one by one, in autocommit unless
+  ``transaction`` is set. It is split by PostgreSQL's own parser (pglast): dollar-quoted bodies, quoted
+  strings and identifiers and comments stay whole. A script that does not parse runs no statement
+  (``pg_error`` 42601). A text without ``;`` goes to the server as it is.
+* ``params``: a list bound as ``$1, $2, ...`` (never interpolated into the SQL), for a text of one
+  statement: with a script they are a ``config_error`` (give a list of statements, each with its own
+  ``params``). ``many: true`` takes ``params`` as a list of parameter lists and runs the statement
+  once per list (asyncpg ``executemany``, all or nothing): the rows of all runs when it returns rows
+  (``RETURNING``), else ``{row_count: null, affected_rows: null, message: "EXECUTEMANY n", executed: n}``
+  (asyncpg does not count the rows each run changed). A value for a ``json``/``jsonb`` parameter may be
+  any JSON value; a string is taken as JSON text. Parameters are typed by the server and a string is
+  accepted only for text-like types: to pass a rendered string to another type, cast it from text
+  (``$1::text::timestamptz``, ``$1::text::int``).
+* ``query``/``command`` may also be a list whose items are SQL texts or ``{query|command|sql: <sql>,
+  params: [...], many: bool}``; their statements run in order and are numbered on (``command_<i>``).
   ``transaction: true`` runs all of them in one transaction (all or nothing); ``transaction:
   serializable`` (or ``repeatable_read``, ``read_committed``) also sets its isolation level.
 * ``auth`` names a keychain entry of kind ``postgres_credential``: {host, port, user, password,
   database[, sslmode]} or {dsn}. ``dsn`` may also be given directly (e.g. from ``{{ keychain... }}``).
+  ``pool`` (a NoETL connection pool name) is accepted and ignored: a worker keeps its own pools.
 * ``spec.timeout``: ``{connect, statement}`` in seconds (a number sets both; ``read`` is taken for
   ``statement`` so that a step-wide http timeout applies too). ``spec.pool_size``: the pool's maximum
   size (a positive whole number or text holding one, default 10; anything else is a ``config_error``).
@@ -24,15 +34,15 @@ Config:
   use different pools (each up to its size, so together up to the sum of their sizes).
 
 Errors are ``pg_error`` with ``outcome.pg = {code, sqlstate, message}`` (plus ``detail``, ``hint``,
-``constraint``, ``table`` when the server gives them). Retryable: serialization failure ``40001``,
+``constraint``, ``table`` when the server gives them, and ``statement``: the index of the statement
+that failed). Retryable: serialization failure ``40001``,
 deadlock ``40P01``, connection errors (class ``08``; a refused connection is reported as ``08001``),
 server shutdown/startup (``57P01``-``57P03``) and ``53300`` (too many connections). A client-side
 timeout is ``timeout`` (retryable). Values of the credential never appear in the outcome, and a DSN
 that cannot be read is a ``config_error`` saying what is wrong in general terms (``invalid DSN: the port
 is not a number``), never quoting it: the parser's messages quote parts of it, such as the piece of a
-password with an unencoded ``/`` or ``:`` taken for the port. A ``query``
-result with two columns of one name (a join's two ``id`` columns) is a ``pg_error`` naming them, never
-a row that silently lost one value (checked on the first row: asyncpg gives the names with the rows).
+password with an unencoded ``/`` or ``:`` taken for the port. A result with two columns of one name (a
+join's two ``id`` columns) is a ``pg_error`` naming them, never a row that silently lost one value.
 """
 
 from __future__ import annotations
@@ -46,10 +56,13 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import msgspec
+import pglast
 from asyncpg.pgproto import pgproto
+from pglast.parser import ParseError
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe, sql_infinity
 from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns, seconds
+from noetl_stream.dataplane.tools.sqlresult import command_result, rows_result, task_result
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
 
@@ -99,8 +112,17 @@ class _ConfigError(Exception):
     pass
 
 
+class _ScriptError(Exception):
+    """A script pglast could not parse: PostgreSQL's syntax error, raised before any statement ran."""
+
+    def __init__(self, where: str, exc: ParseError) -> None:
+        reason = str(exc.args[0]) if exc.args else "syntax error"
+        self.position = exc.args[1] + 1 if len(exc.args) > 1 and isinstance(exc.args[1], int) else None
+        at = f" at character {self.position}" if self.position else ""
+        super().__init__(f"'{where}': {reason}{at} (a script is parsed whole first: no statement ran)")
+
+
 class _Statement(msgspec.Struct, frozen=True):
-    mode: str  # "query" | "command"
     sql: str
     params: tuple[Any, ...] = ()
     many: bool = False
@@ -163,48 +185,62 @@ def _params(raw: Any, many: bool) -> tuple[Any, ...]:
     return tuple(tuple(_bindable(row)) for row in raw) if many else tuple(_bindable(list(raw)))
 
 
-def _statements(config: Mapping[str, Any]) -> tuple[list[_Statement], bool]:
-    """The statements to run, and whether the task gave a list (so the result is a list)."""
+def _statements(config: Mapping[str, Any]) -> list[_Statement]:
+    """The statements to run, in order: the text's (split when it is a script) or the list's items'."""
     given = [k for k in ("query", "command") if config.get(k) is not None]
     if len(given) != 1:
         raise _ConfigError(
             "postgres task needs 'query' or 'command'" if not given else "give 'query' or 'command', not both"
         )
-    mode = given[0]
-    value = config[mode]
-    many = bool(config.get("many"))
+    key = given[0]
+    value = config[key]
     if isinstance(value, str):
-        if many and mode != "command":
-            raise _ConfigError("'many: true' works with 'command' only")
-        return [_Statement(mode, _sql(value), _params(config.get("params"), many), many)], False
+        return _script(key, value, config.get("params"), bool(config.get("many")))
     if not isinstance(value, list) or not value:
-        raise _ConfigError(f"'{mode}' must be SQL text or a non-empty list of statements")
-    if config.get("params") is not None or many:
-        raise _ConfigError(f"with a list of statements, give 'params'/'many' per item of '{mode}'")
+        raise _ConfigError(f"'{key}' must be SQL text or a non-empty list of statements")
+    if config.get("params") is not None or config.get("many"):
+        raise _ConfigError(f"with a list of statements, give 'params'/'many' per item of '{key}'")
     out = []
     for i, item in enumerate(value):
         if isinstance(item, str):
-            out.append(_Statement(mode, _sql(item)))
+            out += _script(f"{key}[{i}]", item, None, False)
             continue
         if not isinstance(item, Mapping):
-            raise _ConfigError(f"{mode}[{i}] must be SQL text or a mapping with 'query' or 'command'")
-        kinds = [k for k in ("query", "command", "sql") if item.get(k) is not None]
-        if len(kinds) != 1:
-            raise _ConfigError(f"{mode}[{i}] needs exactly one of 'query', 'command' or 'sql'")
-        item_mode = mode if kinds[0] == "sql" else kinds[0]
-        item_many = bool(item.get("many"))
-        if item_many and item_mode != "command":
-            raise _ConfigError(f"{mode}[{i}]: 'many: true' works with 'command' only")
-        out.append(
-            _Statement(item_mode, _sql(item[kinds[0]]), _params(item.get("params"), item_many), item_many)
+            raise _ConfigError(f"{key}[{i}] must be SQL text or a mapping with 'query' or 'command'")
+        keys = [k for k in ("query", "command", "sql") if item.get(k) is not None]
+        if len(keys) != 1:
+            raise _ConfigError(f"{key}[{i}] needs exactly one of 'query', 'command' or 'sql'")
+        out += _script(f"{key}[{i}]", item[keys[0]], item.get("params"), bool(item.get("many")))
+    return out
+
+
+def _script(where: str, sql: Any, params: Any, many: bool) -> list[_Statement]:
+    """The statements of one SQL text; `params` (and `many`) bind a text of one statement only."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise _ConfigError(f"'{where}' must be non-empty SQL text")
+    texts = split_statements(sql, where)
+    if not texts:
+        raise _ConfigError(f"'{where}' holds no SQL statement (only comments or ';')")
+    bound = _params(params, many)
+    if len(texts) > 1 and (params is not None or many):
+        raise _ConfigError(
+            f"'{where}' holds {len(texts)} statements and 'params' bind one: give the statements as a list, "
+            "each with its own params ([{command: ..., params: [...]}, ...])"
         )
-    return out, True
+    return [_Statement(text, bound, many) for text in texts]
 
 
-def _sql(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _ConfigError("a statement must be non-empty SQL text")
-    return value
+def split_statements(sql: str, where: str = "query") -> list[str]:
+    """The statements of a SQL text. A text without ``;`` is one statement, sent as it is (the server
+    reports what is wrong with it); others are split by PostgreSQL's parser (pglast), so that ``;`` in
+    a dollar-quoted body, a string, a quoted identifier or a comment does not split them. Raises
+    `_ScriptError` for a text it cannot parse."""
+    if ";" not in sql:
+        return [sql]
+    try:
+        return [str(text) for text in pglast.split(sql)]
+    except ParseError as exc:
+        raise _ScriptError(where, exc) from None
 
 
 def _timeouts(spec: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -295,22 +331,32 @@ async def _pool(ctx: ToolContext, connect: dict[str, Any], connect_timeout: floa
     return await ctx.services.get_or_create(f"postgres.pool.{fingerprint}", create, close)
 
 
-def _rowcount(status: str) -> int | None:
+def _rowcount(status: str) -> int:
+    """The rows a command tag counts (``INSERT 0 3``: 3); 0 for a tag without a count (``CREATE TABLE``)."""
     last = status.rsplit(" ", 1)[-1] if status else ""
-    return int(last) if last.isdigit() else None
+    return int(last) if last.isdigit() else 0
 
 
-async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> Any:
-    if stmt.mode == "query":
-        records = await conn.fetch(stmt.sql, *stmt.params, timeout=timeout)
-        if records:  # asyncpg gives the column names with the rows only
-            check_columns(list(records[0].keys()))
-        return [{k: sql_infinity(v, _INFINITE) for k, v in r.items()} for r in records]
+def _rows(records: Sequence[Any]) -> list[dict[str, Any]]:
+    return [{k: sql_infinity(v, _INFINITE) for k, v in r.items()} for r in records]
+
+
+async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> dict[str, Any]:
+    """One statement's result: prepared first, so that its columns are known (none: it returns no
+    rows), also when no row comes back."""
+    prepared = await conn.prepare(stmt.sql, timeout=timeout)
+    columns = [a.name for a in prepared.get_attributes()]
+    check_columns(columns)
     if stmt.many:
-        await conn.executemany(stmt.sql, stmt.params, timeout=timeout)
-        return {"status": "EXECUTEMANY", "executed": len(stmt.params)}
-    status = await conn.execute(stmt.sql, *stmt.params, timeout=timeout)
-    return {"status": status, "rowcount": _rowcount(status)}
+        if columns:
+            return rows_result(columns, _rows(await prepared.fetchmany(stmt.params, timeout=timeout)))
+        await prepared.executemany(stmt.params, timeout=timeout)
+        return {**command_result(None, f"EXECUTEMANY {len(stmt.params)}"), "executed": len(stmt.params)}
+    records = await prepared.fetch(*stmt.params, timeout=timeout)
+    if columns:
+        return rows_result(columns, _rows(records))
+    status = prepared.get_statusmsg() or ""
+    return command_result(_rowcount(status), status)
 
 
 def _transaction(raw: Any) -> str | None:
@@ -325,12 +371,16 @@ def _transaction(raw: Any) -> str | None:
 
 
 async def _run_all(
-    conn: Any, stmts: Sequence[_Statement], transaction: str | None, timeout: float | None
-) -> list[Any]:
+    conn: Any, stmts: Sequence[_Statement], transaction: str | None, timeout: float | None, done: list[Any]
+) -> None:
+    """Run `stmts` in order, their results appended to `done` (so a failure's statement is its length)."""
     if transaction is None:
-        return [await _run_one(conn, s, timeout) for s in stmts]
+        for stmt in stmts:
+            done.append(json_safe(await _run_one(conn, stmt, timeout)))
+        return
     async with conn.transaction(isolation=transaction or None):
-        return [await _run_one(conn, s, timeout) for s in stmts]
+        for stmt in stmts:
+            done.append(json_safe(await _run_one(conn, stmt, timeout)))
 
 
 def _without_values(message: str, exc: BaseException, values: frozenset[str]) -> str:
@@ -363,9 +413,13 @@ def _text_values(stmts: Sequence[_Statement]) -> frozenset[str]:
     return frozenset(out)
 
 
-def _pg_error(exc: BaseException, code: str | None, values: frozenset[str] = frozenset()) -> Outcome:
+def _pg_error(
+    exc: BaseException, code: str | None, values: frozenset[str] = frozenset(), statement: int | None = None
+) -> Outcome:
     message = _without_values(getattr(exc, "message", None) or str(exc) or type(exc).__name__, exc, values)
     pg: dict[str, Any] = {"code": code, "sqlstate": code, "message": message}
+    if statement is not None:
+        pg["statement"] = statement
     for attr, key in (
         ("detail", "detail"),
         ("hint", "hint"),
@@ -383,7 +437,7 @@ def _pg_error(exc: BaseException, code: str | None, values: frozenset[str] = fro
 async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     secrets: set[str] = set()
     try:
-        stmts, as_list = _statements(config)
+        stmts = _statements(config)
         transaction = _transaction(config.get("transaction"))
         connect_timeout, timeout = _timeouts(ctx.spec)
         pool_size = _pool_size(ctx.spec)
@@ -404,6 +458,9 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             secrets |= _dsn_secrets(connect["dsn"])
     except _ConfigError as exc:
         return _redacted(Outcome.fail("config_error", str(exc)), secrets)
+    except _ScriptError as exc:
+        pg = {"code": "42601", "sqlstate": "42601", "message": str(exc), "position": exc.position}
+        return _redacted(Outcome.fail("pg_error", f"SyntaxError [42601]: {exc}", pg=pg), secrets)
     except KeyError as exc:
         msg = (
             str(exc)
@@ -414,33 +471,40 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     except ConfigurationError as exc:
         return Outcome.fail("credential_error", str(exc))
     connected = False
+    results: list[Any] = []
     try:
         if ctx.services is not None:
             pool = await _pool(ctx, connect, connect_timeout, pool_size)
             async with pool.acquire(timeout=connect_timeout) as conn:
                 connected = True
-                results = await _run_all(conn, stmts, transaction, timeout)
+                await _run_all(conn, stmts, transaction, timeout, results)
         else:
             conn = await asyncpg.connect(**connect, timeout=connect_timeout or 60)
             connected = True
             try:
                 await _init_connection(conn)
-                results = await _run_all(conn, stmts, transaction, timeout)
+                await _run_all(conn, stmts, transaction, timeout, results)
             finally:
                 await conn.close()
     except asyncpg.PostgresError as exc:
-        outcome = _pg_error(exc, getattr(exc, "sqlstate", None), _text_values(stmts))
+        outcome = _pg_error(
+            exc, getattr(exc, "sqlstate", None), _text_values(stmts), _failed(stmts, results, connected)
+        )
     except asyncpg.ClientConfigurationError as exc:  # a dsn asyncpg cannot read (not a URL, ...)
         outcome = _settings_error(exc, "dsn" in connect)
     except DuplicateColumnsError as exc:
-        outcome = _pg_error(exc, None)
+        outcome = _pg_error(exc, None, statement=_failed(stmts, results, connected))
     except asyncpg.InterfaceError as exc:  # client-side misuse: wrong number or type of params, ...
-        outcome = _pg_error(exc, None, _text_values(stmts))
+        outcome = _pg_error(exc, None, _text_values(stmts), _failed(stmts, results, connected))
     except (ValueError, OverflowError) as exc:
         # Connected: a value the statement's codecs refused (a string that is not JSON, bad UTF-8, ...).
         # Else settings refused before connecting: a malformed dsn (bad port, bad IPv6 host), a port
         # past 65535 (the socket's OverflowError).
-        outcome = _pg_error(exc, None) if connected else _settings_error(exc, "dsn" in connect)
+        outcome = (
+            _pg_error(exc, None, statement=_failed(stmts, results, connected))
+            if connected
+            else _settings_error(exc, "dsn" in connect)
+        )
     except TimeoutError:
         phase, limit = ("statement", timeout) if connected else ("connect", connect_timeout)
         outcome = Outcome.fail(
@@ -453,10 +517,15 @@ async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         outcome = _pg_error(exc, "08001")
     else:
         outcome = Outcome.ok(
-            json_safe(results if as_list else results[0]),
-            pg={"code": None, "sqlstate": None, "statements": len(stmts)},
+            task_result(results), pg={"code": None, "sqlstate": None, "statements": len(stmts)}
         )
     return _redacted(outcome, secrets)
+
+
+def _failed(stmts: Sequence[_Statement], done: Sequence[Any], connected: bool) -> int | None:
+    """The index of the statement that failed (`done` holds the results of those before it); None for
+    a failure before any ran (connecting)."""
+    return len(done) if connected and len(done) < len(stmts) else None
 
 
 def _settings_error(exc: BaseException, from_dsn: bool) -> Outcome:

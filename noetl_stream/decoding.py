@@ -179,8 +179,15 @@ def _fits(value: Any, type_: Any) -> bool:
     return True
 
 
-def _mismatch(value: Any, type_: Any, path: str) -> tuple[str, str | None]:
+_MAX_DESCENT = 32
+"""Levels `_mismatch` goes down at most: each re-checks the part below it, so a hostile value nested deep
+would cost its size times its depth. Below it the path stops, and msgspec's detail says the rest."""
+
+
+def _mismatch(value: Any, type_: Any, path: str, depth: int = 0) -> tuple[str, str | None]:
     """The deepest path where `value` (which does not fit `type_`) goes wrong, and why, if we can tell."""
+    if depth > _MAX_DESCENT:
+        return path, None
     tp = _strip(type_)
     if isinstance(value, float) and not math.isfinite(value):
         return path, "a number out of range"
@@ -190,10 +197,10 @@ def _mismatch(value: Any, type_: Any, path: str) -> tuple[str, str | None]:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct) and isinstance(value, dict):
-        return _struct_mismatch(value, tp, path)
+        return _struct_mismatch(value, tp, path, depth)
     if origin is typing.Union or origin is types.UnionType:
         members = [m for m in args if (k := _kinds(_strip(m))) is None or _kind(value) in k]
-        return _mismatch(value, members[0], path) if len(members) == 1 else (path, None)
+        return _mismatch(value, members[0], path, depth) if len(members) == 1 else (path, None)
     if origin is Literal:
         return path, f"expected {_describe(tp)}, got {_shown(value, tp)}"
     if kinds is None and tp is not msgspec.Raw:  # any JSON value: what is wrong is inside it
@@ -207,20 +214,22 @@ def _mismatch(value: Any, type_: Any, path: str) -> tuple[str, str | None]:
             if origin is tuple and args and args[-1] is not Ellipsis and i < len(args):
                 item_type = args[i]
             if not _fits(item, item_type):
-                return _mismatch(item, item_type, f"{path}[{i}]")
+                return _mismatch(item, item_type, f"{path}[{i}]", depth + 1)
         return path, None
     if isinstance(value, dict) and isinstance(origin, type) and issubclass(origin, Mapping):
         value_type = args[1] if len(args) == 2 else Any
         for key, item in value.items():
             if not _fits(item, value_type):
-                return _mismatch(item, value_type, _child(path, key))
+                return _mismatch(item, value_type, _child(path, key), depth + 1)
         return path, None
     if tp is int and isinstance(value, int) and not -(2**63) <= value < 2**64:
         return path, "an integer out of range"
     return path, None
 
 
-def _struct_mismatch(value: dict[str, Any], tp: type[msgspec.Struct], path: str) -> tuple[str, str | None]:
+def _struct_mismatch(
+    value: dict[str, Any], tp: type[msgspec.Struct], path: str, depth: int
+) -> tuple[str, str | None]:
     fields = msgspec.structs.fields(tp)
     config = tp.__struct_config__
     if config.forbid_unknown_fields:
@@ -230,7 +239,7 @@ def _struct_mismatch(value: dict[str, Any], tp: type[msgspec.Struct], path: str)
                 return path, f"unknown field {_quoted(key)}"
     for f in fields:
         if f.encode_name in value and not _fits(value[f.encode_name], f.type):
-            return _mismatch(value[f.encode_name], f.type, _child(path, f.encode_name))
+            return _mismatch(value[f.encode_name], f.type, _child(path, f.encode_name), depth + 1)
     for f in fields:
         if f.required and f.encode_name not in value:
             return path, f"missing field {_quoted(f.encode_name)}"

@@ -383,7 +383,12 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
             http=http,
         )
     except aiohttp.ClientSSLError as exc:  # a certificate or handshake failure: retrying does not fix it
-        outcome = Outcome.fail("tls_error", f"{method} {shown}: {_described(exc, names)}", http=http)
+        what = (
+            "the server's TLS certificate was not accepted"
+            if isinstance(exc, aiohttp.ClientConnectorCertificateError)
+            else "the TLS handshake failed"
+        )
+        outcome = Outcome.fail("tls_error", f"{method} {shown}: {what} ({_described(exc, names)})", http=http)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         outcome = Outcome.fail(
             "connection_error", f"{method} {shown}: {_described(exc, names)}", retryable=True, http=http

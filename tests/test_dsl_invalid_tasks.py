@@ -75,7 +75,7 @@ CASES = [
       params: [1]
 """),
         [
-            "bad.yaml:8:5: step 'start' task 'start_task': kind 'duckdb' needs 'query' or 'command' (at workflow[0].tool)",
+            "bad.yaml:8:5: step 'start' task 'start_task': kind 'duckdb' needs 'query' or 'command' or 'commands' or 'cmds' (at workflow[0].tool)",
         ],
         id="task-kind-needs-its-key",
     ),

@@ -5,10 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from noetl_stream.dataplane.tools import close_resources
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.dataplane.tools.duckdb import run_duckdb
+
+
+@pytest.fixture(autouse=True)
+def executions_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The executions' database files of this test, in a directory of its own."""
+    folder = tmp_path / "executions"
+    monkeypatch.setenv("NOETL_DUCKDB_DIR", str(folder))
+    return folder
 
 
 def make_db(path: Path) -> None:
@@ -33,9 +42,9 @@ async def test_attach_read_only_file_in_the_pipeline_database(tmp_path: Path) ->
             ctx,
         )
         assert out.status == "ok", out.error
-        assert out.result == [{"name": "Lima"}]
+        assert out.result["rows"] == [{"name": "Lima"}]
         again = await run_duckdb({"query": "SELECT count(*) AS n FROM ref.cities", "attach": attach}, ctx)
-        assert again.result == [{"n": 2}]  # attaching twice is fine
+        assert again.result["rows"] == [{"n": 2}]  # attaching twice is fine
         write = await run_duckdb({"command": "DELETE FROM ref.cities", "attach": attach}, ctx)
         assert write.error is not None and write.error["kind"] == "duckdb_error"
         assert "read-only" in write.error["message"].lower()

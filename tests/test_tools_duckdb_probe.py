@@ -40,7 +40,7 @@ async def test_timestamptz_columns_are_returned(nats_server: EmbeddedNats, topol
     async with local_runtime(nats_server.url, topology=topology) as rt:
         r = await run(rt, text)
     assert r.status == "success", r.summary
-    [row] = r.step_result("start")
+    [row] = r.step_result("start")["rows"]
     expected = datetime.datetime(2024, 5, 1, 10, 30, tzinfo=datetime.UTC)
     assert datetime.datetime.fromisoformat(row["ts"]) == expected
     assert row["id"] == 1 and row["later"] is True and row["none"] is None

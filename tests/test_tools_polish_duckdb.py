@@ -4,7 +4,9 @@ and what a text of several statements does (docs/tools.md)."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +23,9 @@ from noetl_stream.subjects import Topology
 
 
 @pytest.fixture
-def ctx() -> Iterator[ToolContext]:
-    context = ToolContext(execution_id="e", step="s", task="t", spec={})
+def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolContext]:
+    monkeypatch.setenv("NOETL_DUCKDB_DIR", str(tmp_path))
+    context = ToolContext(execution_id=uuid.uuid4().hex, step="s", task="t", spec={})
     yield context
     close_resources(context.resources)
 
@@ -39,7 +42,7 @@ async def test_json_columns_are_decoded(ctx: ToolContext) -> None:
                         '1e400'::JSON AS too_big, 'plain' AS not_json""",
     )
     assert out.status == "ok", out.error
-    assert out.result == [
+    assert out.result["rows"] == [
         {
             "obj": {"a": [1, 2], "b": {"c": True}},
             "s": "text",
@@ -60,7 +63,7 @@ async def test_json_inside_lists_arrays_structs_and_maps_is_decoded(ctx: ToolCon
                         {'k': '[1]'::JSON, 'o': '[1]'} AS struct, MAP {'a': '{"b": 2}'::JSON} AS map""",
     )
     assert out.status == "ok", out.error
-    assert out.result == [
+    assert out.result["rows"] == [
         {
             "list": [{"x": 1}, None],
             "nested": [[[3]]],
@@ -75,7 +78,7 @@ async def test_json_rows_from_a_table(ctx: ToolContext) -> None:
     await duck(ctx, command="CREATE TABLE docs (id INT, doc JSON)")
     await duck(ctx, command="""INSERT INTO docs VALUES (1, '{"tags": ["a"]}'), (2, '[]')""")
     out = await duck(ctx, query="SELECT id, doc FROM docs ORDER BY id")
-    assert out.result == [{"id": 1, "doc": {"tags": ["a"]}}, {"id": 2, "doc": []}]
+    assert out.result["rows"] == [{"id": 1, "doc": {"tags": ["a"]}}, {"id": 2, "doc": []}]
 
 
 async def test_json_and_decimal_values_are_those_of_postgres(
@@ -97,7 +100,7 @@ async def test_json_and_decimal_values_are_those_of_postgres(
           tool:
             - {{name: pg, kind: postgres, dsn: "{{{{ dsn }}}}", query: {pg_sql}}}
             - {{name: duck, kind: duckdb, query: {duck_sql}}}
-            - {{name: out, kind: noop, result: {{pg: "{{{{ pg.rows }}}}", duck: "{{{{ duck }}}}"}}}}
+            - {{name: out, kind: noop, result: {{pg: "{{{{ pg.rows }}}}", duck: "{{{{ duck.rows }}}}"}}}}
         """,
         workload={"dsn": pg.dsn},
     )
@@ -122,15 +125,20 @@ async def test_several_statements_run_in_order_and_give_the_last_result(ctx: Too
     made = await duck(
         ctx, command="CREATE TABLE t (a INT); INSERT INTO t VALUES (1); SELECT count(*) AS n FROM t"
     )
-    assert made.status == "ok" and made.result == [{"n": 1}]
+    assert made.status == "ok" and made.result["rows"] == [{"n": 1}]
     failed = await duck(ctx, command="INSERT INTO t VALUES (2); SELECT nope")
     assert failed.error is not None and failed.error["kind"] == "duckdb_error"
+    assert failed.helpers["duckdb"]["statement"] == 1
     atomic = await duck(ctx, command="BEGIN; INSERT INTO t VALUES (3); SELECT nope; COMMIT")
     assert atomic.error is not None and atomic.error["kind"] == "duckdb_error"
     rows = await duck(ctx, query="SELECT a FROM t ORDER BY a")
-    assert rows.result == [{"a": 1}, {"a": 2}]  # 2 stayed done; 3 was rolled back with its transaction
-    last = await duck(ctx, command="INSERT INTO t VALUES (4); SELECT ?::INT + 1 AS p", params=[41])
-    assert last.result == [{"p": 42}]
-    first = await duck(ctx, command="INSERT INTO t VALUES (?); SELECT 1 AS p", params=[5])
-    assert first.error is not None and first.error["kind"] == "duckdb_error"
-    assert "last statement" in first.error["message"]
+    assert rows.result["rows"] == [
+        {"a": 1},
+        {"a": 2},
+    ]  # 2 stayed done; 3 was rolled back with its transaction
+    both = await duck(ctx, command="INSERT INTO t VALUES (4); SELECT ?::INT + 1 AS p", params=[41])
+    assert both.error is not None and both.error["kind"] == "config_error"
+    assert "holds 2 statements and 'params' bind one" in both.error["message"]
+    one = await duck(ctx, command="SELECT ?::INT + 1 AS p; -- one statement", params=[41])
+    assert one.result["rows"] == [{"p": 42}]
+    assert (await duck(ctx, query="SELECT count(*) AS n FROM t")).result["rows"] == [{"n": 2}]  # 4 never ran

@@ -22,11 +22,12 @@ async def test_duckdb_infinite_timestamps_and_dates_are_the_words() -> None:
     out = await run_duckdb(
         {
             "query": "SELECT 'infinity'::timestamp AS a, '-infinity'::timestamp AS b, 'infinity'::date AS c, "
-            "'-infinity'::date AS d, '9999-12-31'::date AS real_end"
+            "'-infinity'::date AS d, '9999-12-31'::date AS real_end",
+            "database": ":memory:",
         },
         ctx,
     )
     assert out.status == "ok", out.error
-    assert out.result == [
+    assert out.result["rows"] == [
         {"a": "infinity", "b": "-infinity", "c": "infinity", "d": "-infinity", "real_end": "9999-12-31"}
     ]

@@ -79,10 +79,10 @@ register_kind(
 )
 register_kind(
     "duckdb",
-    {"query", "command", "params", "db_path", "attach", "auth"},
-    required_any=[("query", "command")],
-    exclusive=[("query", "command")],
-    description="DuckDB SQL with bound parameters",
+    {"query", "command", "commands", "cmds", "params", "database", "db_path", "attach", "auth"},
+    required_any=[("query", "command", "commands", "cmds")],
+    exclusive=[("query", "command", "commands", "cmds"), ("database", "db_path")],
+    description="DuckDB statements or a script, with bound parameters; a database file per execution",
 )
 register_kind(
     "python",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import tempfile
 import uuid
@@ -17,6 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from noetl_stream.dataplane.tools.duckdbfiles import DIR_ENV
 from noetl_stream.embedded import EmbeddedCluster, EmbeddedNats
 from noetl_stream.kv.provision import stream_names
 from noetl_stream.natsconn import connect
@@ -41,6 +43,23 @@ def _ram_store_dir() -> Path | None:
         return Path(tempfile.mkdtemp(prefix="noetl-test-nats-", dir=RAM_DIR))
     except OSError:
         return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def duckdb_dir() -> Iterator[Path]:
+    """The executions' DuckDB files of this session (a pytest-xdist worker's) in a directory of its own,
+    removed at its end: not left in the system temp dir until their age removes them."""
+    path = Path(tempfile.mkdtemp(prefix="noetl-test-duckdb-"))
+    before = os.environ.get(DIR_ENV)
+    os.environ[DIR_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(DIR_ENV, None)
+        else:
+            os.environ[DIR_ENV] = before
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -244,6 +244,33 @@ def test_failed_execution_exits_1(tmp_path: Path) -> None:
     assert "Traceback" not in human.stderr
 
 
+def test_a_failure_with_only_a_plain_arc_after_it_exits_1(tmp_path: Path) -> None:
+    """An arc without ``when`` is taken on success only: the raising step's failure is unhandled."""
+    path = tmp_path / "plain.yaml"
+    path.write_text(
+        playbook(
+            """
+            - step: start
+              tool:
+                kind: python
+                code: |
+                  raise LookupError("nothing here")
+              next: {arcs: [{step: end}]}
+            - step: end
+              tool: {kind: noop, result: ended}
+            """,
+            name="plain",
+        )
+    )
+
+    proc = noetl("run", str(path), "--json")
+
+    assert proc.returncode == 1, proc.stderr
+    out = parse(proc)
+    assert (out["status"], out["error"]["step"]) == ("failed", "start")
+    assert "end" not in out["steps"]
+
+
 def test_invalid_playbook_exits_2_with_located_diagnostics(tmp_path: Path) -> None:
     path = tmp_path / "invalid.yaml"
     path.write_text(INVALID)

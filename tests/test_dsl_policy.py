@@ -133,6 +133,12 @@ def test_exclusive_routing_fires_the_first_true_arc(playbook: Playbook) -> None:
     assert route(router, {"event": {"name": "loop.done"}, "args": {}}) == []
 
 
+def test_an_arc_without_when_fires_on_success_boundaries_only(playbook: Playbook) -> None:
+    router = playbook.step("fanout").next  # inclusive: 'left' without when, 'right' on ctx.both
+    assert [a.step for a in route(router, {"ctx": {"both": True}}, failed=True)] == ["right"]
+    assert route(router, {"ctx": {"both": False}}, failed=True) == []
+
+
 def test_inclusive_routing_fires_every_true_arc(playbook: Playbook) -> None:
     router = playbook.step("fanout").next
     assert router is not None and router.mode == "inclusive"

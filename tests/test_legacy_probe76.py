@@ -209,11 +209,14 @@ def test_an_arc_without_when_routes_the_same_whatever_its_siblings() -> None:
     assert "spec" not in with_sibling
 
 
-async def test_an_unguarded_002_arc_is_taken_on_failure(runtime: Runtime) -> None:
+async def test_an_unguarded_002_arc_is_not_taken_on_failure(runtime: Runtime) -> None:
+    """An arc without ``when`` fires on success only (docs/semantics.md, Routing): the failure is
+    unhandled and fails the execution, whatever the arc's siblings."""
     for sibling in (False, True):
         r = await run(runtime, failing(sibling))
-        assert r.status == "success", (sibling, r.summary.error)
-        assert r.step_result("after") == "after ran"
+        assert r.status == "failed", sibling
+        assert r.summary.error is not None and r.summary.error["step"] == "start"
+        assert "after" not in r.summary.steps
 
 
 def test_a_002_list_without_when_is_exclusive_like_one_with_an_always_true_when() -> None:

@@ -226,6 +226,181 @@ async def test_template_error_in_admission_fails_the_execution_clearly(runtime: 
     assert not r.named("step.started", step="gated")
 
 
+# --- arcs without `when` are taken on success only --------------------------------------------------
+
+
+async def test_a_raising_step_with_a_plain_arc_to_end_fails_the_execution(runtime: Runtime) -> None:
+    """An arc without ``when`` is not taken on ``step.failed``: the failure is unhandled."""
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: python
+            code: |
+              raise ValueError("bad input")
+          next:
+            arcs:
+              - step: end
+        - step: end
+          tool: {kind: noop, result: ended}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "failed"
+    assert r.summary.error is not None and r.summary.error["step"] == "start"
+    assert "bad input" in r.summary.error["message"]
+    assert r.matched("start") == [[]]
+    assert "end" not in r.summary.steps
+    (processed,) = r.named("playbook.processed")
+    assert processed.status == "error"
+
+
+async def test_a_failure_takes_the_arc_with_a_when_and_not_the_plain_one(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: python
+            code: |
+              raise ValueError("bad input")
+          next:
+            spec: {mode: inclusive}
+            arcs:
+              - step: after
+              - step: recover
+                when: "{{ event.name == 'step.failed' }}"
+        - step: after
+          tool: {kind: noop}
+        - step: recover
+          tool: {kind: noop, result: recovered}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert r.result == "recovered"
+    assert r.matched("start") == [["recover"]]
+    assert "after" not in r.summary.steps
+
+
+async def test_a_failed_branch_fails_the_execution_while_the_other_completes(runtime: Runtime) -> None:
+    """Inclusive fan-out to a join: the failed branch's plain arc is not taken, the join runs on the
+    branch that arrived, and the execution still ends failed with the branch's error."""
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop}
+          next:
+            spec: {mode: inclusive}
+            arcs:
+              - step: bad
+              - step: good
+        - step: bad
+          tool:
+            kind: python
+            code: |
+              raise ValueError("bad branch")
+          next: {arcs: [{step: join}]}
+        - step: good
+          tool: {kind: noop, result: good}
+          next: {arcs: [{step: join}]}
+        - step: join
+          tool: {kind: noop, result: joined}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "failed"
+    assert r.summary.error is not None and r.summary.error["step"] == "bad"
+    assert "bad branch" in r.summary.error["message"]
+    assert r.summary.steps["good"].status == "done"
+    assert r.summary.steps["join"].status == "done"
+    assert r.started("join") == 1
+    (processed,) = r.named("playbook.processed")
+    assert processed.status == "error"
+
+
+LOOPED = """
+- step: start
+  spec: {policy: {failure: {mode: MODE}}}
+  loop: {in: [1, 2, 3], iterator: n}
+  tool:
+    kind: python
+    args: {n: "{{ iter.n }}"}
+    code: |
+      if n == 2:
+          raise ValueError("two")
+      result = n
+  next:
+    arcs:
+      - step: after
+- step: after
+  tool: {kind: noop, result: "{{ start }}"}
+"""
+
+
+async def test_a_best_effort_loop_that_finished_routes_on_with_its_failures_counted(
+    runtime: Runtime,
+) -> None:
+    """``loop.done`` is a success boundary, also when iterations failed under ``best_effort``: the
+    plain arc is taken and the failures are in its counts."""
+    r = await run(runtime, playbook(LOOPED.replace("MODE", "best_effort")))
+
+    assert r.status == "success", r.summary.error
+    assert r.result == [1, None, 3]
+    (done,) = r.named("loop.done", step="start")
+    assert (done.payload["total"], done.payload["done"], done.payload["failed"]) == (3, 2, 1)
+    assert r.matched("start") == [["after"]]
+
+
+async def test_a_fail_fast_loop_that_fails_does_not_take_its_plain_arc(runtime: Runtime) -> None:
+    r = await run(runtime, playbook(LOOPED.replace("MODE", "fail_fast")))
+
+    assert r.status == "failed"
+    assert r.summary.error is not None and r.summary.error["step"] == "start"
+    assert "after" not in r.summary.steps
+
+
+async def test_a_step_failing_inside_a_cycle_fails_the_execution(runtime: Runtime) -> None:
+    """The cycle's second run of ``count`` fails: its back edge (a ``when`` that wants step.done) and
+    its plain exit arc both leave the failure alone."""
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop}
+          next: {arcs: [{step: count, args: {n: 1}}]}
+        - step: count
+          tool:
+            kind: python
+            args: {n: "{{ args.n }}"}
+            code: |
+              if n == 2:
+                  raise ValueError("second round")
+              result = n
+          next:
+            arcs:
+              - step: count
+                when: "{{ event.name == 'step.done' and args.n < 3 }}"
+                args: {n: "{{ args.n + 1 }}"}
+              - step: end
+        - step: end
+          tool: {kind: noop}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "failed"
+    assert r.summary.error is not None and r.summary.error["step"] == "count"
+    assert "second round" in r.summary.error["message"]
+    assert r.started("count") == 2
+    assert "end" not in r.summary.steps
+
+
 # --- a fold that cannot be stored -------------------------------------------------------------------
 
 BIG_LOOP = playbook(

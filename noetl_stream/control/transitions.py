@@ -504,7 +504,7 @@ class Run:
         try:
             if conflict is not None:  # not routed, like a routing error: the playbook must change
                 raise _Unroutable(conflict)
-            fired = route(step.next, scope, f"step '{name}'")
+            fired = route(step.next, scope, f"step '{name}'", failed=failed)
             arcs = [
                 (a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
                 for a in fired

@@ -51,8 +51,8 @@ def check_graph(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
 
 
 def check_cycles(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
-    """Warn about a cycle whose steps always route on to the next one: every boundary (done or failed)
-    takes an arc without a condition, and no admission rule can stop it, so it never ends."""
+    """Warn about a cycle whose steps always route on to the next one: every success boundary takes an
+    arc without a condition, and no admission rule can stop it, so it ends only when a step fails."""
     steps = {s.name: s for s in playbook.workflow}
     forced: dict[str, list[str]] = {}
     for s in playbook.workflow:
@@ -76,9 +76,9 @@ def check_cycles(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
         route = " -> ".join([*cycle, v])
         c.warn(
             ("workflow", index[u], "step"),
-            f"steps {route} route to each other on every boundary (arcs without 'when', no admission "
-            "rule): this cycle never ends; give one of its arcs a 'when' (or a step an admission rule), "
-            "or bound the execution with executor.spec.deadline_s",
+            f"steps {route} route to each other whenever they succeed (arcs without 'when', no admission "
+            "rule): this cycle ends only when one of them fails; give one of its arcs a 'when' (or a step "
+            "an admission rule), or bound the execution with executor.spec.deadline_s",
             code="endless-cycle",
         )
 

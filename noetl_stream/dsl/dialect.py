@@ -247,7 +247,8 @@ class Dialect:
             if tested is not None and not tested & (FAILURE_NAMES | SUCCESS_NAMES | EITHER_NAMES):
                 stay.append(arc)  # a boundary a loop never has (step.done): never fires, as without 'set'
                 continue
-            if tested is None or tested & (FAILURE_NAMES | EITHER_NAMES):
+            # An arc without 'when' is taken on success boundaries only: no copy of it stays for failures.
+            if tested & (FAILURE_NAMES | EITHER_NAMES) if tested is not None else "when" in arc:
                 guard = None if tested is not None and tested <= FAILURE_NAMES else FAILED
                 stay.append(self.origins.mark({**arc, "when": template(_and(guard, when))}, apath))
             if tested is None or tested & (SUCCESS_NAMES | EITHER_NAMES):

@@ -39,13 +39,22 @@ def admit(admission: Admit | None, scope: Mapping[str, Any], where: str = "") ->
     return True
 
 
-def route(router: Next | None, scope: Mapping[str, Any], where: str = "") -> list[Arc]:
-    """Arcs that fire: exclusive -> the first true arc in YAML order; inclusive -> every true arc."""
+def route(
+    router: Next | None, scope: Mapping[str, Any], where: str = "", *, failed: bool = False
+) -> list[Arc]:
+    """Arcs that fire: exclusive -> the first true arc in YAML order; inclusive -> every true arc.
+
+    An arc without ``when`` is true on a success boundary (``step.done``, ``loop.done``) only; on
+    ``step.failed`` (``failed``) only arcs with a ``when`` can fire."""
     if router is None:
         return []
     fired: list[Arc] = []
     for i, arc in enumerate(router.arcs):
-        if evaluate_when(arc.when, scope, f"{where}.next.arcs[{i}].when"):
+        if arc.when is None:
+            fires = not failed
+        else:
+            fires = evaluate_when(arc.when, scope, f"{where}.next.arcs[{i}].when")
+        if fires:
             fired.append(arc)
             if router.mode == "exclusive":
                 break

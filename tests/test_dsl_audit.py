@@ -92,13 +92,14 @@ REJECTED = [
         ],
         id="arc-when-empty",
     ),
-    # 003 §5.4: mode/on_unmatched/before/after/finally are placeholders; rules is the only place
-    # for control actions. on_unmatched: fail used to be accepted and silently run as continue.
+    # 003 §5.4: mode/before/after/finally are placeholders; rules is the only place for control
+    # actions. on_unmatched: fail used to be accepted and silently run as continue; only 'continue' is.
     pytest.param(
         steps(TASK_POLICY % "{on_unmatched: fail, rules: []}"),
         [
-            "bad.yaml:12:34: step 'start' task 'a': spec.policy.on_unmatched is reserved and can only be "
-            "'continue' (the v10 default), got 'fail'; add an 'else' rule for another action "
+            "bad.yaml:12:34: step 'start' task 'a': spec.policy.on_unmatched can only be 'continue' (an "
+            "outcome no rule matches continues, an error too; without it such an error fails the task), "
+            "got 'fail'; add an 'else' rule for another action "
             "(at workflow[0].tool[0].spec.policy.on_unmatched)",
         ],
         id="task-policy-on-unmatched-fail",

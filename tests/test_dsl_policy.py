@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from noetl_stream.dsl import Playbook, Then, admit, backoff_delay, decide, load_playbook, route
+from noetl_stream.dsl.model import Rule, TaskPolicy
 
 PLAYBOOK = """\
 apiVersion: noetl.io/v2
@@ -103,9 +104,16 @@ def test_the_first_matching_rule_wins(playbook: Playbook) -> None:
     assert (then.do, then.to, then.set_iter, index) == ("jump", "plain", {"page": "{{ iter.page + 1 }}"}, 2)
 
 
-def test_a_policy_with_no_match_and_no_else_continues(playbook: Playbook) -> None:
+def test_a_policy_with_no_match_and_no_else_continues_on_ok(playbook: Playbook) -> None:
     policy = playbook.step("start").tasks[1].policy
     assert decide(policy, "ok", outcome_scope("ok", {"more": False})) == (Then(do="continue"), None)
+
+
+def test_an_error_no_rule_matches_fails_unless_on_unmatched_says_continue() -> None:
+    only_ok = TaskPolicy(rules=(Rule(when="{{ outcome.status == 'ok' }}", then=Then(do="break")),))
+    assert decide(only_ok, "error", outcome_scope("error")) == (Then(do="fail"), None)
+    lenient = TaskPolicy(rules=only_ok.rules, on_unmatched="continue")
+    assert decide(lenient, "error", outcome_scope("error")) == (Then(do="continue"), None)
 
 
 def test_else_applies_when_nothing_matched(playbook: Playbook) -> None:

@@ -366,27 +366,58 @@ async def test_continue_on_error_proceeds_to_the_next_task(runtime: Runtime) -> 
     assert r.result == {"prev": None, "recovered": "KeyError"}
 
 
-async def test_policy_with_no_matching_rule_and_no_else_continues(runtime: Runtime) -> None:
-    text = playbook(
-        """
-        - step: start
-          tool:
-            - name: risky
-              kind: python
-              code: |
-                raise ValueError("x")
-              spec:
-                policy:
-                  rules:
-                    - when: "{{ outcome.status == 'ok' }}"
-                      then: {do: break}
-            - name: after
-              kind: noop
-              result: reached
-        """
-    )
+UNMATCHED = """
+- step: start
+  tool:
+    - name: risky
+      kind: python
+      args: {fail: "{{ workload.fail }}"}
+      code: |
+        if fail:
+            raise ValueError("risky failed")
+        result = "risky ran"
+      spec:
+        policy:
+          ON_UNMATCHED
+          rules:
+            - when: "{{ outcome.status == 'error' and outcome.error.kind == 'timeout' }}"
+              then: {do: retry, attempts: 2, delay: 0}
+            - when: "{{ outcome.status == 'ok' and outcome.result == 'never' }}"
+              then: {do: break}
+    - name: after
+      kind: noop
+      result: reached
+"""
 
-    r = await run(runtime, text)
+
+def unmatched(fail: bool, on_unmatched: str = "") -> str:
+    return playbook(UNMATCHED.replace("ON_UNMATCHED", on_unmatched), workload={"fail": fail})
+
+
+async def test_an_error_no_rule_matches_fails_the_task(runtime: Runtime) -> None:
+    """A policy without ``else``: an error none of its rules matches fails the task, as without a
+    policy (it used to continue)."""
+    r = await run(runtime, unmatched(fail=True))
+
+    assert r.status == "failed"
+    error = r.step_error("start")
+    assert error["task"] == "risky" and "risky failed" in error["message"]
+    (done,) = r.tasks("start", "risky")
+    assert (done.payload["do"], done.payload["rule"]) == ("fail", None)
+    assert not r.tasks("start", "after")
+
+
+async def test_an_ok_outcome_no_rule_matches_continues(runtime: Runtime) -> None:
+    r = await run(runtime, unmatched(fail=False))
+
+    assert r.status == "success", r.summary.error
+    assert r.result == "reached"
+    (done,) = r.tasks("start", "risky")
+    assert (done.payload["do"], done.payload["rule"]) == ("continue", None)
+
+
+async def test_on_unmatched_continue_lets_an_unmatched_error_continue(runtime: Runtime) -> None:
+    r = await run(runtime, unmatched(fail=True, on_unmatched="on_unmatched: continue"))
 
     assert r.status == "success", r.summary.error
     assert r.result == "reached"

@@ -41,6 +41,9 @@ class Rule(msgspec.Struct, frozen=True, omit_defaults=True):
 
 class TaskPolicy(msgspec.Struct, frozen=True, omit_defaults=True):
     rules: tuple[Rule, ...] = ()
+    on_unmatched: Literal["continue"] | None = None
+    """``continue`` when written: an outcome no rule matches continues, an error too (001 §12.2). When
+    omitted, an error no rule matches fails the task and an ok outcome continues (`policy.decide`)."""
 
 
 class AdmitRule(msgspec.Struct, frozen=True, omit_defaults=True):

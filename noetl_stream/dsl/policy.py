@@ -1,4 +1,9 @@
-"""Pure evaluation of the three rule sites: task outcome policy, admission, routing."""
+"""Pure evaluation of the three rule sites: task outcome policy, admission, routing.
+
+The defaults follow NoETL's engines rather than the letter of 001 (§12.2, §13.1; docs/semantics.md):
+an error no policy rule matches fails the task, and an arc without ``when`` is taken only when its
+step succeeded, so a failure no arc takes fails the execution.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +23,16 @@ def decide(
 ) -> tuple[Then, int | None]:
     """The directive for a task outcome and the index of the rule that matched.
 
-    No policy: ``ok`` continues and ``error`` fails (001 §12.2). A policy with no
-    matching rule and no ``else``: continue.
+    No policy, or no rule matches (and no ``else``): ``ok`` continues and ``error`` fails, as both
+    NoETL engines do (001 §12.2 says continue for both: ``on_unmatched: continue`` asks for that).
     """
-    if policy is None:
-        return (CONTINUE if status == "ok" else FAIL), None
-    for i, rule in enumerate(policy.rules):
-        if rule.is_else or evaluate_when(rule.when, scope, f"{where}.rules[{i}].when"):
-            return rule.then, i
-    return CONTINUE, None
+    if policy is not None:
+        for i, rule in enumerate(policy.rules):
+            if rule.is_else or evaluate_when(rule.when, scope, f"{where}.rules[{i}].when"):
+                return rule.then, i
+        if policy.on_unmatched == "continue":
+            return CONTINUE, None
+    return (CONTINUE if status == "ok" else FAIL), None
 
 
 def admit(admission: Admit | None, scope: Mapping[str, Any], where: str = "") -> bool:

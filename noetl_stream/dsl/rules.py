@@ -152,12 +152,18 @@ def parse_task_policy(c: Compiler, raw: Any, path: Path, who: str, task_names: s
         )
         if then is not None:
             rules.append(Rule(then=then, when=when, is_else=is_else))
-    return TaskPolicy(rules=tuple(rules)) if ok else None
+    if not ok:
+        return None
+    policy = TaskPolicy(
+        rules=tuple(rules), on_unmatched="continue" if raw.get("on_unmatched") == "continue" else None
+    )
+    return policy
 
 
 def _task_policy_placeholders(c: Compiler, raw: dict[str, Any], path: Path, who: str) -> bool:
-    """``mode``, ``on_unmatched`` and the hooks are placeholders (003 §5.4): only their v10 values pass,
-    so that nothing an author writes there is silently ignored."""
+    """``mode`` and the hooks are placeholders (003 §5.4): only their v10 values pass, so that nothing an
+    author writes there is silently ignored. ``on_unmatched`` can only be ``continue``, which is honoured
+    (`TaskPolicy.on_unmatched`)."""
     ok = True
     mode = raw.get("mode", "exclusive")
     if mode not in V.ROUTE_MODES:
@@ -171,8 +177,9 @@ def _task_policy_placeholders(c: Compiler, raw: dict[str, Any], path: Path, who:
     if unmatched != "continue":
         c.error(
             (*path, "on_unmatched"),
-            f"{who}: spec.policy.on_unmatched is reserved and can only be 'continue' (the v10 default), "
-            f"got {unmatched!r}; add an 'else' rule for another action",
+            f"{who}: spec.policy.on_unmatched can only be 'continue' (an outcome no rule matches "
+            f"continues, an error too; without it such an error fails the task), got {unmatched!r}; add "
+            "an 'else' rule for another action",
         )
         ok = False
     for hook in V.TASK_POLICY_HOOKS:

@@ -195,6 +195,7 @@ workflow:
         ("left", {"key": "{{ ctx.key }}"}),
         ("right", None),
     ]
+    assert start.deadline_s == 480.0
 
 
 def test_task_shapes_normalize_to_named_tasks() -> None:

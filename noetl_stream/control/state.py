@@ -41,8 +41,9 @@ class LoopRun(msgspec.Struct):
     stopping: bool = False
     finished: bool = False
     deadline_at: float | None = None
-    """Epoch seconds: the step's ``lifecycle.timeout_s`` after the loop started (from the timestamp of
-    the event it started on). Bounds the whole loop, as it bounds a local loop's one command."""
+    """Epoch seconds: the step's ``lifecycle.timeout_s`` (or ``deadline_s``, the shorter) after the loop
+    started (from the timestamp of the event it started on). Bounds the whole loop, as they bound a local
+    loop's command."""
 
     @property
     def compatible(self) -> bool:

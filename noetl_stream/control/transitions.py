@@ -33,6 +33,13 @@ _NO_SCOPE: Mapping[str, Any] = MappingProxyType({})
 """What routing without conditions or args renders with: nothing (`Plan.scoped_routes`)."""
 
 
+def _loop_limit(step: Step) -> float | None:
+    """What bounds a distributed loop from its start: the shorter of ``lifecycle.timeout_s`` and
+    ``lifecycle.deadline_s`` (one step run, one loop: both bound it as a whole)."""
+    limits = [t for t in (step.timeout_s, step.deadline_s) if t]
+    return min(limits) if limits else None
+
+
 class _Unroutable(Exception):
     """A boundary the controller cannot route (its error is the execution's, unhandled)."""
 
@@ -291,18 +298,27 @@ class Run:
         return left if step.timeout_s is None else min(step.timeout_s, left)
 
     def past_deadline(self, step: Step, lr: LoopRun) -> None:
-        """Past its ``lifecycle.timeout_s``, a distributed loop starts no more iterations and fails with
-        ``timeout`` once those in flight settle (each was given only the time left)."""
+        """Past its ``lifecycle.timeout_s`` (or ``deadline_s``, the shorter), a distributed loop starts no
+        more iterations and fails with ``timeout`` (``deadline``) once those in flight settle (each was
+        given only the time left)."""
         if lr.deadline_at is None or lr.finished or self.at < lr.deadline_at:
             return
         if lr.first_error_index != -2:
             lr.stopping = True
             lr.first_error_index = -2  # (below every index: no iteration's error replaces it)
-            lr.first_error = {
-                "kind": "timeout",
-                "retryable": False,
-                "message": f"step '{step.name}' ran longer than its lifecycle.timeout_s ({step.timeout_s} s)",
-            }
+            if _loop_limit(step) == step.timeout_s:
+                lr.first_error = {
+                    "kind": "timeout",
+                    "retryable": False,
+                    "message": f"step '{step.name}' ran longer than its lifecycle.timeout_s ({step.timeout_s} s)",
+                }
+            else:
+                lr.first_error = {
+                    "kind": "deadline",
+                    "retryable": False,
+                    "message": f"step '{step.name}' did not finish within its lifecycle.deadline_s "
+                    f"({step.deadline_s} s)",
+                }
 
     def start_distributed_loop(self, step: Step, run: StepRun, scope: dict[str, Any]) -> None:
         assert step.loop is not None
@@ -340,7 +356,7 @@ class Run:
             max_in_flight=mif,
             settled=bytearray((total + 7) >> 3),
             after_seq=self.state.last_seq,
-            deadline_at=self.at + step.timeout_s if step.timeout_s and self.at > 0 else None,
+            deadline_at=self.at + limit if (limit := _loop_limit(step)) and self.at > 0 else None,
         )
         if len(packed) <= INLINE_ITEMS_BYTES:
             lr.packed_items = packed.decode()

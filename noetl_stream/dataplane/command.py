@@ -8,6 +8,7 @@ limit (a large result goes to the object store). The `Worker` (worker.py) pulls,
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import time
 from dataclasses import replace
@@ -275,27 +276,61 @@ class CommandRun:
             self.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": error})
 
     async def execute(self) -> None:
-        """Run the command under its step's ``lifecycle.timeout_s`` (if any)."""
+        """Run the command under its step's ``lifecycle.timeout_s`` (this delivery) and ``deadline_s``
+        (what is left of it since the controller issued the command), whichever ends first."""
         try:
             timeout = self.cmd.timeout_s
-            if timeout is None or timeout <= 0:
-                await self.run()
-            else:
+            if timeout is not None and timeout <= 0:
+                timeout = None
+            left = self.deadline_left()
+            if left is not None and left <= 0:
+                self.fail(self.deadline_error())  # a redelivery (or a long wait in the queue) too late
+            elif left is not None and (timeout is None or left < timeout):
+                await self._run_within(left, deadline=True)
+            elif timeout is not None:
                 await self._run_within(timeout)
+            else:
+                await self.run()
         finally:
             self.release_held()  # an error or a cancellation: nothing held is dropped unseen
 
-    async def _run_within(self, timeout: float) -> None:
+    def deadline_left(self) -> float | None:
+        """Seconds left of the step's ``lifecycle.deadline_s``, counted from the command's ``issued_at``
+        (the controller's clock when it scheduled the run), so every delivery shares one bound. None
+        without a deadline, and for a distributed iteration, whose ``timeout_s`` the controller already
+        cut to what is left of its loop's."""
+        deadline = self.cmd.step_def.deadline_s
+        if deadline is None or self.cmd.iteration is not None:
+            return None
+        try:
+            issued = datetime.datetime.fromisoformat(self.cmd.issued_at.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return deadline  # no issue time (a hand-made command): the deadline counts from now
+        return issued + deadline - time.time()
+
+    def deadline_error(self) -> dict[str, Any]:
+        return {
+            "kind": "deadline",
+            "retryable": False,
+            "message": f"step '{self.cmd.step}' did not finish within its lifecycle.deadline_s "
+            f"({self.cmd.step_def.deadline_s} s) since it was scheduled",
+        }
+
+    async def _run_within(self, timeout: float, *, deadline: bool = False) -> None:
         try:
             async with asyncio.timeout(timeout):
                 await self.run()
         except TimeoutError:
             self.release_held()  # the tasks cut short are written before the failure
-            error = {
-                "kind": "timeout",
-                "retryable": False,
-                "message": f"step '{self.cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
-            }
+            error = (
+                self.deadline_error()
+                if deadline
+                else {
+                    "kind": "timeout",
+                    "retryable": False,
+                    "message": f"step '{self.cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
+                }
+            )
             self.fail(error)
 
     async def run(self) -> None:

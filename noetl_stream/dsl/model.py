@@ -105,6 +105,10 @@ class Step(msgspec.Struct, frozen=True, omit_defaults=True):
     next: Next | None = None
     failure_mode: FailureMode = "fail_fast"
     timeout_s: float | None = None
+    """``spec.policy.lifecycle.timeout_s``: bounds one run of the step's command (each delivery)."""
+    deadline_s: float | None = None
+    """``spec.policy.lifecycle.deadline_s``: bounds the step run from the moment it was scheduled to its
+    end, across every delivery of its command (docs/semantics.md, Step lifecycle)."""
     input: dict[str, Any] | None = None
     """The step's own inputs (dialect ``input:``): rendered before its tasks run, readable as
     ``input.<name>`` and merged over the token's ``args``."""

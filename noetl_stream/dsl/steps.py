@@ -64,11 +64,12 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
     admit = None
     failure_mode = "fail_fast"
     timeout_s: float | None = None
+    deadline_s: float | None = None
     if not isinstance(spec, dict):
         c.error((*path, "spec"), f"{who}: 'spec' must be a mapping")
         spec, ok = {}, False
     else:
-        admit, failure_mode, timeout_s, good = _step_spec(c, spec, (*path, "spec"), who)
+        admit, failure_mode, timeout_s, deadline_s, good = _step_spec(c, spec, (*path, "spec"), who)
         ok = ok and good
     loop = parse_loop(c, raw["loop"], (*path, "loop"), who) if "loop" in raw else None
     if "loop" in raw and loop is None:
@@ -105,6 +106,7 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
         next=nxt,
         failure_mode=failure_mode,  # type: ignore[arg-type]
         timeout_s=timeout_s,
+        deadline_s=deadline_s,
         input=step_input,
         line=line,
         col=col,
@@ -113,7 +115,7 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
 
 def _step_spec(
     c: Compiler, spec: dict[str, Any], path: Path, who: str
-) -> tuple[Any, str, float | None, bool]:
+) -> tuple[Any, str, float | None, float | None, bool]:
     ok = True
     if "next_mode" in spec:
         c.error(
@@ -127,12 +129,13 @@ def _step_spec(
     admit = None
     failure_mode = "fail_fast"
     timeout_s: float | None = None
+    deadline_s: float | None = None
     if policy is None:
-        return admit, failure_mode, timeout_s, ok
+        return admit, failure_mode, timeout_s, deadline_s, ok
     ppath = (*path, "policy")
     if not isinstance(policy, dict):
         c.error(ppath, f"{who}: spec.policy must be a mapping (admit, lifecycle, failure)")
-        return admit, failure_mode, timeout_s, False
+        return admit, failure_mode, timeout_s, deadline_s, False
     for k in policy:
         if k in V.CONTROL_KEYS:
             c.error(
@@ -172,6 +175,9 @@ def _step_spec(
             t = lifecycle.get("timeout_s")
             if V.is_seconds(t, positive=True):
                 timeout_s = float(t)
+            d = lifecycle.get("deadline_s")
+            if V.is_seconds(d, positive=True):
+                deadline_s = float(d)
     failure = policy.get("failure")
     if failure is not None:
         if not isinstance(failure, dict):
@@ -189,7 +195,7 @@ def _step_spec(
                 ok = False
             else:
                 failure_mode = mode
-    return admit, failure_mode, timeout_s, ok
+    return admit, failure_mode, timeout_s, deadline_s, ok
 
 
 def parse_loop(c: Compiler, raw: Any, path: Path, who: str) -> Loop | None:

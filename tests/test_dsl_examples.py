@@ -213,6 +213,7 @@ workflow:
     next:
       arcs:
         - step: unnamed
+          when: "{{ event.name == 'step.done' }}"
   - step: unnamed
 """
         + indent(unnamed, 4)

@@ -8,6 +8,7 @@ from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.model import Admit, AdmitRule, Rule, TaskPolicy, Then
 from noetl_stream.dsl.rewrite import one_condition
+from noetl_stream.dsl.semantics import check_unmatched_errors
 from noetl_stream.dsl.templates import _single_expression, check_syntax
 
 if TYPE_CHECKING:
@@ -157,6 +158,8 @@ def parse_task_policy(c: Compiler, raw: Any, path: Path, who: str, task_names: s
     policy = TaskPolicy(
         rules=tuple(rules), on_unmatched="continue" if raw.get("on_unmatched") == "continue" else None
     )
+    if isinstance(raw["rules"], list) and len(rules) == len(raw["rules"]):  # (all of them parsed)
+        check_unmatched_errors(c, policy, path, who)
     return policy
 
 

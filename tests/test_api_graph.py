@@ -68,7 +68,7 @@ async def test_the_graph_of_a_finished_execution(api: Api, exec_: str) -> None:
     loop = by["each"]["loop"]
     assert loop == {"mode": "parallel", "exec": exec_, "total": 5, "started": 5, "done": 4, "failed": 1}
     assert (by["flaky"]["retries"], by["flaky"]["task_runs"]) == (1, 2)
-    assert by["boom"]["error"]["kind"] == "ValueError" and "no luck" in by["boom"]["error"]["message"]
+    assert by["boom"]["error"]["kind"] == "python_error" and "no luck" in by["boom"]["error"]["message"]
     assert by["never"]["runs"] == 0 and by["never"]["started_at"] is None
     for name in ("each", "flaky", "boom", "handle"):
         s = by[name]

@@ -77,7 +77,8 @@ async def test_follow_prints_a_readable_timeline_until_the_execution_ends(
 
     (failed_task,) = [line for line in lines if " task.done " in line and "boom-1.divide.1" in line]
     assert re.search(
-        r"  boom\s+boom-1\.divide\.1\s+error\s+\d+ms  ZeroDivisionError: division by zero", failed_task
+        r"  boom\s+boom-1\.divide\.1\s+error\s+\d+ms  python_error: ZeroDivisionError: division by zero",
+        failed_task,
     )
     (iteration,) = [line for line in lines if " loop.iteration.done " in line and "each-1.2 " in line]
     assert re.search(r"  each\s+each-1\.2\s+ok\s+\d+ms", iteration)

@@ -235,7 +235,7 @@ def test_failed_execution_exits_1(tmp_path: Path) -> None:
     out = parse(proc)
     assert_json_shape(out)
     assert out["status"] == "failed"
-    assert out["error"]["kind"] == "LookupError"
+    assert out["error"]["kind"] == "python_error"
     assert out["error"]["step"] == "explode"
     assert "nothing here" in out["error"]["message"]
     assert out["steps"]["explode"]["status"] == "failed"

@@ -155,9 +155,10 @@ async def test_step_set_applies_when_the_step_completes(runtime: Runtime, early:
             id="looped-step-reads-iter",
         ),
         pytest.param(
-            "- step: start\n  tool: {kind: python, code: 'x', input: {a: 1}, args: {a: 2}}\n",
+            "- step: start\n  tool: {kind: python, code: 'x', input: '{{ workload.a }}', args: {a: 2}}\n",
             [
-                "6:37: step 'start' task 'start_task': 'input' and 'args' both given; they are the same: keep one"
+                "6:37: step 'start' task 'start_task': 'input' and 'args' are merged (input's keys win), so both "
+                "must be mappings; 'input' is not: keep one"
             ],
             id="input-and-args",
         ),
@@ -308,7 +309,7 @@ def test_step_set_on_a_looped_step_is_a_step_after_the_loop_that_takes_its_arcs(
     [
         pytest.param({}, {"seen": 4, "total": 34}, {"total": 34, "count": 4}, id="big"),
         pytest.param({"items": [1, 2]}, "small", {"total": 7, "count": 2}, id="small"),
-        pytest.param({"bad": 3}, "ValueError", {}, id="failed"),
+        pytest.param({"bad": 3}, "python_error", {}, id="failed"),
     ],
 )
 async def test_step_set_on_a_looped_step_applies_once_after_the_loop_and_before_its_arcs(

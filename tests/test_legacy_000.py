@@ -80,7 +80,7 @@ async def test_a_structural_next_takes_every_target_and_does_not_route_a_failure
     r = await run(runtime, text)
     assert r.status == "failed"
     assert sorted(r.ran()) == ["left", "right", "start"]
-    assert r.summary.error is not None and r.summary.error["kind"] == "ValueError"
+    assert r.summary.error is not None and r.summary.error["kind"] == "python_error"
 
 
 def test_loop_mode_iterator_with_and_endpoint() -> None:

@@ -251,7 +251,7 @@ async def test_a_retry_runs_with_the_extension_the_execution_ran_with(
     async with local_runtime(nats_server.url, topology=topology) as rt:
         first = await rt.run_playbook(failing, "answer.yaml", timeout=30, extensions=("legacy",))
         request = await retry_request(rt.nc, topology, first.execution_id)
-    assert first.status == "failed" and first.error is not None and first.error["kind"] == "ValueError"
+    assert first.status == "failed" and first.error is not None and first.error["kind"] == "python_error"
     assert request.extensions == ["legacy"]
     assert request.resume is not None and [t.step for t in request.resume.tokens] == ["work"]
 

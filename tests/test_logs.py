@@ -64,7 +64,7 @@ async def test_a_worker_logs_a_failed_step_as_json_with_the_ids_of_the_step(
     assert failed["level"] == "warning"
     assert failed["execution_id"] == execution_id
     assert (failed["step"], failed["step_run_id"], failed["worker"]) == ("boom", "boom-1", "w-logs")
-    assert failed["error_kind"] == "ZeroDivisionError"
+    assert failed["error_kind"] == "python_error"
     assert "division by zero" in failed["error"]
     started = [r for r in records if r["event"] == "worker.started"]
     assert started and "execution_id" not in started[0]  # bound only while a command is handled

@@ -270,7 +270,7 @@ async def test_recipe_failures(runtime: Runtime, eventually: Callable[..., Any])
 
     (failure,) = seen
     assert (failure.name, failure.execution_id, failure.step) == (E.STEP_FAILED, bad, "boom")
-    assert failure.payload["error"]["kind"] == "ZeroDivisionError"
+    assert failure.payload["error"]["kind"] == "python_error"
     assert "division by zero" in failure.payload["error"]["message"]
 
 

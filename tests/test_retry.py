@@ -42,7 +42,7 @@ async def test_retry_reruns_only_the_failed_step_with_its_args(runtime: Runtime,
     first = await submit(runtime.nc, runtime.topology, request_for(text, "flaky.yaml"))
     failed = await follow(runtime.nc, runtime.topology, first, timeout=20)
     assert failed.status == "failed" and failed.error is not None
-    assert failed.error["kind"] == "RuntimeError"
+    assert failed.error["kind"] == "python_error"
 
     flag.write_text("ok")
     request = await retry_request(runtime.nc, runtime.topology, first)

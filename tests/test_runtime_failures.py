@@ -141,7 +141,7 @@ async def test_unhandled_step_failure_fails_the_execution(runtime: Runtime) -> N
     assert r.status == "failed"
     assert r.summary.error is not None
     assert r.summary.error["step"] == "bad"
-    assert r.summary.error["kind"] == "ValueError"
+    assert r.summary.error["kind"] == "python_error"
     assert "bad input" in r.summary.error["message"]
     assert r.summary.steps["good"].status == "done"  # the other branch still finished
     assert r.summary.steps["bad"].status == "failed"

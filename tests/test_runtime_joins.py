@@ -253,7 +253,7 @@ async def test_join_runs_when_a_predecessor_fails_and_routes_its_failure_there(r
 
     assert r.status == "success", r.summary.error
     assert r.started("join") == 1
-    assert r.result == "RuntimeError"
+    assert r.result == "python_error"
 
 
 async def test_join_waits_for_a_predecessor_that_repeats_through_a_back_edge(runtime: Runtime) -> None:

@@ -88,7 +88,7 @@ async def test_a_secret_is_in_no_event_log_or_output(
     assert out.returncode == 1, out.stderr.decode()
     assert out.stdout, out.stderr.decode()
     summary = msgspec.json.decode(out.stdout)
-    assert summary["status"] == "failed" and summary["error"]["kind"] == "RuntimeError"
+    assert summary["status"] == "failed" and summary["error"]["kind"] == "python_error"
     assert "***" in summary["error"]["message"]
     nc = await connect(nats_server.url, name="pytest-leak", connect_wait_s=10)
     try:

@@ -167,7 +167,7 @@ async def test_informative_keeps_a_single_task_run_that_has_something_to_say(
     else:
         assert r.status == "failed"
         assert done.payload["status"] == "error"
-        assert r.step_error("start")["kind"] == "ValueError"
+        assert r.step_error("start")["kind"] == "python_error"
 
 
 async def test_informative_keeps_a_task_whose_rule_fired(informative: Runtime) -> None:

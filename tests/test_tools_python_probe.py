@@ -43,7 +43,7 @@ async def test_async_main_is_awaited(nats_server: EmbeddedNats, topology: Topolo
     assert r.status == "success", r.summary
     assert r.step_result("start")["add"] == {"sum": 5}
     [boom] = r.tasks("start", "boom")
-    assert boom.payload["error"]["kind"] == "LookupError"
+    assert boom.payload["error"]["kind"] == "python_error"
     assert "no such row" in boom.payload["error"]["message"]
 
 

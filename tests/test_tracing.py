@@ -116,7 +116,7 @@ async def test_one_span_per_step_run_and_task_in_one_trace_per_execution(
     (boom,) = spans["step boom"]
     for span in (divide, boom):
         assert span.status.status_code == StatusCode.ERROR
-        assert (span.status.description or "").startswith("ZeroDivisionError: ")
+        assert (span.status.description or "").startswith("python_error: ZeroDivisionError: ")
     assert start.status.status_code != StatusCode.ERROR
     assert all(s.end_time is not None and s.start_time is not None for s in exporter.get_finished_spans())
 

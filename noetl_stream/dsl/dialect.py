@@ -13,7 +13,8 @@
   a ``set:``, and see the loop's boundary as before (``event.name``, ``event.total``, ``event.failed``,
   ... handed on as ``args.loop_event``, and ``args``); failures, and arcs testing a boundary a loop never
   has, still route from the loop step itself.
-* Task ``input:`` is the task's ``args``. Step ``input:`` stays on the step (``Step.input``).
+* Task ``input:`` is the task's ``args``; given beside ``args:``, the two mappings are merged and
+  ``input``'s keys win. Step ``input:`` stays on the step (``Step.input``).
 """
 
 from __future__ import annotations
@@ -134,6 +135,23 @@ class Dialect:
                         if authored is not None:
                             self.origins.mark_key(values, name, authored)
 
+    def _merge_input(self, task: dict[str, Any], tpath: Path, twho: str) -> None:
+        """Task ``input:`` beside ``args:``: one mapping, ``input``'s keys winning (as a non-empty
+        ``input`` wins over a child playbook's ``payload``). A template standing for either cannot be
+        merged before it renders: an error."""
+        args, given = task["args"], task.pop("input")
+        if not isinstance(args, dict) or not isinstance(given, dict):
+            which = "input" if not isinstance(given, dict) else "args"
+            self.error(
+                (*tpath, which),
+                f"{twho}: 'input' and 'args' are merged (input's keys win), so both must be mappings; "
+                f"'{which}' is not: keep one",
+            )
+            return
+        for key, value in given.items():
+            args[key] = value
+            self.origins.mark_key(args, key, (*tpath, "input", key))
+
     def _name(self, name: str, path: Path, who: str) -> None:
         if not V.is_identifier(name):
             raise self.error(
@@ -155,11 +173,7 @@ class Dialect:
             twho = f"{who} task '{label}'"
             if "input" in task:
                 if "args" in task:
-                    self.error(
-                        (*tpath, "input"),
-                        f"{twho}: 'input' and 'args' both given; they are the same: keep one",
-                    )
-                    del task["input"]
+                    self._merge_input(task, tpath, twho)
                 else:
                     items = list(task.items())
                     task.clear()

@@ -86,10 +86,10 @@ register_kind(
 )
 register_kind(
     "python",
-    {"code", "module"},
+    {"code", "module", "libs"},
     required_any=[("code", "module")],
     exclusive=[("code", "module")],
-    description="inline Python `code` or a `module: pkg.mod:function`",
+    description="inline Python `code` (with `libs` imports) or a `module: pkg.mod:function`",
 )
 register_kind("secrets", {"auth", "key", "secret", "field"}, description="read a keychain entry")
 register_kind(

@@ -9,6 +9,7 @@ from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.kinds import COMMON_TASK_KEYS, kind_info, known_kinds
 from noetl_stream.dsl.labels import is_label_as_key, label_as_key_warning
 from noetl_stream.dsl.model import Task
+from noetl_stream.dsl.pylibs import check_libs
 from noetl_stream.dsl.rules import parse_task_policy
 from noetl_stream.dsl.speckeys import check_task_spec
 
@@ -288,6 +289,8 @@ def parse_task(
         ok = ok and policy is not None
     if kind == "workbook" and keychain_names is not None:
         ok = _workbook_ref(c, raw, path, twho, label) and ok
+    if kind == "python":
+        ok = check_libs(c, raw, path, twho) and ok
     auth = raw.get("auth")
     if (
         keychain_names is not None

@@ -1,15 +1,21 @@
 """``python``: inline ``code`` or a ``module: pkg.mod:function``, run off the event loop.
 
-The rendered ``args`` are bound as local names and as ``args``. With ``code``, the task result is the
-return value of ``main(**args)`` when the code defines ``main``, else the value left in ``result``. With
-``module``, the function is called with the args it accepts (a coroutine function is awaited on the
-event loop; an ``async def main`` of ``code`` runs on an event loop of its own thread). An exception
-becomes an error outcome whose ``error.kind`` is the exception's type name (``outcome.py.exception_type``
-too), ``SystemExit`` and ``KeyboardInterrupt`` included: task code never stops the worker. What the
-code prints is captured into ``outcome.meta.stdout`` / ``stderr`` (the last 64 KiB). ``spec.timeout``
+The rendered ``args`` (a task's ``input:`` is its ``args``) are the inputs. ``code`` runs with them as
+globals, the whole mapping as ``args`` and ``input_data``, the modules ``json``, ``os``, ``datetime``,
+``uuid`` and ``sys``, and its ``libs`` imports (`pycode.py`). Its result: the value of a top-level
+``return``, else the return value of ``main`` called with the inputs it takes (all of them for
+``**kw``), else the value left in ``result``. With ``module``, the function is called with the inputs
+it accepts (a coroutine function is awaited on the event loop; an ``async def main`` of ``code`` runs on
+an event loop of its own thread).
+
+An exception (a failed ``assert`` too, ``SystemExit`` and ``KeyboardInterrupt`` included: task code
+never stops the worker) is an error of kind ``python_error``; ``outcome.py.exception_type`` is its type
+name, ``outcome.py.line`` its line in ``code``, and ``error.traceback`` Python's traceback of the task's
+own frames (the pipeline masks keychain values in it as in the rest of the outcome). What the code
+prints is captured into ``outcome.meta.stdout`` / ``stderr`` (the last 64 KiB). ``spec.timeout``
 (seconds, a number or numeric text; anything else is a ``config_error``) bounds the task: code still
 running then (or when the task is cancelled) is interrupted at its next Python instruction (a call
-blocked in C, e.g. a long ``time.sleep``, is interrupted when it returns).
+blocked in C, e.g. a long ``time.sleep``, is interrupted when it returns); that is a ``timeout`` error.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import ctypes
-import functools
 import importlib
 import inspect
 import io
@@ -25,13 +30,24 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from types import CodeType
 from typing import Any, TextIO
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe
+from noetl_stream.dataplane.tools import pycode
 from noetl_stream.dataplane.tools.base import ToolContext, timeout_seconds
+from noetl_stream.dataplane.tools.pycode import (
+    Program,
+    compile_code,
+    format_traceback,
+    input_names,
+    namespace,
+    run_program,
+)
+from noetl_stream.dsl.pylibs import LibImport, lib_imports
 
 CAPTURE_LIMIT = 64 * 1024
+PYTHON_ERROR = "python_error"
+"""The error kind of task code that raised (its type is ``outcome.py.exception_type``)."""
 
 
 class _ThreadStream(io.TextIOBase):
@@ -78,11 +94,6 @@ def _tail(text: str) -> str:
     return text[-CAPTURE_LIMIT:]
 
 
-@functools.lru_cache(maxsize=1024)
-def _compile(code: str, filename: str) -> CodeType:
-    return compile(code, filename, "exec")
-
-
 def _call(fn: Callable[..., Any], args: dict[str, Any]) -> Any:
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -90,27 +101,33 @@ def _call(fn: Callable[..., Any], args: dict[str, Any]) -> Any:
     return fn(**{k: v for k, v in args.items() if k in params})
 
 
-def _execute(code: str, filename: str, args: dict[str, Any], prev: Any) -> Any:
-    compiled = _compile(code, filename)
-    namespace: dict[str, Any] = {"__name__": "__noetl_task__", "args": args, "_prev": prev, **args}
-    exec(compiled, namespace)
-    main = namespace.get("main")
-    if callable(main):
+def _call_main(args: dict[str, Any]) -> Callable[[Callable[..., Any]], Any]:
+    def call(main: Callable[..., Any]) -> Any:
         value = _call(main, args)
         # `async def main`: run it here, on an event loop of this thread's own (not the worker's)
         return asyncio.run(value) if inspect.iscoroutine(value) else value
-    return namespace.get("result")
+
+    return call
+
+
+def _execute(program: Program, args: dict[str, Any], prev: Any, libs: list[LibImport]) -> Any:
+    return run_program(program, namespace(args, prev, libs), _call_main(args))
 
 
 class _TaskExitError(Exception):
     """Task code raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
     ``KeyboardInterrupt``, ``CancelledError``): reported like any error, never let through to the
     worker's event loop (where ``SystemExit`` stops the process and ``CancelledError`` reads as a
-    cancelled command)."""
+    cancelled command). It carries a ``TimeoutError`` too, which leaving a pool thread would become a
+    new one, without its traceback, that reads as the task's own timeout."""
 
     def __init__(self, exc: BaseException) -> None:
         super().__init__(*exc.args)
         self.type_name = type(exc).__name__
+        self.text = _text(exc)
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class _TaskInterruptedError(BaseException):
@@ -126,7 +143,8 @@ def _captured(fn: Callable[[], Any]) -> tuple[Any, str, str]:
         value = fn()
         return value, out.local.buf.getvalue(), err.local.buf.getvalue()
     except BaseException as exc:
-        raised = exc if isinstance(exc, Exception) else _TaskExitError(exc)
+        carried = not isinstance(exc, Exception) or type(exc) is TimeoutError
+        raised = _TaskExitError(exc) if carried else exc
         raised.__noetl_output__ = (out.local.buf.getvalue(), err.local.buf.getvalue())  # type: ignore[attr-defined]
         if raised is exc:
             raise
@@ -195,11 +213,60 @@ async def _threaded(fn: Callable[[], Any]) -> tuple[Any, str, str]:
         raise
 
 
+def _runner_frame(frame: traceback.FrameSummary) -> bool:
+    return frame.filename in _RUNNER_FILES or frame.filename.startswith("<frozen ")
+
+
+_RUNNER_FILES = frozenset({__file__, pycode.__file__})
+
+
+def _after_runner(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The frames after the last one of this runner or of the import system (a ``module`` function's,
+    and what it called)."""
+    last = max((i for i, f in enumerate(frames) if _runner_frame(f)), default=-1)
+    return frames[last + 1 :]
+
+
+def _failed(
+    exc: BaseException, name: str, filename: str, code: str | None, out_err: tuple[str, str]
+) -> Outcome:
+    """The error outcome of task code that raised `exc` (of type `name`)."""
+    frames = list(traceback.extract_tb(exc.__traceback__))
+    if code is not None:
+        line = next((f.lineno for f in reversed(frames) if f.filename == filename), None)
+        if isinstance(exc, SyntaxError) and exc.filename == filename:
+            line = exc.lineno
+        tb = format_traceback(exc, name, [f for f in frames if f.filename == filename], code)
+    else:
+        line = None
+        tb = format_traceback(exc, name, _after_runner(frames), None)
+    where = f" (line {line})" if line else ""
+    text = exc.msg if isinstance(exc, SyntaxError) else _text(exc)
+    outcome = Outcome.fail(PYTHON_ERROR, f"{name}: {text}{where}", py={"exception_type": name, "line": line})
+    assert outcome.error is not None
+    outcome.error["traceback"] = tb
+    if out_err[0] or out_err[1]:
+        outcome.meta = {"stdout": _tail(out_err[0]), "stderr": _tail(out_err[1])}
+    return outcome
+
+
 def _text(exc: BaseException) -> str:
     try:
         return str(exc)
     except Exception:  # task code's own __str__ may raise
         return f"<{type(exc).__name__} whose str() failed>"
+
+
+def _inputs(config: dict[str, Any]) -> dict[str, Any] | Outcome:
+    args = config.get("args")
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        return Outcome.fail(
+            "config_error",
+            f"python task 'args' (or 'input') must render to a mapping, got {type(args).__name__}",
+        )
+    return copy.deepcopy(args)
 
 
 async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
@@ -210,20 +277,21 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
         return Outcome.fail(
             "config_error", "python task needs 'code' (a string) or 'module' (pkg.mod:function)"
         )
-    args = config.get("args") or {}
-    if not isinstance(args, dict):
-        return Outcome.fail(
-            "config_error", f"python task 'args' must render to a mapping, got {type(args).__name__}"
-        )
-    args = copy.deepcopy(args)
-    filename = f"<{ctx.step}.{ctx.task}>"
-    stdout = stderr = ""
+    args = _inputs(config)
+    if isinstance(args, Outcome):
+        return args
     try:
+        libs = lib_imports(config.get("libs"))
         limit = timeout_seconds(ctx.spec.get("timeout"))
     except ValueError as exc:
-        return Outcome.fail("config_error", str(exc))
+        return Outcome.fail("config_error", f"python task: {exc}")
+    if libs and isinstance(module, str):
+        return Outcome.fail("config_error", "python task: 'libs' imports names into 'code', not a 'module'")
+    filename = f"<{ctx.step}.{ctx.task}>"
+    stdout = stderr = ""
+    bound: asyncio.Timeout | None = None
     try:
-        async with asyncio.timeout(limit):
+        async with asyncio.timeout(limit) as bound:
             if isinstance(module, str):
                 fn = _resolve(module)
                 if inspect.iscoroutinefunction(fn):
@@ -235,32 +303,21 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                     value, stdout, stderr = await _threaded(lambda: _call(fn, args))
             else:
                 assert isinstance(code, str)
-                try:
-                    _compile(code, filename)
-                except SyntaxError as exc:
-                    return Outcome.fail(
-                        "SyntaxError", f"line {exc.lineno}: {exc.msg}", py={"exception_type": "SyntaxError"}
-                    )
+                program = compile_code(code, filename, input_names(args, libs))
                 prev = copy.deepcopy(ctx.prev)
-                value, stdout, stderr = await _threaded(lambda: _execute(code, filename, args, prev))
-    except TimeoutError:
-        return Outcome.fail(
-            "timeout",
-            f"python task '{ctx.task}' ran longer than {limit}s",
-            retryable=True,
-            py={"exception_type": "TimeoutError"},
-        )
+                value, stdout, stderr = await _threaded(lambda: _execute(program, args, prev, libs))
     except Exception as exc:
-        out_err = getattr(exc, "__noetl_output__", ("", ""))
-        tb = traceback.extract_tb(exc.__traceback__)
-        line = next((f.lineno for f in reversed(tb) if f.filename == filename), None)
-        where = f" (line {line})" if line else ""
+        if isinstance(exc, TimeoutError) and bound is not None and bound.expired():
+            return Outcome.fail(
+                "timeout",
+                f"python task '{ctx.task}' ran longer than {limit}s",
+                retryable=True,
+                py={"exception_type": "TimeoutError"},
+            )
+        # (a TimeoutError the code raised itself, a socket's, is the code's error like any other)
         name = exc.type_name if isinstance(exc, _TaskExitError) else type(exc).__name__
-        outcome = Outcome.fail(
-            name, f"{name}: {_text(exc)}{where}", py={"exception_type": name, "line": line}
-        )
-        outcome.meta = {"stdout": _tail(out_err[0]), "stderr": _tail(out_err[1])}
-        return outcome
+        source = code if isinstance(code, str) else None
+        return _failed(exc, name, filename, source, getattr(exc, "__noetl_output__", ("", "")))
     outcome = Outcome.ok(json_safe(value), py={})
     if stdout or stderr:
         outcome.meta = {"stdout": _tail(stdout), "stderr": _tail(stderr)}

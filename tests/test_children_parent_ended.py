@@ -49,7 +49,7 @@ def _parent_of(child_file: str, name: str = "parent") -> str:
         f"""
         - step: start
           tool:
-            - {{name: kid, kind: playbook, path: {child_file}}}
+            - {{name: kid, kind: playbook, path: {child_file}, return_step: start}}
         """,
         name=name,
     )
@@ -287,7 +287,7 @@ async def test_a_parent_that_succeeds_cancels_nothing_and_leaves_no_index_key(
     assert runtime.controller.children.parent_of == {kid: parent}
     summary = await follow(nc, topo, parent, timeout=30)
     assert summary.status == "success", summary.error
-    assert summary.result == [0, 1, 2, 3, 4, 5]
+    assert summary.result["data"] == [0, 1, 2, 3, 4, 5]
 
     async def unindexed() -> bool:
         return not await kid_indexed() and not runtime.controller.children.parent_of

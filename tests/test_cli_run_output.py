@@ -53,6 +53,7 @@ PARENT = playbook(
       tool:
         kind: playbook
         path: child.yaml
+        return_step: start
         args: {marker: "{{ workload.marker }}"}
         spec: {child_timeout_s: 0.2}
       next:

@@ -234,6 +234,7 @@ async def test_cancelling_a_parent_cancels_its_running_child(runtime: Runtime, t
               tool:
                 kind: playbook
                 path: child.yaml
+                return_step: start
             """,
             name="parent",
         )

@@ -263,6 +263,7 @@ workflow:
     tool:
       kind: playbook
       path: child.yaml
+      return_step: start
     next: {{arcs: [{{step: report}}]}}
   - step: report
     tool:

@@ -226,7 +226,7 @@ kind: Playbook
 metadata: {name: parent, path: tests/parent}
 workflow:
   - step: start
-    tool: {kind: playbook, path: child.yaml, args: {base: 41}}
+    tool: {kind: playbook, path: child.yaml, return_step: start, args: {base: 41}}
 """
 
 
@@ -239,7 +239,7 @@ async def test_a_child_playbook_is_compiled_like_its_parent(
     async with local_runtime(nats_server.url, topology=topology) as rt:
         legacy = await rt.run_playbook(PARENT, str(parent), timeout=30, extensions=("legacy",))
         plain = await rt.run_playbook(PARENT, str(parent), timeout=30)
-    assert (legacy.status, legacy.result) == ("success", 42), legacy.error
+    assert (legacy.status, legacy.result["data"]) == ("success", 42), legacy.error
     assert plain.status == "failed" and plain.error is not None
     assert plain.error["kind"] == "child_failed" and "rejected" in plain.error["message"]
 

@@ -61,6 +61,7 @@ async def test_a_child_loop_reads_the_outer_iteration_as_iter_parent(
                   tool:
                     kind: playbook
                     path: child.yaml
+                    return_step: start
                     args: {{hotels: "{{{{ ['h1', 'h2'] }}}}"}}
                 """,
                 workload={"cities": ["A", "B"]},
@@ -86,7 +87,7 @@ async def test_a_child_loop_reads_the_outer_iteration_as_iter_parent(
     r = await run(runtime, parent.read_text(), file=str(parent))
 
     assert r.status == "success", r.summary.error
-    assert r.result == [["A/h1 #0.0", "A/h2 #0.1"], ["B/h1 #1.0", "B/h2 #1.1"]]
+    assert [x["data"] for x in r.result] == [["A/h1 #0.0", "A/h2 #0.1"], ["B/h1 #1.0", "B/h2 #1.1"]]
     # The outer iteration is part of the child's request: recorded, so a replay folds the same state.
     (run_id,) = {e.step_run_id for e in r.named(E.LOOP_DONE)}
     assert run_id is not None
@@ -127,7 +128,7 @@ async def test_iter_parent_parent_reaches_a_grandchild_and_steps_without_a_loop_
                 """
                 - step: start
                   loop: {in: "{{ ['north', 'south'] }}", iterator: region}
-                  tool: {kind: playbook, path: child.yaml}
+                  tool: {kind: playbook, path: child.yaml, return_step: cities}
                 """,
                 name="parent",
             ),
@@ -146,7 +147,7 @@ async def test_iter_parent_parent_reaches_a_grandchild_and_steps_without_a_loop_
                   loop:
                     in: "{{ [start ~ '-a', start ~ '-b'] }}"
                     iterator: city
-                  tool: {kind: playbook, path: grandchild.yaml}
+                  tool: {kind: playbook, path: grandchild.yaml, return_step: start}
                 """,
                 name="child",
             ),
@@ -157,7 +158,7 @@ async def test_iter_parent_parent_reaches_a_grandchild_and_steps_without_a_loop_
     r = await run(runtime, parent.read_text(), file=str(parent))
 
     assert r.status == "success", r.summary.error
-    assert r.result == [
+    assert [[kid["data"] for kid in x["data"]] for x in r.result] == [
         [["north/north-a/1", "north/north-a/2"], ["north/north-b/1", "north/north-b/2"]],
         [["south/south-a/1", "south/south-a/2"], ["south/south-b/1", "south/south-b/2"]],
     ]
@@ -170,7 +171,7 @@ async def test_without_an_outer_iteration_iter_has_no_parent(runtime: Runtime, t
             "parent.yaml": playbook(
                 """
                 - step: start
-                  tool: {kind: playbook, path: child.yaml}
+                  tool: {kind: playbook, path: child.yaml, return_step: start}
                 """,
                 name="parent",
             ),
@@ -188,7 +189,7 @@ async def test_without_an_outer_iteration_iter_has_no_parent(runtime: Runtime, t
     r = await run(runtime, parent.read_text(), file=str(parent))
 
     assert r.status == "success", r.summary.error
-    assert r.result == [False]
+    assert r.result["data"] == [False]
 
 
 async def test_a_large_outer_iteration_travels_by_reference(runtime: Runtime, tmp_path: Path) -> None:
@@ -200,7 +201,7 @@ async def test_a_large_outer_iteration_travels_by_reference(runtime: Runtime, tm
                 """
                 - step: start
                   loop: {in: "{{ workload.records }}", iterator: record}
-                  tool: {kind: playbook, path: child.yaml}
+                  tool: {kind: playbook, path: child.yaml, return_step: start}
                 """,
                 workload={"records": [{"id": 7, "blob": big}]},
                 name="parent",
@@ -221,7 +222,7 @@ async def test_a_large_outer_iteration_travels_by_reference(runtime: Runtime, tm
     r = await run(runtime, parent.read_text(), file=str(parent))
 
     assert r.status == "success", r.summary.error
-    assert r.result == [[{"id": 7, "size": len(big)}] * 2]
+    assert [x["data"] for x in r.result] == [[{"id": 7, "size": len(big)}] * 2]
     (done,) = r.named(E.LOOP_DONE)
     assert done.step_run_id is not None
     cid = child_id(r.summary.execution_id, done.step_run_id, 0)
@@ -240,7 +241,7 @@ async def test_a_workbook_task_sees_the_callers_iter_including_its_parent(
                 """
                 - step: start
                   loop: {in: "{{ ['A', 'B'] }}", iterator: city}
-                  tool: {kind: playbook, path: child.yaml}
+                  tool: {kind: playbook, path: child.yaml, return_step: start}
                 """,
                 name="parent",
             ),
@@ -262,7 +263,7 @@ workflow:
     r = await run(runtime, parent.read_text(), file=str(parent))
 
     assert r.status == "success", r.summary.error
-    assert r.result == [["A-x-0", "A-y-1"], ["B-x-0", "B-y-1"]]
+    assert [x["data"] for x in r.result] == [["A-x-0", "A-y-1"], ["B-x-0", "B-y-1"]]
 
 
 @pytest.mark.parametrize("parent_exec", EXECS)
@@ -291,6 +292,7 @@ async def test_set_iter_values_of_the_outer_iteration_reach_the_child(
                     - name: child
                       kind: playbook
                       path: child.yaml
+                      return_step: start
                 """,
                 workload={"cities": ["A", "B"]},
                 name="parent",
@@ -310,4 +312,4 @@ async def test_set_iter_values_of_the_outer_iteration_reach_the_child(
     r = await run(runtime, parent.read_text(), file=str(parent))
 
     assert r.status == "success", r.summary.error
-    assert r.result == ["T-A:A", "T-B:B"]
+    assert [x["data"] for x in r.result] == ["T-A:A", "T-B:B"]

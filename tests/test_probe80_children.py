@@ -39,10 +39,10 @@ FAN = playbook(
         in: "{{ range(12) | list }}"
         iterator: n
         spec: {mode: parallel, max_in_flight: 8, policy: {exec: distributed}}
-      tool: {kind: playbook, path: quick.yaml}
+      tool: {kind: playbook, path: quick.yaml, return_step: start}
       next: {arcs: [{step: fin, when: "{{ event.name == 'loop.done' }}"}]}
     - step: fin
-      tool: {kind: python, args: {r: "{{ start }}"}, code: "result = sum(r)"}
+      tool: {kind: python, args: {r: "{{ start }}"}, code: "result = sum(x['data'] for x in r)"}
     """,
     name="fan",
 )
@@ -103,7 +103,7 @@ async def test_a_step_timeout_cancels_the_child_it_waits_for(runtime: Runtime, t
         """
         - step: start
           spec: {policy: {lifecycle: {timeout_s: 1}}}
-          tool: {kind: playbook, path: slowkid.yaml}
+          tool: {kind: playbook, path: slowkid.yaml, return_step: start}
         """,
         name="steptimeout",
     )
@@ -125,6 +125,7 @@ async def test_a_task_timeout_with_retries_leaves_no_child_running(runtime: Runt
           tool:
             kind: playbook
             path: slowkid.yaml
+            return_step: start
             spec:
               timeout_s: 1
               policy:
@@ -155,7 +156,7 @@ async def test_a_worker_shutdown_leaves_the_child_and_the_redelivered_command_wa
     parent = playbook(
         """
         - step: start
-          tool: {kind: playbook, path: slowkid.yaml, args: {naps: 16}}
+          tool: {kind: playbook, path: slowkid.yaml, return_step: start, args: {naps: 16}}
         """,
         name="parent",
     )
@@ -173,7 +174,7 @@ async def test_a_worker_shutdown_leaves_the_child_and_the_redelivered_command_wa
         async with Worker(rt.nc, topo, pool="default", name="again"):
             summary = await follow(rt.nc, topo, eid, timeout=40)
         assert summary.status == "success", summary.error
-        assert summary.result == [1] * 16
+        assert summary.result["data"] == [1] * 16
         assert await _children(rt, eid) == children  # the same child, not a second one
         assert (await follow(rt.nc, topo, children[0], timeout=10)).status == "success"
 

@@ -42,7 +42,7 @@ SELF = playbook(
       tool: {kind: python, code: "result = 1"}
       next: {arcs: [{step: recurse}]}
     - step: recurse
-      tool: {kind: playbook, path: self.yaml, args: {n: "{{ workload.n + 1 }}"}}
+      tool: {kind: playbook, path: self.yaml, return_step: recurse, args: {n: "{{ workload.n + 1 }}"}}
     """,
     workload={"n": 0},
     name="self",
@@ -74,9 +74,9 @@ def _tree(tmp_path: Path) -> Path:
             """
             - step: start
               tool:
-                - {name: g, kind: playbook, path: grand.yaml}
-                - {name: o, kind: playbook, path: ./other}
-                - {name: both, kind: noop, result: ["{{ g }}", "{{ o }}"]}
+                - {name: g, kind: playbook, path: grand.yaml, return_step: start}
+                - {name: o, kind: playbook, path: ./other, return_step: start}
+                - {name: both, kind: noop, result: ["{{ g.data }}", "{{ o.data }}"]}
             """,
             name="mid",
         )
@@ -87,9 +87,9 @@ def _tree(tmp_path: Path) -> Path:
             """
             - step: start
               tool:
-                - {name: a, kind: playbook, path: grand.yaml}
-                - {name: b, kind: playbook, path: sub/mid.yaml}
-                - {name: c, kind: noop, result: ["{{ a }}", "{{ b }}"]}
+                - {name: a, kind: playbook, path: grand.yaml, return_step: start}
+                - {name: b, kind: playbook, path: sub/mid.yaml, return_step: start}
+                - {name: c, kind: noop, result: ["{{ a.data }}", "{{ b.data }}"]}
             """,
             name="top",
         )

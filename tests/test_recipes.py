@@ -74,7 +74,7 @@ PARENT_OF_SLOW = playbook(
     """
     - step: start
       tool:
-        - {name: kid, kind: playbook, path: slow.yaml}
+        - {name: kid, kind: playbook, path: slow.yaml, return_step: start}
     """,
     name="parent",
 )

@@ -334,6 +334,7 @@ async def test_playbook_child_timeout_is_a_clear_error(
                 name: call
                 kind: playbook
                 path: children/slow.yaml
+                return_step: start
                 spec: {child_timeout_s: 0.5}
             """,
             name="parent",

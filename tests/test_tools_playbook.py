@@ -52,6 +52,7 @@ workflow:
       - name: last
         kind: playbook
         path: children/child.yaml
+        return_step: twice
         args: {base: "{{ doubled }}"}
       - name: first
         kind: playbook
@@ -60,7 +61,7 @@ workflow:
         args: {base: "{{ doubled }}"}
       - name: both
         kind: noop
-        result: {last: "{{ last }}", first: "{{ first }}"}
+        result: {last: "{{ last.data }}", first: "{{ first.data }}"}
 """
 
 
@@ -191,6 +192,7 @@ async def test_a_child_playbook_from_the_catalog(nats_server: EmbeddedNats, topo
           tool:
             kind: playbook
             path: lib/child
+            return_step: twice
             args: {base: 1}
         """,
         name="cat_parent",
@@ -200,6 +202,6 @@ async def test_a_child_playbook_from_the_catalog(nats_server: EmbeddedNats, topo
         ok = await rt.run_playbook(parent, "parent.yaml", timeout=30)
         missing = await rt.run_playbook(parent.replace("lib/child", "lib/nope"), "parent.yaml", timeout=30)
     assert ok.status == "success", ok.error
-    assert ok.result == 202
+    assert ok.result["data"] == 202
     assert missing.status == "failed" and missing.error is not None
     assert missing.error["kind"] == "child_failed" and "lib/nope" in missing.error["message"]

@@ -30,6 +30,7 @@ PARENT = playbook(
         - name: child
           kind: playbook
           path: bigchild.yaml
+          return_step: start
           args: {n: 30000}
         - name: sum
           kind: python

@@ -1,4 +1,5 @@
-"""Child executions for ``kind: playbook`` tasks: submit once, wait for the child's end.
+"""Child executions for ``kind: playbook`` tasks: submit once, then wait for the child's end (`run`) or
+not (`start`, a fire-and-forget task).
 
 The child's id is derived from the parent's execution, pipeline run, task and attempt, so a
 parent command redelivered after a worker crash finds the same child (running or finished)
@@ -93,6 +94,16 @@ async def _no_release() -> AsyncIterator[None]:
 
 def _never() -> bool:
     return False
+
+
+def _rejection(first: Event) -> dict[str, Any] | None:
+    """The error of a child whose first record (`first`) rejects it; None for one that was accepted."""
+    error: Any = None
+    if first.name == E.EXECUTION_REQUESTED:
+        error = first.payload.get("rejected")
+    elif first.name == E.REQUEST_REJECTED or first.payload.get("status") == "rejected":
+        error = first.payload.get("error") or {"kind": "rejected", "message": "rejected"}
+    return error if isinstance(error, dict) else None
 
 
 class ChildNotStartedError(NoetlError):
@@ -191,6 +202,60 @@ class ChildRunner:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def start(
+        self,
+        request: ExecutionRequest,
+        timeout: float | None = None,
+        stop_check: Callable[[], str | None] | None = None,
+    ) -> dict[str, Any] | None:
+        """Start the child unless it was already requested, and wait until the controller has decided its
+        request, not for its end (a fire-and-forget task): None once it is accepted, else the rejection's
+        error. Until then the parent's task runs, so the parent has not ended: intake starts no child of
+        an ended parent, even one that succeeded. Once accepted it runs to its end, unless its parent ends
+        with any status but ``success`` while it runs (`control/children.py`)."""
+        child_id = request.execution_id
+        assert child_id is not None
+        decided: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Any) -> None:
+            try:
+                ev = decode_event(msg.data)
+            except msgspec.DecodeError:
+                return
+            if not decided.done():
+                decided.set_result(ev)
+
+        sub = await self.js.subscribe(
+            self.topology.execution_claim_filter(child_id),  # its first record decides it
+            stream=self.topology.events_stream,
+            cb=on_msg,
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.ALL,
+        )
+        requested = False
+        try:
+            if await self._already_requested(child_id):
+                requested = True  # a redelivered command: the child it started runs on
+            else:
+                request = await self._with_parent_iter(request)
+                data = encode(request)
+                self._check_startable(request, data, stop_check)
+                requested = True
+                await publish_stored(self.nc, self.topology.request_subject, data, request_msg_id(child_id))
+            async with asyncio.timeout(timeout):
+                ev = await decided
+        except asyncio.CancelledError:
+            if requested and not self.handing_back():
+                why = "the parent task stopped before the child was started"
+                await self._cancel_quietly(
+                    child_id, why, parent_ended=stop_check is not None and stop_check() is not None
+                )
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return _rejection(ev)
 
     def _check_startable(
         self, request: ExecutionRequest, data: bytes, stop_check: Callable[[], str | None] | None

@@ -94,9 +94,9 @@ register_kind(
 register_kind("secrets", {"auth", "key", "secret", "field"}, description="read a keychain entry")
 register_kind(
     "playbook",
-    {"path", "version", "return_step", "payload"},
+    {"path", "version", "return_step", "payload", "timeout"},
     required_any=[("path",)],
-    description="run another playbook as a child execution",
+    description="start another playbook as a child execution; with `return_step`, wait for that step's result",
 )
 register_kind("workbook", {"task"}, description="run a task template from the root workbook")
 register_kind(

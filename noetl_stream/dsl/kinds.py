@@ -59,7 +59,7 @@ def known_kinds() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-register_kind("noop", {"result"}, description="does nothing; returns `result` if given")
+register_kind("noop", {"result"}, description="does nothing; returns its rendered `result` if given")
 register_kind(
     "http",
     {"method", "url", "endpoint", "params", "headers", "json", "form", "body", "payload", "data", "auth"},

@@ -197,7 +197,7 @@ FLAKY = playbook(
 
 
 def _failing(handled: bool) -> str:
-    arcs = "next: {arcs: [{step: recover}]}" if handled else ""
+    arcs = "next: {arcs: [{step: recover, when: \"{{ event.name == 'step.failed' }}\"}]}" if handled else ""
     return playbook(
         f"""
         - step: start

@@ -92,9 +92,13 @@ BAD_REQUESTS = [
     pytest.param(b"{not json", "not valid JSON", id="not-json"),
     pytest.param(b"", "not valid JSON", id="empty"),
     pytest.param(b"[1, 2]", "wrong shape at $: expected an object, got an array", id="not-an-object"),
-    pytest.param(json.dumps({"playbook": 5}).encode(), "wrong shape at $.playbook", id="playbook-not-a-string"),
     pytest.param(
-        json.dumps({"playbook": GOOD, "payload": [1, 2]}).encode(), "wrong shape at $.payload", id="payload-not-a-mapping"
+        json.dumps({"playbook": 5}).encode(), "wrong shape at $.playbook", id="playbook-not-a-string"
+    ),
+    pytest.param(
+        json.dumps({"playbook": GOOD, "payload": [1, 2]}).encode(),
+        "wrong shape at $.payload",
+        id="payload-not-a-mapping",
     ),
     pytest.param(json.dumps({"payload": {"x": 1}}).encode(), "give 'playbook'", id="missing-playbook"),
     pytest.param(
@@ -103,7 +107,9 @@ BAD_REQUESTS = [
         id="unknown-path",
     ),
     pytest.param(
-        json.dumps({"playbook": GOOD, "bogus": 1}).encode(), "wrong shape at $: unknown field 'bogus'", id="unknown-key"
+        json.dumps({"playbook": GOOD, "bogus": 1}).encode(),
+        "wrong shape at $: unknown field 'bogus'",
+        id="unknown-key",
     ),
     pytest.param(
         json.dumps({"playbook": GOOD, "execution_id": "a.b"}).encode(), "execution id", id="bad-execution-id"

@@ -21,6 +21,11 @@ class KindInfo(msgspec.Struct, frozen=True):
     required_any: tuple[tuple[str, ...], ...] = ()
     exclusive: tuple[tuple[str, ...], ...] = ()
     """Groups of keys of which a task gives at most one (``query`` or ``command``, never both)."""
+    first_wins: tuple[tuple[str, ...], ...] = ()
+    """Groups of keys of which the tool uses the first given, in the group's order, and ignores the rest
+    (http's body keys): giving more than one is a warning, not an error, as NoETL takes them."""
+    ignored: frozenset[str] = frozenset()
+    """Keys accepted for NoETL's playbooks and ignored by the tool (postgres ``pool``): a warning."""
     defaults: dict[str, Any] = {}
     description: str = ""
 
@@ -34,16 +39,22 @@ def register_kind(
     *,
     required_any: Iterable[Iterable[str]] = (),
     exclusive: Iterable[Iterable[str]] = (),
+    first_wins: Iterable[Iterable[str]] = (),
+    ignored: Iterable[str] = (),
     defaults: dict[str, Any] | None = None,
     description: str = "",
 ) -> KindInfo:
     """Register (or replace) a tool kind. ``required_any``: groups of which one key must be present;
-    ``exclusive``: groups of which at most one may be."""
+    ``exclusive``: groups of which at most one may be; ``first_wins``: groups of which the first given is
+    used (a warning names the others); ``ignored``: keys accepted with a warning (they belong to ``keys``
+    too)."""
     info = KindInfo(
         name=name,
-        keys=None if keys is None else frozenset(keys),
+        keys=None if keys is None else frozenset(keys) | frozenset(ignored),
         required_any=tuple(tuple(g) for g in required_any),
         exclusive=tuple(tuple(g) for g in exclusive),
+        first_wins=tuple(tuple(g) for g in first_wins),
+        ignored=frozenset(ignored),
         defaults=dict(defaults or {}),
         description=description,
     )
@@ -65,15 +76,18 @@ register_kind(
     {"method", "url", "endpoint", "params", "headers", "json", "form", "body", "payload", "data", "auth"},
     required_any=[("url", "endpoint")],
     exclusive=[("url", "endpoint")],
+    # The body: the first of these given (`data` of a GET is its query, not a body: dsl/tasks.py).
+    first_wins=[("json", "form", "body", "payload", "data")],
     defaults={"timeout": {"connect": 10, "read": 60}},
     description="HTTP request (aiohttp)",
 )
 register_kind(
     "postgres",
-    # `pool` (a NoETL connection pool's name) is accepted and ignored: a worker keeps its own pools.
-    {"query", "command", "params", "many", "auth", "dsn", "transaction", "pool"},
+    {"query", "command", "params", "many", "auth", "dsn", "transaction"},
     required_any=[("query", "command")],
     exclusive=[("query", "command")],
+    # `pool` (a NoETL connection pool's name) is accepted and ignored: a worker keeps its own pools.
+    ignored={"pool"},
     defaults={"timeout": {"connect": 10}},
     description="PostgreSQL statements or a script, with bound parameters (asyncpg)",
 )

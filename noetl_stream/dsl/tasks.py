@@ -278,6 +278,25 @@ def parse_task(
                     code="conflict",
                 )
                 ok = False
+        for group in info.first_wins:
+            given = [g for g in group if g in raw]
+            if kind == "http" and str(raw.get("method") or "GET").upper() == "GET":
+                given = [g for g in given if g != "data"]  # a GET's `data` is its query
+            for extra in given[1:]:
+                c.warn(
+                    (*path, extra),
+                    f"{twho}: '{extra}' is ignored: kind '{kind}' uses the first of "
+                    f"{', '.join(group)} that is given, here '{given[0]}'",
+                    at_key=True,
+                    code="ignored-key",
+                )
+        for key in sorted(info.ignored & raw.keys()):
+            c.warn(
+                (*path, key),
+                f"{twho}: '{key}' is accepted for NoETL's playbooks and ignored by kind '{kind}'",
+                at_key=True,
+                code="ignored-key",
+            )
     spec = {} if raw.get("spec") is None else raw["spec"]
     policy = None
     if not isinstance(spec, dict):

@@ -63,9 +63,11 @@ __all__ = [
 KEY_ENV = "NOETL_KEYCHAIN_KEY"
 KEY_FILE_ENV = "NOETL_KEYCHAIN_KEY_FILE"
 MASK = "***"
-# Field names whose values are identifiers, not secrets (everything else of an entry is secret).
+# Field names whose values are identifiers, not secrets (everything else of an entry is secret), with
+# NoETL's names of a postgres credential's (``db_password`` is a secret).
 NON_SECRET_FIELDS = frozenset(
     {"host", "port", "database", "dbname", "user", "username", "header", "param", "sslmode", "kind"}
+    | {"db_host", "db_port", "db_name", "db_user"}
 )
 # Secrets shorter than this are only redacted where a whole string equals them: replacing every
 # occurrence of "ab" inside unrelated text would make events unreadable without protecting anything.

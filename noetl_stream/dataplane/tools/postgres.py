@@ -25,7 +25,8 @@ Config:
   ``transaction: true`` runs all of them in one transaction (all or nothing); ``transaction:
   serializable`` (or ``repeatable_read``, ``read_committed``) also sets its isolation level.
 * ``auth`` names a keychain entry of kind ``postgres_credential``: {host, port, user, password,
-  database[, sslmode]} or {dsn}. ``dsn`` may also be given directly (e.g. from ``{{ keychain... }}``).
+  database[, sslmode]} (or NoETL's names for them, db_host, db_port, db_user, db_password, db_name: where
+  both are given, the canonical one wins) or {dsn}. ``dsn`` may also be given directly (e.g. from ``{{ keychain... }}``).
   ``pool`` (a NoETL connection pool name) is accepted and ignored: a worker keeps its own pools.
 * ``spec.timeout``: ``{connect, statement}`` in seconds (a number sets both; ``read`` is taken for
   ``statement`` so that a step-wide http timeout applies too). ``spec.pool_size``: the pool's maximum
@@ -71,6 +72,14 @@ ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300"})
 DEFAULT_POOL_SIZE = 10
 _CONNECT_KEYS = {"host": "host", "port": "port", "user": "user", "username": "user", "password": "password"}
+_NOETL_KEYS = {
+    "db_host": ("host",),
+    "db_port": ("port",),
+    "db_user": ("user", "username"),
+    "db_password": ("password",),
+    "db_name": ("database", "dbname"),
+}
+"""NoETL's names of a postgres credential's fields, and the names they stand for (which win if given)."""
 _ENCODE_HINT = " (percent-encode / : @ ? # [ ] in the user name and password)"
 # What asyncpg's (and urllib's) messages about a DSN they cannot read mean, by a phrase of the message;
 # the message itself may quote the DSN, so only these texts are shown.
@@ -255,10 +264,21 @@ def _timeouts(spec: Mapping[str, Any]) -> tuple[float | None, float | None]:
     return connect, statement
 
 
+def _canonical(cred: Mapping[str, Any]) -> dict[str, Any]:
+    """The credential with NoETL's ``db_host``, ``db_port``, ``db_user``, ``db_password``, ``db_name`` as
+    ``host``, ``port``, ``user``, ``password``, ``database``, unless those are given themselves."""
+    out = dict(cred)
+    for src, names in _NOETL_KEYS.items():
+        if cred.get(src) is not None and all(cred.get(n) is None for n in names):
+            out[names[0]] = cred[src]
+    return out
+
+
 def _connect_args(cred: Mapping[str, Any], name: str) -> dict[str, Any]:
     kind = cred.get("kind")
     if kind not in CREDENTIAL_KINDS:
         raise _ConfigError(f"keychain entry '{name}' has kind '{kind}', not postgres_credential")
+    cred = _canonical(cred)
     if cred.get("dsn"):
         return {"dsn": str(cred["dsn"])}
     if cred.get("value") and not cred.get("host"):  # a declaration's `env:` or text `file:`: a DSN

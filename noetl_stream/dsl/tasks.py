@@ -241,6 +241,10 @@ def parse_task(
             code="unknown-kind",
         )
         return None
+    auth_key = "auth"
+    if "credential" in raw and info is not None and info.keys is not None and "auth" in info.keys:
+        raw, ok = _credential_as_auth(c, raw, path, twho)
+        auth_key = "credential" if ok else auth_key
     allowed = None if info is None or info.keys is None else COMMON_TASK_KEYS | info.keys
     for k in raw:
         if k in V.DEPRECATED_TASK:
@@ -317,7 +321,7 @@ def parse_task(
         and not c.is_template(auth)
         and auth not in keychain_names
     ):
-        c.warn((*path, "auth"), f"{twho}: credential '{auth}' is not declared in the root keychain")
+        c.warn((*path, auth_key), f"{twho}: credential '{auth}' is not declared in the root keychain")
     if "args" in raw and not isinstance(raw["args"], (dict, str)):
         c.error((*path, "args"), f"{twho}: 'args' must be a mapping (or a template)")
         ok = False
@@ -326,6 +330,24 @@ def parse_task(
     line, col = c.smap.key(path) if label_at_key else c.smap.value(path)
     config = {k: v for k, v in raw.items() if k not in ("name", "kind", "spec")}
     return Task(name=label, kind=kind, config=config, spec=spec, policy=policy, line=line, col=col)
+
+
+def _credential_as_auth(
+    c: Compiler, raw: dict[str, Any], path: Path, who: str
+) -> tuple[dict[str, Any], bool]:
+    """``credential:`` (NoETL's spelling) is the task's ``auth:``, which is all the tools see; false when
+    both are given (an error)."""
+    if "auth" in raw:
+        message = f"{who}: 'credential' is another spelling of 'auth': give one of them"
+        c.error((*path, "credential"), message, at_key=True, code="conflict")
+        return {k: v for k, v in raw.items() if k != "credential"}, False
+    c.warn(
+        (*path, "credential"),
+        f"{who}: 'credential:' is NoETL's spelling of 'auth:'",
+        at_key=True,
+        code="dialect",
+    )
+    return {("auth" if k == "credential" else k): v for k, v in raw.items()}, True
 
 
 def _workbook_ref(c: Compiler, raw: dict[str, Any], path: Path, who: str, label: str) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from noetl_stream.dsl.graph import Graph, build_graph
 from noetl_stream.dsl.model import Playbook, Step
 from noetl_stream.dsl.scope import names_read_by_step
+from noetl_stream.dsl.templates import has_template
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,9 @@ class Plan:
     playbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Child playbook paths each step runs (literal paths only)."""
     keychain_readers: frozenset[str] = frozenset()
-    """Steps whose templates read ``keychain`` or whose tasks name a declared entry in ``auth``: their
-    commands carry the playbook's keychain declarations (the worker resolves them)."""
+    """Steps whose templates read ``keychain`` or whose tasks name a declared entry in ``auth`` (or give a
+    template there, which may render to one): their commands carry the playbook's keychain declarations
+    (the worker resolves them)."""
     scoped_routes: frozenset[str] = frozenset()
     """Steps whose routing renders something (an arc's ``when`` or ``args``): only their boundaries need a
     template scope (building one copies the workload and every result so far)."""
@@ -43,7 +45,7 @@ class Plan:
             wb = [str(t.config.get("task") or t.name) for t in s.tasks if t.kind == "workbook"]
             workbook_refs[s.name] = tuple(n for n in wb if n in playbook.workbook)
             tasks = list(s.tasks) + [playbook.workbook[n] for n in workbook_refs[s.name]]
-            if any(t.config.get("auth") in declared for t in tasks if isinstance(t.config.get("auth"), str)):
+            if any(_may_name(t.config.get("auth"), declared) for t in tasks):
                 readers.add(s.name)  # `auth: <declared entry>`: the worker resolves it like a template's
             playbook_refs[s.name] = tuple(
                 str(t.config["path"])
@@ -68,3 +70,16 @@ class Plan:
             reads={k: frozenset(v) for k, v in reads.items()},
             pool=pool,
         )
+
+    def pool_of(self, step: Step, request_pool: str | None) -> str:
+        """Where `step` runs: its own ``spec.pool``, else the request's, else the playbook's
+        (``executor.spec.pool``, else the controller's default)."""
+        return str(step.spec.get("pool") or request_pool or self.pool)
+
+
+def _may_name(auth: object, declared: set[str]) -> bool:
+    """Whether a task's ``auth`` names a declared keychain entry: literally, or as a template that renders
+    to a name (``auth: "{{ pg_auth }}"``), which only the worker knows."""
+    if not isinstance(auth, str) or not declared:
+        return False
+    return auth in declared or has_template(auth)

@@ -35,6 +35,12 @@ LOOP_ITERATION_STARTED: Final = "loop.iteration.started"
 LOOP_ITERATION_DONE: Final = "loop.iteration.done"
 LOOP_ITERATION_FAILED: Final = "loop.iteration.failed"
 LOOP_DONE: Final = "loop.done"
+# The answer to a keychain check (`Command.keychain_check`): the playbook's declared keychain entries
+# resolved on a worker before the workflow starts (payload ``entries``: their names), or one of them
+# could not be (payload ``error``, naming the entry; never a value).
+KEYCHAIN_RESOLVED: Final = "keychain.resolved"
+KEYCHAIN_FAILED: Final = "keychain.failed"
+KEYCHAIN_EVENTS: Final = frozenset({KEYCHAIN_RESOLVED, KEYCHAIN_FAILED})
 
 SERVER_EVENTS: Final = frozenset(
     {
@@ -63,6 +69,8 @@ WORKER_EVENTS: Final = frozenset(
         LOOP_ITERATION_DONE,
         LOOP_ITERATION_FAILED,
         LOOP_DONE,
+        KEYCHAIN_RESOLVED,
+        KEYCHAIN_FAILED,
     }
 )
 
@@ -99,11 +107,14 @@ CONTROL_EVENTS: Final = frozenset(
 WORKFLOW_PAUSED: Final = "workflow.paused"
 WORKFLOW_RESUMED: Final = "workflow.resumed"
 
-# The events the controller's reducer folds, in stream order: the request, step boundaries
-# (including those the controller writes itself for router steps and distributed loops),
-# distributed-iteration results and operator actions. Replay folds exactly these.
+# The events the controller's reducer folds, in stream order: the request, the answer to its keychain
+# check, step boundaries (including those the controller writes itself for router steps and distributed
+# loops), distributed-iteration results and operator actions. Replay folds exactly these.
 CONTROLLER_INPUT_EVENTS: Final = (
-    BOUNDARY_EVENTS | {EXECUTION_REQUESTED, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED} | CONTROL_EVENTS
+    BOUNDARY_EVENTS
+    | KEYCHAIN_EVENTS
+    | {EXECUTION_REQUESTED, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED}
+    | CONTROL_EVENTS
 )
 
 # Legacy (000) aliases of boundary names, and the canonical boundaries each stands for. They exist only

@@ -137,4 +137,6 @@ class Timeline:
             return f"{payload.get('kind')}" + (f" → {do}" if do and do != "continue" else "")
         if name == E.REQUEST_REJECTED:
             return _compact(str(payload))
+        if name == E.KEYCHAIN_RESOLVED and isinstance(payload.get("entries"), list):
+            return _compact(", ".join(map(str, payload["entries"])))
         return ""

@@ -155,6 +155,10 @@ class Command(msgspec.Struct, omit_defaults=True):
     """The step's ``spec.policy.lifecycle.timeout_s``: the worker fails the run when it is exceeded."""
     keychain: list[KeychainDecl] = []
     """The playbook's keychain declarations, when the step's templates read ``keychain``."""
+    keychain_check: bool = False
+    """Not a step to run: resolve every declaration of ``keychain`` and answer with ``keychain.resolved``
+    or ``keychain.failed`` (the controller's check before the workflow starts). Such a command carries the
+    ``start`` step (``step``, ``step_def``) and the reserved run id ``keychain-check``; no task runs."""
     attachments: dict[str, str] = {}
     """Child playbook texts this step's ``kind: playbook`` tasks run, by path."""
     parent_iter: dict[str, Any] | None = None

@@ -23,6 +23,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream import events as E
 from noetl_stream.client import RunSummary, request_for
+from noetl_stream.control.keychaincheck import CHECK_FLAG
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.jsacks import Acks
 from noetl_stream.kv.keychain import CredentialNotFoundError
@@ -182,7 +183,7 @@ def requested(eid: str, text: str, file: str = "t.yaml") -> Event:
         entity_id=file,
         status="in_progress",
         timestamp=now_iso(),
-        payload={"request": msgspec.to_builtins(request_for(text, file, execution_id=eid))},
+        payload={"request": msgspec.to_builtins(request_for(text, file, execution_id=eid)), CHECK_FLAG: True},
     )
 
 

@@ -413,7 +413,8 @@ async def test_the_readme_flow_keychain_set_and_run_against_the_same_nats(
         out = one_json(proc)
         assert out["status"] == "failed"
         assert out["error"]["kind"] == "credential_error", out["error"]
-        assert out["error"]["step"] == "start"
+        # The keychain check ends the execution before any step runs, naming the entry.
+        assert out["error"]["step"] is None and out["error"]["entry"] == "pg_etl", out["error"]
         assert needs in out["error"]["message"], out["error"]
         assert pg.password not in proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr

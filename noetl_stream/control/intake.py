@@ -46,6 +46,7 @@ from noetl_stream.control.endpoints import (
     respond_error,
 )
 from noetl_stream.control.inspect import Inspector
+from noetl_stream.control.keychaincheck import CHECK_FLAG
 from noetl_stream.control.reducer import (
     PlanCache,
     invalid_playbook_error,
@@ -531,7 +532,9 @@ class Intake:
                 # Where steps naming no pool run (`ExecutionState.pool`). Recorded by this intake, not
                 # read from the request: requests stored before the pool was honoured replay as they ran.
                 **({"pool": request.pool} if request.pool else {}),
-                **({"rejected": error} if error else {}),
+                # That this controller resolves a declared keychain before the workflow starts: requests
+                # stored before it did replay as they ran (`control/keychaincheck.py`).
+                **({"rejected": error} if error else {CHECK_FLAG: True}),
             },
             trace_id=request.trace_id,
         )

@@ -3,8 +3,8 @@
 A command whose every delivery crashed its worker or timed out is reported by the server as a
 max-deliveries advisory, captured in the advisories stream. For each one the controller reads the
 command back, writes the failure boundary its worker never wrote (``step.failed``, or
-``loop.iteration.failed`` for an iteration of a distributed loop) with ``error.kind:
-max_deliver_exceeded``, and removes the command from the work queue.
+``loop.iteration.failed`` for an iteration of a distributed loop, ``keychain.failed`` for a keychain
+check) with ``error.kind: max_deliver_exceeded``, and removes the command from the work queue.
 """
 
 from __future__ import annotations
@@ -33,7 +33,16 @@ def failure_for(cmd: Command, deliveries: int) -> Event:
         "message": f"step '{cmd.step}': its command was delivered {deliveries} times and never completed "
         "(the worker crashed or exceeded the ack wait every time); giving up",
     }
-    if cmd.iteration is not None:
+    step: str | None = cmd.step
+    payload: dict[str, Any]
+    if cmd.keychain_check:  # the check, not a step: written as its worker would have (no step)
+        error["message"] = (
+            f"the keychain check was delivered {deliveries} times and never completed (the worker crashed "
+            "or exceeded the ack wait every time); giving up"
+        )
+        scope, name, entity, payload = cmd.step_run_id, E.KEYCHAIN_FAILED, "workflow", {"error": error}
+        step = None
+    elif cmd.iteration is not None:
         scope = f"{cmd.step_run_id}.{cmd.iteration.index}"
         name, entity, payload = (
             E.LOOP_ITERATION_FAILED,
@@ -48,11 +57,11 @@ def failure_for(cmd: Command, deliveries: int) -> Event:
         name=name,
         source="server",
         entity_type=entity,  # type: ignore[arg-type]
-        entity_id=scope,
+        entity_id=cmd.execution_id if step is None else scope,
         status="error",
         timestamp=now_iso(),
         payload=payload,
-        step=cmd.step,
+        step=step,
         step_run_id=cmd.step_run_id,
         trace_id=cmd.trace_id,
     )

@@ -23,6 +23,7 @@ from noetl_stream.control.effects import (
     server_event,
 )
 from noetl_stream.control.items import ItemsMissingError, LoopItems
+from noetl_stream.control.keychaincheck import CHECK_FLAG, check_command
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.control.transitions import Run as _Run
@@ -277,23 +278,12 @@ class Reducer:
                 trace_id=state.trace_id,
             )
         )
-        fx.events.append(
-            server_event(
-                state.execution_id,
-                E.WORKFLOW_STARTED,
-                "workflow",
-                state.path,
-                "in_progress",
-                "execution",
-                {"workload": state.workload},
-                trace_id=state.trace_id,
-            )
-        )
         run = _Run(self, state, plan, fx)
         run.timestamp = event.timestamp
         resume = raw.get("resume")
         if isinstance(resume, dict) and resume.get("tokens"):
             # A retry: the recorded results and ctx stand; only the given steps run again.
+            run.workflow_started()
             state.results = dict(resume.get("results") or {})
             state.ctx = dict(resume.get("ctx") or {})
             state.step_status = {k: str(v) for k, v in (resume.get("step_status") or {}).items()}
@@ -306,11 +296,12 @@ class Reducer:
                 run.schedule(token["step"], dict(token.get("args") or {}), None)
             run.check_complete()
             return state
-        if "start" not in plan.steps:
-            run.fail_execution({"kind": "invalid_playbook", "message": "no 'start' step"})
-        else:
-            run.deliver("start", pred=None, taken=True, args={}, cause=None)
-            run.check_complete()
+        check = check_command(plan, state) if event.payload.get(CHECK_FLAG) is True else None
+        if check is not None:  # the workflow starts when a worker has resolved the keychain
+            state.keychain_check = True
+            fx.commands.append(check)
+            return state
+        run.start_workflow()
         return state
 
     def _reject(self, state: ExecutionState, fx: Effects, error: dict[str, Any]) -> None:

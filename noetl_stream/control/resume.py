@@ -31,7 +31,7 @@ from noetl_stream.outbox import MSG_ID, Outbox
 from noetl_stream.subjects import Topology
 from noetl_stream.wire import Command, Event
 
-_RUN_OVER = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED})
+_RUN_OVER = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED, E.KEYCHAIN_FAILED})
 """Server events that end a command's run (the poison handler writes them for a worker)."""
 
 

@@ -108,6 +108,9 @@ class ExecutionState(msgspec.Struct):
     """The request's ``pool``, as the intake recorded it with ``playbook.execution.requested``: where
     steps without a ``spec.pool`` of their own run (before the playbook's ``executor.spec.pool`` and the
     controller's default pool)."""
+    keychain_check: bool = False
+    """The playbook's keychain is being checked (`control/keychaincheck.py`): the workflow starts when a
+    worker answers ``keychain.resolved``; until then no step runs and the execution does not complete."""
     paused: bool = False
     deferred: list[dict[str, Any]] = []
     """Tokens that arrived while paused: ``{step, args}``, scheduled on resume."""

@@ -10,6 +10,7 @@ from noetl_stream import events as E
 from noetl_stream.control.byref import guard
 from noetl_stream.control.effects import Blob, Effects, LoopResults, _epoch, _plain, server_event
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
+from noetl_stream.control.keychaincheck import CHECK_RUN, check_error
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState, JoinState, LoopRun, StepRun
 from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
@@ -72,6 +73,8 @@ class Run:
             self.on_boundary(event)
         elif event.name in (E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED):
             self.on_iteration(event)
+        elif event.name in E.KEYCHAIN_EVENTS:
+            self.on_keychain(event)
         elif event.name == E.EXECUTION_CANCEL_REQUESTED:
             self.stop(
                 "cancelled", {"kind": "cancelled", "message": str(event.payload.get("reason") or "cancelled")}
@@ -256,7 +259,7 @@ class Run:
     def pool(self, step: Step) -> str:
         """The step's own ``spec.pool``, else the request's, else the playbook's (``executor.spec.pool``,
         else the controller's default)."""
-        return str(step.spec.get("pool") or self.state.pool or self.plan.pool)
+        return self.plan.pool_of(step, self.state.pool)
 
     def command(self, step: Step, run: StepRun, iteration: Iteration | None) -> Command:
         s = self.state
@@ -492,6 +495,9 @@ class Run:
 
     def on_boundary(self, event: Event) -> None:
         run = self.state.runs.get(event.step_run_id or "")
+        if run is None and event.step_run_id == CHECK_RUN and event.name != E.LOOP_DONE:
+            self.on_keychain(event)  # the check, answered by a worker of an earlier release
+            return
         if run is None:
             self.fx.ignored = self.no_run(event)
             return
@@ -635,6 +641,43 @@ class Run:
         )
         return None
 
+    # -- start ------------------------------------------------------------------------------------
+    def workflow_started(self) -> None:
+        s = self.state
+        self.emit(
+            E.WORKFLOW_STARTED, "workflow", s.path, "in_progress", "execution", {"workload": s.workload}
+        )
+
+    def start_workflow(self) -> None:
+        """``workflow.started`` and a token for ``start``."""
+        self.workflow_started()
+        if "start" not in self.plan.steps:
+            self.fail_execution({"kind": "invalid_playbook", "message": "no 'start' step"})
+        else:
+            self.deliver("start", pred=None, taken=True, args={}, cause=None)
+            self.check_complete()
+
+    def on_keychain(self, event: Event) -> None:
+        """A worker's answer to the keychain check (`control/keychaincheck.py`): the workflow starts, or
+        the execution fails with the entry that could not be resolved, before any step runs. A worker of
+        an earlier release answers with ``step.done`` or ``step.failed``."""
+        s = self.state
+        if not s.keychain_check:
+            self.fx.ignored = (
+                "no keychain check is pending in this execution (a duplicate answer, or a forged one)"
+            )
+            return
+        if event.step_run_id != CHECK_RUN:
+            self.fx.ignored = f"it names run {event.step_run_id!r}, not the keychain check's '{CHECK_RUN}'"
+            return
+        s.keychain_check = False
+        if event.name in (E.KEYCHAIN_RESOLVED, E.STEP_DONE):
+            self.start_workflow()
+            return
+        s.status = "failed"
+        s.error = {**check_error(event.payload), "step": None}
+        self.finish()
+
     # -- completion -------------------------------------------------------------------------------
     def pause(self, event: Event) -> None:
         """Schedule nothing new: tokens wait in ``deferred``; running steps finish and are routed."""
@@ -659,6 +702,7 @@ class Run:
         self.state.status = status  # type: ignore[assignment]
         self.state.error = error
         self.state.deferred = []
+        self.state.keychain_check = False
         self.finish()
 
     def fail_execution(self, error: dict[str, Any]) -> None:
@@ -666,7 +710,7 @@ class Run:
 
     def check_complete(self) -> None:
         s = self.state
-        if s.terminal or s.runs or s.deferred:
+        if s.terminal or s.runs or s.deferred or s.keychain_check:
             return
         # Nothing runs, so predecessors a join still waits for can no longer arrive (a path the
         # graph analysis could not rule out): a join holding a token runs now, the others are dead.

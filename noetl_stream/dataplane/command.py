@@ -1,4 +1,5 @@
-"""Running one command: the step's pipeline, local loop or distributed iteration, and its worker events.
+"""Running one command: the step's pipeline, local loop or distributed iteration (or the controller's
+keychain check), and its worker events.
 
 `CommandRun` renders the step's inputs, resolves its keychain entries and results by reference, runs
 the pipeline, and collects the events it writes. `fit` keeps every event under the server's payload
@@ -71,7 +72,8 @@ class CommandRun:
         self.wake: asyncio.Event | None = None
         self.watcher: asyncio.Task[None] | None = None
         """Publishes progress and keeps the message alive while the command runs long (worker.py)."""
-        self.trace = tracing.step_run(cmd, worker.name)  # None unless OpenTelemetry tracing is on
+        # None unless OpenTelemetry tracing is on (a keychain check is no step run: no span)
+        self.trace = None if cmd.keychain_check else tracing.step_run(cmd, worker.name)
         self.trace_id = cmd.trace_id if self.trace is None else self.trace.trace_id
         """What the events carry: the request's trace id, the trace's when tracing is on, else None."""
         self._stored: dict[str, dict[str, Any]] = {}
@@ -96,9 +98,12 @@ class CommandRun:
         payload: dict[str, Any],
         task_run_id: str | None = None,
         at: tuple[str, int] | None = None,
+        *,
+        of_step: bool = True,
     ) -> None:
         """Queue a worker event; `at` (ISO timestamp, epoch ns): when it happened, if not now (a held
-        task event written later, `TaskEvents`)."""
+        task event written later, `TaskEvents`); `of_step` false: an event of no step (a keychain check's
+        answer), with the command's run id all the same."""
         cmd = self.cmd
         if self.trace is not None:
             self.trace.on_event(name, status, entity_id, payload, at[1] if at is not None else None)
@@ -115,7 +120,7 @@ class CommandRun:
                 status=status,  # type: ignore[arg-type]
                 timestamp=now_iso() if at is None else at[0],
                 payload=payload,
-                step=cmd.step,
+                step=cmd.step if of_step else None,
                 step_run_id=cmd.step_run_id,
                 task_run_id=task_run_id,
                 trace_id=self.trace_id,
@@ -278,6 +283,9 @@ class CommandRun:
     async def execute(self) -> None:
         """Run the command under its step's ``lifecycle.timeout_s`` (this delivery) and ``deadline_s``
         (what is left of it since the controller issued the command), whichever ends first."""
+        if self.cmd.keychain_check:  # no step: none of its limits applies
+            await self.check_keychain()
+            return
         try:
             timeout = self.cmd.timeout_s
             if timeout is not None and timeout <= 0:
@@ -293,6 +301,36 @@ class CommandRun:
                 await self.run()
         finally:
             self.release_held()  # an error or a cancellation: nothing held is dropped unseen
+
+    async def check_keychain(self) -> None:
+        """The controller's keychain check (`Command.keychain_check`): resolve every declaration the
+        command carries as a step would, run no task, and answer ``keychain.resolved`` with their names,
+        or ``keychain.failed`` naming the first that cannot be resolved (never a value)."""
+        cmd = self.cmd
+        run_id = cmd.step_run_id
+        try:
+            await resolve_keychain(cmd.keychain, self.worker.services)
+        except CredentialError as exc:
+            self.event(
+                E.KEYCHAIN_FAILED,
+                "workflow",
+                cmd.execution_id,
+                "error",
+                run_id,
+                {"error": _credential_error(exc)},
+                of_step=False,
+            )
+            return
+        entries = [decl.name for decl in cmd.keychain]
+        self.event(
+            E.KEYCHAIN_RESOLVED,
+            "workflow",
+            cmd.execution_id,
+            "success",
+            run_id,
+            {"entries": entries},
+            of_step=False,
+        )
 
     def deadline_left(self) -> float | None:
         """Seconds left of the step's ``lifecycle.deadline_s``, counted from the command's ``issued_at``
@@ -382,7 +420,7 @@ class CommandRun:
             try:
                 resolved, secrets = await resolve_keychain(cmd.keychain, self.worker.services)
             except CredentialError as exc:
-                self.fail({"kind": "credential_error", "retryable": False, "message": str(exc)})
+                self.fail(_credential_error(exc))
                 return
             scope["keychain"] = resolved
             # `auth: <name>` of a task resolves the step's declarations first, as templates do.
@@ -630,7 +668,13 @@ def _plain(done: dict[str, Any]) -> bool:
     )
 
 
-_FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED})
+_FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED, E.KEYCHAIN_FAILED})
+
+
+def _credential_error(exc: CredentialError) -> dict[str, Any]:
+    """The error of a declared keychain entry that could not be resolved: its name, where it was looked
+    for, never a value."""
+    return {"kind": "credential_error", "retryable": False, "message": str(exc), "entry": exc.entry}
 
 
 def _log_failure(logger: Any, name: str, payload: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""``{{ keychain.<name> }}``: the worker resolves a step's keychain declarations before it runs.
+"""``{{ keychain.<name> }}``: the worker resolves a step's keychain declarations before it runs (and all
+of a playbook's, for the controller's keychain check before its workflow starts).
 
 Providers, chosen by the declaration's fields:
 
@@ -25,7 +26,11 @@ from noetl_stream.wire import KeychainDecl
 
 
 class CredentialError(NoetlError):
-    """A declared credential is not available to this worker."""
+    """A declared credential is not available to this worker; `entry` names it (the message too)."""
+
+    def __init__(self, message: str, entry: str) -> None:
+        super().__init__(message)
+        self.entry = entry
 
 
 async def resolve_keychain(
@@ -55,13 +60,13 @@ async def resolve_keychain(
                 message = f"keychain entry '{decl.name}' is not available (environment variable {cfg['env']})"
             else:  # the same words as a tool's `auth:` lookup of the store
                 message = f"no keychain entry '{decl.name}' in the keychain store"
-            raise CredentialError(message) from None
+            raise CredentialError(message, decl.name) from None
         except OSError as exc:
             raise CredentialError(
-                f"keychain entry '{decl.name}': cannot read {cfg['file']}: {exc.strerror}"
+                f"keychain entry '{decl.name}': cannot read {cfg['file']}: {exc.strerror}", decl.name
             ) from None
         except NoetlError as exc:
-            raise CredentialError(f"keychain entry '{decl.name}': {exc}") from None
+            raise CredentialError(f"keychain entry '{decl.name}': {exc}", decl.name) from None
         fields.setdefault("kind", decl.kind)
         resolved[decl.name] = fields
         secrets |= secret_strings(fields)  # the values and the encoded forms a tool sends them in

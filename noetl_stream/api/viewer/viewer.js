@@ -430,7 +430,10 @@
         return `${p.task}: ${p.status}` + (p.do && p.do !== "continue" ? ` → ${p.do}` : "") + (p.error ? ` · ${err(p.error)}` : "");
       case "step.failed":
       case "loop.iteration.failed":
+      case "keychain.failed":
         return (p.index !== undefined ? `#${p.index} ` : "") + err(p.error);
+      case "keychain.resolved":
+        return (p.entries || []).join(", ");
       case "step.skipped":
         return p.reason || "";
       case "loop.iteration.started":

@@ -407,7 +407,7 @@ async def test_playbook_retries_a_real_serialization_failure(
     bumps = r.tasks("start", "bump")
     assert [e.payload["status"] for e in bumps] == ["error", "ok"]
     assert bumps[0].payload["error"]["kind"] == "pg_error"
-    assert "40001" in bumps[0].payload["error"]["message"]
+    assert "[40001]" in bumps[0].payload["error"]["message"]  # our "<type> [<sqlstate>]: ..." form
     assert r.step_result("start")["rows"] == [{"v": 11}]
 
 

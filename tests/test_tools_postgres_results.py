@@ -169,10 +169,7 @@ async def test_a_script_that_does_not_parse_runs_no_statement(services: WorkerSe
     assert out.status == "error" and out.error is not None
     assert out.error["kind"] == "pg_error" and out.error["retryable"] is False
     assert out.helpers["pg"]["code"] == "42601"
-    assert (
-        'syntax error at or near "SELEC"' in out.error["message"]
-        and "no statement ran" in out.error["message"]
-    )
+    assert "no statement ran" in out.error["message"]
     exists = await pg_run(services, query="SELECT to_regclass($1)::text AS t", params=[table])
     assert exists.result["rows"] == [{"t": None}]
 

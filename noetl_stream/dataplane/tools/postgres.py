@@ -104,7 +104,7 @@ _DSN_PROBLEMS = (
 # value is no longer the secret it starts with, so redaction by exact match misses it: the value is
 # dropped from the message (`_without_values`).
 _ARGUMENT_VALUE = re.compile(
-    r"(invalid input for query argument \$\d+(?: in element #\d+ of executemany\(\) sequence)?): ",
+    r"invalid input for query argument \$(\d+)(?: in element #(\d+) of executemany\(\) sequence)?: ",
 )
 
 
@@ -404,17 +404,18 @@ async def _run_all(
 
 
 def _without_values(message: str, exc: BaseException, values: frozenset[str]) -> str:
-    """`message` without the parameter value asyncpg quotes in it: "invalid input for query argument
-    $1 (<reason>)". The reason is the codec's exception (``exc.__cause__``), which may quote the whole
-    value too (``invalid UUID '...'``): the task's text parameters `values` are masked in it."""
+    """`message` in our words without the parameter value asyncpg quotes in it: "the value of parameter
+    $1 (of row #2 of many) does not fit its type (<reason>)". The reason is the codec's exception
+    (``exc.__cause__``), which may quote the whole value too (``invalid UUID '...'``): the task's text
+    parameters `values` are masked in it."""
     match = _ARGUMENT_VALUE.search(message)
     if match is None:
         return message
     cause = exc.__cause__
     reason = str(cause) if cause is not None else ""
-    if not reason or not message.endswith(f" ({reason})"):
-        reason = "the value does not fit the parameter's type"
-    return f"{message[: match.start()]}{match.group(1)} ({redact(reason, values)})"
+    detail = f" ({redact(reason, values)})" if reason and message.endswith(f" ({reason})") else ""
+    row = f" of row #{match.group(2)} of many" if match.group(2) is not None else ""
+    return f"{message[: match.start()]}the value of parameter ${match.group(1)}{row} does not fit its type{detail}"
 
 
 def _text_values(stmts: Sequence[_Statement]) -> frozenset[str]:

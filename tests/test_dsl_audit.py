@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from dsl_support import HEADER, assert_accepted_with, assert_rejected_with, steps
+from dsl_support import HEADER, LIBRARY, assert_accepted_with, assert_rejected_with, steps
 
 from noetl_stream.cli import main
 from noetl_stream.dsl import compile_playbook
@@ -303,8 +303,7 @@ workflow:
     pytest.param(
         steps("  - step: st\x01art\n    tool: {kind: noop}\n"),
         [
-            "bad.yaml:7:13: YAML syntax error: unacceptable character #x0001: special characters are not "
-            "allowed (at <root>)",
+            f"bad.yaml:7:13: YAML syntax error: {LIBRARY} (at <root>)",
         ],
         id="control-character-located",
     ),

@@ -234,6 +234,8 @@ class Outcome:
     summary: RunSummary
     failed: list[Event]
     """The ``step.failed`` events, handled ones too."""
+    check_step: str
+    """The playbook's last step, its check."""
 
     @property
     def status(self) -> str:
@@ -242,9 +244,6 @@ class Outcome:
     @property
     def result(self) -> Any:
         return self.summary.result
-
-    check_step: str = ""
-    """The playbook's last step, its check."""
 
     @property
     def ok(self) -> bool:

@@ -5,7 +5,7 @@ Rejected by default with the canonical replacement; translated with the legacy e
 from __future__ import annotations
 
 import pytest
-from dsl_support import assert_rejected_with, steps
+from dsl_support import LIBRARY, assert_rejected_with, steps
 
 from noetl_stream.dsl import compile_playbook
 
@@ -28,21 +28,40 @@ def arc(when: str) -> str:
     )
 
 
-@pytest.mark.parametrize(
-    ("alias", "use"),
-    [
-        ("call.done", "'step.done' or 'loop.done'"),
-        ("call.error", "'step.failed'"),
-        ("step.exit", "'step.done' or 'step.failed' or 'loop.done'"),
-    ],
-)
-def test_an_event_alias_in_a_canonical_playbook_is_an_error(alias: str, use: str) -> None:
+def test_step_exit_in_a_canonical_playbook_is_an_error() -> None:
+    """``call.done``/``call.error`` in an arc condition are NoETL's names, accepted (tests/
+    test_dsl_dialect_routing.py); ``step.exit`` is 000's alone."""
     assert_rejected_with(
-        arc(f"{{{{ event.name == '{alias}' }}}}"),
+        arc("{{ event.name == 'step.exit' }}"),
         [
-            f"bad.yaml:9:39: step 'start': '{alias}' is a legacy event alias; use {use} (enable legacy "
-            "extensions to translate it): validate or run with --legacy, or declare "
-            "executor.spec.extensions: [legacy] (at workflow[0].next.arcs[0].when)"
+            "bad.yaml:9:39: step 'start': 'step.exit' is a legacy event alias; use 'step.done' or "
+            "'step.failed' or 'loop.done' (enable legacy extensions to translate it): validate or run with "
+            "--legacy, or declare executor.spec.extensions: [legacy] (at workflow[0].next.arcs[0].when)"
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("alias", "use"), [("call.done", "'step.done' or 'loop.done'"), ("call.error", "'step.failed'")]
+)
+def test_an_event_alias_outside_an_arc_condition_is_an_error(alias: str, use: str) -> None:
+    text = steps(
+        f"""\
+  - step: start
+    tool: {{kind: noop}}
+    next: {{arcs: [{{step: after}}]}}
+  - step: after
+    spec: {{policy: {{admit: {{rules: [{{when: "{{{{ event.name == '{alias}' }}}}", then: {{allow: true}}}}]}}}}}}
+    tool: {{kind: noop}}
+"""
+    )
+    assert_rejected_with(
+        text,
+        [
+            LIBRARY,  # (admit-all)
+            f"bad.yaml:11:44: step 'after': '{alias}' is a legacy event alias; use {use} (enable legacy "
+            "extensions to translate it): validate or run with --legacy, or declare executor.spec.extensions: "
+            "[legacy] (at workflow[1].spec.policy.admit.rules[0].when)",
         ],
     )
 
@@ -173,7 +192,7 @@ def test_legacy_spellings_in_a_step_with_other_errors_are_reported_in_the_same_p
     tool:
       kind: noop
       spec: {policy: {rules: [{when: "{{ outcome.status == 'success' }}", then: {do: break}}]}}
-    next: {arcs: [{step: after, when: "{{ event.name == 'call.done' }}"}]}
+    next: {arcs: [{step: after, when: "{{ event.name == 'step.exit' }}"}]}
   - step: after
     tool: {kind: noop}
 """

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dsl_support import assert_accepted_with, assert_rejected_with, steps
+from dsl_support import LIBRARY, assert_accepted_with, assert_rejected_with, steps
 
 from noetl_stream.dsl import compile_playbook
 from noetl_stream.dsl.templates import evaluate_when
@@ -107,6 +107,7 @@ def test_a_mixed_arc_condition_on_a_looped_step_with_set_is_reported_not_rewritt
           when: "{{ workload.a }} and {{ workload.b }}"
 """),
         [
+            f"bad.yaml:10:5: warning: step 'start': {LIBRARY} (at workflow[0].set)",  # (dialect)
             f"bad.yaml:14:17: step 'start': arc 'when' {MIXED} \"{{{{ workload.a and workload.b }}}}\" "
             "(at workflow[0].next.arcs[0].when)",
         ],

@@ -28,8 +28,8 @@ class Plan:
     template there, which may render to one): their commands carry the playbook's keychain declarations
     (the worker resolves them)."""
     scoped_routes: frozenset[str] = frozenset()
-    """Steps whose routing renders something (an arc's ``when`` or ``args``): only their boundaries need a
-    template scope (building one copies the workload and every result so far)."""
+    """Steps whose routing renders something (an arc's ``when``, ``args`` or ``set``): only their boundaries
+    need a template scope (building one copies the workload and every result so far)."""
 
     @classmethod
     def build(cls, playbook: Playbook, text: str, content_hash: str, default_pool: str = "default") -> Plan:
@@ -55,7 +55,7 @@ class Plan:
         scoped = {
             s.name
             for s in playbook.workflow
-            if s.next is not None and any(a.when is not None or a.args for a in s.next.arcs)
+            if s.next is not None and any(a.when is not None or a.args or a.set_ctx for a in s.next.arcs)
         }
         return cls(
             keychain_readers=frozenset(readers),

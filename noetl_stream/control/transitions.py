@@ -531,6 +531,11 @@ class Run:
                 (a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
                 for a in fired
             ]
+            writes = [  # an arc's `set:` (NoETL's): every value renders before any is written
+                render_value(a.set_ctx, scope, f"step '{name}' arc '{a.step}' set")
+                for a in fired
+                if a.set_ctx
+            ]
         except (RenderError, _Unroutable) as exc:
             error = (
                 exc.error if isinstance(exc, _Unroutable) else {"kind": "template_error", "message": str(exc)}
@@ -559,6 +564,8 @@ class Run:
             self.state.unhandled.append(
                 {"step": name, "step_run_id": run.run_id, "error": payload.get("error") or {"kind": "error"}}
             )
+        if writes:
+            self.write_ctx(run, writes)
         taken = {a.step for a, _ in arcs}
         # A step that routed back into a cycle (a back edge or a self-loop) has not finished with its
         # forward successors: its later run decides for them. Only a run that leaves the cycle does.
@@ -640,6 +647,29 @@ class Run:
             event.step_run_id,
         )
         return None
+
+    def write_ctx(self, run: StepRun, patches: list[dict[str, Any]]) -> None:
+        """The controller's own ctx writes for `run` (the ``set:`` of the arcs its boundary took),
+        recorded like a run's patches (``ctx.patched``). They render against the ctx as it is now, so
+        they cannot lose another run's write; a run that read an older value and writes the key later
+        conflicts with them as with any write (`apply_ctx_patches`). A replay renders them again from
+        the same state: the same values."""
+        s = self.state
+        for patch in patches:
+            s.ctx.update(patch)
+            s.ctx_revision += 1
+            for key in patch:
+                s.ctx_written[key] = (s.ctx_revision, run.run_id)
+        self.emit(
+            E.CTX_PATCHED,
+            "workflow",
+            s.execution_id,
+            "success",
+            f"{run.run_id}.next",
+            {"patches": patches, "revision": s.ctx_revision},
+            run.step,
+            run.run_id,
+        )
 
     # -- start ------------------------------------------------------------------------------------
     def workflow_started(self) -> None:

@@ -484,7 +484,7 @@ class CommandRun:
         scope_id = f"{cmd.step_run_id}.{it.index}"
         self.event(E.LOOP_ITERATION_STARTED, "loop", scope_id, "in_progress", scope_id, {"index": it.index})
         scope = iteration_scope(loop.iterator, it.item, it.index, cmd.parent_iter)
-        inp = replace(base, scope_id=scope_id, iter=scope, allow_set_ctx=loop.spec.mode == "sequential")
+        inp = replace(base, scope_id=scope_id, iter=scope)
         with in_iteration(scope):
             res = await run_pipeline(inp, self.task_hook(scope_id))
         self.settle(scope_id, res.status == "ok")

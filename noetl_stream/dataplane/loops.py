@@ -100,7 +100,6 @@ async def run_local_loop(
                 scope=scope,
                 scope_id=f"{base.scope_id}.{index}",
                 iter=it,
-                allow_set_ctx=not parallel,
             )
             with in_iteration(it):
                 res: PipelineResult = await run_pipeline(inp, on_task(index) if on_task else None)

@@ -7,7 +7,8 @@ import decimal
 import ipaddress
 import re
 import uuid
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -38,6 +39,62 @@ class Outcome(msgspec.Struct, omit_defaults=True):
         scope: dict[str, Any] = dict(self.helpers)
         scope.update(status=self.status, result=self.result, error=self.error or {}, meta=self.meta)
         return scope
+
+    def as_output(self) -> OutputView:
+        """What a task policy sees as ``output``: NoETL's envelope of this outcome (`OutputView`)."""
+        return OutputView(self)
+
+
+class OutputView(Mapping[str, Any]):
+    """NoETL's envelope of a task's outcome, ``output`` in its policy: ``{status, data, error, http,
+    meta}``. ``data`` is the tool's result as it is (an http task's body is ``output.data.data``, a SQL
+    task's rows ``output.data.rows``); ``error`` is ``{kind, retryable, code, message, status_code}``
+    (nulls and false on success, so ``output.error.retryable`` is false there); ``http`` is ``{status,
+    headers}`` (nulls for other kinds); ``meta`` has ``attempt`` and ``duration_ms`` besides the
+    outcome's own. A view: each key is built when a template reads it, none for a rule that does not."""
+
+    __slots__ = ("_outcome",)
+    KEYS: ClassVar[tuple[str, ...]] = ("status", "data", "error", "http", "meta")
+
+    def __init__(self, outcome: Outcome) -> None:
+        self._outcome = outcome
+
+    def __getitem__(self, key: str) -> Any:
+        o = self._outcome
+        if key == "status":
+            return o.status
+        if key == "data":
+            return o.result
+        if key == "error":
+            error = o.error or {}
+            http = o.helpers.get("http")
+            pg = o.helpers.get("pg")
+            status = error.get("status", http.get("status") if isinstance(http, dict) and o.error else None)
+            code = error.get("code", pg.get("code") if isinstance(pg, dict) else None)
+            return {
+                "kind": error.get("kind"),
+                "retryable": bool(error.get("retryable", False)),
+                "code": code,
+                "message": error.get("message"),
+                "status_code": status,
+            }
+        if key == "http":
+            http = o.helpers.get("http")
+            if not isinstance(http, dict):
+                return {"status": None, "headers": {}}
+            return {"status": http.get("status"), "headers": http.get("headers") or {}}
+        if key == "meta":
+            meta = dict(o.meta)
+            duration = meta.get("duration_s")
+            meta["duration_ms"] = round(duration * 1000, 3) if isinstance(duration, (int, float)) else None
+            return meta
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.KEYS)
+
+    def __len__(self) -> int:
+        return len(self.KEYS)
 
 
 _AS_TEXT = (

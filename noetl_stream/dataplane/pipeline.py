@@ -64,7 +64,6 @@ class PipelineInput:
     """The base scope: workload (also bare), results, ctx, args, execution_id, keychain."""
     executor_spec: dict[str, Any] = field(default_factory=dict)
     iter: dict[str, Any] | None = None
-    allow_set_ctx: bool = True
     services: WorkerServices | None = None
     scope_id: str = ""
     """``<step_run_id>[.<iteration>]``: makes ids minted by tools (child executions) deterministic."""
@@ -174,6 +173,8 @@ async def run_pipeline(
             # (what a policy's error names; without a policy nothing renders)
             where = f"step '{step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
             scope["outcome"] = outcome.as_scope()
+            shadowed = scope.get("output", _NONE)  # (a task or step named `output`: read again after)
+            scope["output"] = outcome.as_output()  # NoETL's envelope, a view (built only where read)
             delay = 0.0
             try:
                 then, rule = decide(task.policy, outcome.status, scope, where)
@@ -185,6 +186,10 @@ async def run_pipeline(
                 meta, outcome = outcome.meta, Outcome.fail("template_error", str(exc))
                 outcome.meta = meta
             scope.pop("outcome", None)
+            if shadowed is _NONE:
+                del scope["output"]
+            else:
+                scope["output"] = shadowed
             if outcome.secret:
                 secrets |= secret_strings(outcome.result)
                 hide = Redactor(secrets)
@@ -209,16 +214,7 @@ async def run_pipeline(
             set_iter, set_ctx = patches
             if set_iter:
                 iter_scope.update(set_iter)
-            if set_ctx:
-                if not inp.allow_set_ctx:
-                    out.status = "error"
-                    out.error = {
-                        "kind": "set_ctx_not_allowed",
-                        "retryable": False,
-                        "message": f"step '{step.name}' task '{task.name}': set_ctx is not allowed in "
-                        "parallel loop iterations (use set_iter and read the loop result)",
-                    }
-                    break
+            if set_ctx:  # (in parallel iterations too: the iteration that ends last wins, docs/semantics.md)
                 ctx.update(set_ctx)
                 out.ctx_patches.append(set_ctx)
             if outcome.status == "ok":
@@ -292,6 +288,9 @@ async def run_pipeline(
         if nested is not None:
             current_iteration.reset(nested)
         close_resources(resources)
+
+
+_NONE = object()
 
 
 def _forget(scope: dict[str, Any], base: dict[str, Any], name: str) -> None:

@@ -402,6 +402,8 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 # legacy spellings below are reported with them (all at once, not after the fixes).
                 compiled = path[1] in labels_by_index
                 known = base | labels_by_index.get(path[1], set())
+                if path[2:3] == ("tool",) and "policy" in path:
+                    known = known | {"output"}  # a task policy's: NoETL's envelope of the outcome
             if success_to_ok(text) != text:
                 c.error(
                     path,

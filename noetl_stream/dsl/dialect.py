@@ -15,6 +15,17 @@
   has, still route from the loop step itself.
 * Task ``input:`` is the task's ``args``; given beside ``args:``, the two mappings are merged and
   ``input``'s keys win. Step ``input:`` stays on the step (``Step.input``).
+* ``set:`` keys: ``ctx.k`` and ``iter.k`` write those scopes; ``step.k`` and a bare ``k`` write ``ctx``
+  on a step, an arc and a policy ``then``, and on a task a name its step's later tasks read: it is kept
+  in the step run's ``iter`` and their ``{{ k }}`` reads ``iter.k``. A policy ``then``'s ``set:``
+  becomes its ``set_ctx``/``set_iter``; an arc's stays on the arc, its keys as ctx names (the
+  controller writes them when the arc fires, ``Arc.set_ctx``).
+* Task policies: ``else: {do: ...}`` is ``else: {then: {do: ...}}``; ``jump`` ``to: previous`` names the
+  task before; ``backoff: fixed`` (and any name we do not know) is ``none``, the same delay each time.
+* Arc conditions: ``'call.done'`` is ``'step.done'`` (``'loop.done'`` on a looped step) and
+  ``'call.error'`` is ``'step.failed'``.
+
+Each form gets a warning (code ``dialect``) naming its canonical spelling.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.rewrite import (
     Rewrite,
     SplitError,
+    alias_literals,
+    aliases_to_canonical,
     as_expression,
     inner,
     reads,
@@ -37,9 +50,15 @@ from noetl_stream.dsl.rewrite import (
     template,
 )
 from noetl_stream.dsl.source import SourceMap
+from noetl_stream.events import LOOP_DONE, STEP_DONE, STEP_FAILED
 
 SCOPES = {"ctx": "set_ctx", "iter": "set_iter"}
-ERROR = "{{ outcome.status == 'error' }}"
+STEP_SCOPE = "step"
+"""``set: {step.k: ...}``: the same as a bare ``k``."""
+CALL_NAMES = {"call.done": (STEP_DONE,), "call.error": (STEP_FAILED,)}
+CALL_NAMES_LOOPED = {"call.done": (LOOP_DONE,), "call.error": (STEP_FAILED,)}
+"""NoETL's boundary names in arc conditions, and ours (a looped step ends with ``loop.done``)."""
+OK = "{{ outcome.status == 'ok' }}"
 FAILED = "event.name == 'step.failed'"
 SUCCEEDED = "event.name != 'step.failed'"
 SOURCE_ARGS = "source_args"
@@ -71,11 +90,78 @@ def has_dialect(data: Any) -> bool:
     workflow = data.get("workflow") if isinstance(data, dict) else None
     for step in workflow if isinstance(workflow, list) else []:
         if isinstance(step, dict):
-            if "set" in step:
+            if "set" in step or any("set" in arc or _call_names(arc.get("when")) for arc in _arcs(step)):
                 return True
-            if any("set" in body or "input" in body for _, body, _ in _tasks(step)):
-                return True
+            for _, body, _ in _tasks(step):
+                if "set" in body or "input" in body or any(_then_forms(r) for r in _rules(body)):
+                    return True
     return False
+
+
+def _arcs(step: dict[str, Any]) -> list[dict[str, Any]]:
+    nxt = step.get("next")
+    arcs = nxt.get("arcs") if isinstance(nxt, dict) else None
+    return [a for a in arcs if isinstance(a, dict)] if isinstance(arcs, list) else []
+
+
+def _rules(task: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = task.get("spec")
+    policy = spec.get("policy") if isinstance(spec, dict) else None
+    rules = policy.get("rules") if isinstance(policy, dict) else None
+    return [r for r in rules if isinstance(r, dict)] if isinstance(rules, list) else []
+
+
+def _call_names(when: Any) -> bool:
+    return isinstance(when, str) and any(a in CALL_NAMES for a in alias_literals(when))
+
+
+def _shorthand_else(rule: dict[str, Any]) -> bool:
+    """``- else: {do: ...}``: NoETL's ``else`` without ``then``."""
+    body = rule.get("else")
+    return isinstance(body, dict) and "then" not in body and "do" in body and not {"when", "then"} & set(rule)
+
+
+def _then_forms(rule: dict[str, Any]) -> bool:
+    """Whether a policy rule uses a dialect form (``else`` shorthand, ``then.set``, ``to: previous``, a
+    backoff name of NoETL's)."""
+    if _shorthand_else(rule):
+        return True
+    then = rule["else"].get("then") if isinstance(rule.get("else"), dict) else rule.get("then")
+    if not isinstance(then, dict):
+        return False
+    backoff = then.get("backoff")
+    return (
+        "set" in then
+        or (then.get("do") == "jump" and then.get("to") == "previous")
+        or (isinstance(backoff, str) and backoff not in V.BACKOFF_VALUES)
+    )
+
+
+def _reads_output(rule: dict[str, Any], rpath: Path) -> Path | None:
+    """The authored path of the first template of a rule (its ``when``, its ``then`` values) that reads
+    ``output``."""
+    for key in ("when", "then", "else"):
+        if key in rule:
+            found = _first_read(rule[key], (*rpath, key), "output")
+            if found is not None:
+                return found
+    return None
+
+
+def _first_read(value: Any, path: Path, name: str) -> Path | None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _first_read(v, (*path, k), name)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _first_read(v, (*path, i), name)
+            if found is not None:
+                return found
+    elif name in reads(value):
+        return path
+    return None
 
 
 class _Reject(Exception):
@@ -92,35 +178,63 @@ class Dialect:
         self.diagnostics.append(self.smap.diagnostic(path, message, at_key=True, code="dialect"))
         return _Reject(message)
 
+    def warn(self, path: Path, message: str, code: str = "dialect") -> None:
+        self.diagnostics.append(
+            self.smap.diagnostic(path, message, severity="warning", at_key=True, code=code)
+        )
+
     def scoped(
-        self, raw: Any, path: Path, who: str, where: dict[tuple[str, str], Path] | None = None
+        self,
+        raw: Any,
+        path: Path,
+        who: str,
+        where: dict[tuple[str, str], Path] | None = None,
+        local: set[str] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """``set:`` keys by scope: ``{"set_ctx": {...}, "set_iter": {...}}``; `where` gets the authored
-        path of each ``(scope, name)``."""
+        path of each ``(scope, name)``. A bare key and a ``step.`` key write ctx, or, with `local` (a
+        task's ``set:``), the step run's ``iter``, their names added to `local`."""
         if where is None:
             where = {}
         if not isinstance(raw, dict) or not raw:
             raise self.error(path, f"{who}: 'set' must be a mapping like {{ctx.total: ..., iter.page: ...}}")
+        bare = "set_iter" if local is not None else "set_ctx"
         out: dict[str, dict[str, Any]] = {}
+
+        def put(scope: str, name: str, value: Any, at: Path) -> None:
+            self._name(name, at, who)
+            if name in out.get(scope, {}):
+                raise self.error(
+                    at, f"{who}: 'set' writes '{name}' twice (a key with a scope and one without)"
+                )
+            out.setdefault(scope, {})[name] = value
+            where[(scope, name)] = at
+
         for key, value in raw.items():
             key = str(key)
             if key in SCOPES and isinstance(value, dict):
                 for name, v in value.items():
-                    self._name(str(name), (*path, key, name), who)
-                    out.setdefault(SCOPES[key], {})[str(name)] = v
-                    where[(SCOPES[key], str(name))] = (*path, key, name)
+                    put(SCOPES[key], str(name), v, (*path, key, name))
                 continue
             scope, dot, name = key.partition(".")
-            if not dot or scope not in SCOPES:
+            if not dot:
+                scope, name = STEP_SCOPE, key
+                if key in (*SCOPES, STEP_SCOPE):
+                    raise self.error(
+                        (*path, key),
+                        f"{who}: 'set' key '{key}' needs a name: '{key}.<name>' (or '{key}: {{...}}')",
+                    )
+            if scope == STEP_SCOPE:
+                put(bare, name, value, (*path, key))
+                if local is not None:
+                    local.add(name)
+            elif scope in SCOPES:
+                put(SCOPES[scope], name, value, (*path, key))
+            else:
                 raise self.error(
                     (*path, key),
-                    f"{who}: 'set' key '{key}' needs a scope: 'ctx.{key}' (execution) or 'iter.{key}' (iteration)"
-                    if not dot
-                    else f"{who}: 'set' key '{key}': the scope must be 'ctx' or 'iter', not '{scope}'",
+                    f"{who}: 'set' key '{key}': the scope must be 'ctx', 'iter' or 'step' (or none), not '{scope}'",
                 )
-            self._name(name, (*path, key), who)
-            out.setdefault(SCOPES[scope], {})[name] = value
-            where[(SCOPES[scope], name)] = (*path, key)
         return out
 
     def mark_patches(self, task: dict[str, Any], where: dict[tuple[str, str], Path]) -> None:
@@ -158,19 +272,184 @@ class Dialect:
                 path, f"{who}: 'set' writes one level of ctx or iter; {name!r} is not a plain name"
             )
 
+    def _route(self, step: dict[str, Any], path: Path, who: str) -> None:
+        """NoETL's forms in arcs. In a condition ``'call.done'`` is the step's success boundary and
+        ``'call.error'`` its failure (``step.exit`` stays a legacy alias). An arc's ``set:`` keys become
+        ctx names (``Arc.set_ctx``: the controller writes them when the arc fires)."""
+        names = CALL_NAMES_LOOPED if "loop" in step else CALL_NAMES
+        for i, arc in enumerate(_arcs(step)):
+            apath: Path = (*path, "next", "arcs", i)
+            when = arc.get("when")
+            if isinstance(when, str) and _call_names(when):
+                arc["when"] = aliases_to_canonical(when, names, swap=True)
+                for alias in dict.fromkeys(a for a in alias_literals(when) if a in names):
+                    self.warn(
+                        (*apath, "when"),
+                        f"{who}: '{alias}' is NoETL's name for '{names[alias][0]}' in an arc condition",
+                    )
+            if "set" in arc:
+                self._arc_set(arc, apath, f"{who} arc '{arc.get('step')}'")
+
+    def _arc_set(self, arc: dict[str, Any], apath: Path, who: str) -> None:
+        where: dict[tuple[str, str], Path] = {}
+        try:
+            patches = self.scoped(arc["set"], (*apath, "set"), who, where)
+            if "set_iter" in patches:
+                name = next(iter(patches["set_iter"]))
+                raise self.error(
+                    where[("set_iter", name)],
+                    f"{who}: 'set' on an arc writes ctx when the arc is taken, after the step run and its "
+                    f"iter are gone: 'iter.{name}' cannot be written (write 'ctx.{name}')",
+                )
+        except _Reject:
+            del arc["set"]
+            return
+        values = patches.get("set_ctx", {})
+        arc["set"] = self.origins.mark(values, (*apath, "set"))
+        for name in values:
+            self.origins.mark_key(values, name, where[("set_ctx", name)])
+        self.warn(
+            (*apath, "set"),
+            f"{who}: 'set:' on an arc is NoETL's (v10 has no form of it): the controller writes its keys to "
+            "ctx when the arc is taken, before the target is scheduled; a canonical playbook writes ctx "
+            "with set_ctx in a task policy",
+        )
+
+    def _policy(self, task: dict[str, Any], tpath: Path, who: str, labels: list[str], position: int) -> None:
+        """NoETL's forms in a task policy's rules, in place: the ``else`` shorthand, ``then.set``,
+        ``to: previous`` and backoff names; a warning where the rules read the ``output`` envelope."""
+        rules = _rules(task)
+        ppath: Path = (*tpath, "spec", "policy", "rules")
+        envelope: Path | None = None
+        for k, rule in enumerate(rules):
+            rpath: Path = (*ppath, k)
+            if envelope is None:
+                envelope = _reads_output(rule, rpath)
+            if _shorthand_else(rule):
+                self.warn(
+                    (*rpath, "else"),
+                    f"{who}: 'else: {{do: ...}}' is NoETL's shorthand for 'else: {{then: {{do: ...}}}}'",
+                )
+                rule["else"] = self.origins.mark({"then": rule["else"]}, (*rpath, "else"))
+                tp: Path = (*rpath, "else")
+            else:
+                tp = (*rpath, "else", "then") if isinstance(rule.get("else"), dict) else (*rpath, "then")
+            then = rule["else"].get("then") if isinstance(rule.get("else"), dict) else rule.get("then")
+            if isinstance(then, dict):
+                self._then(then, tp, who, labels, position)
+        if envelope is not None:
+            self.warn(
+                envelope,
+                f"{who}: 'output' in a task policy is NoETL's envelope of the task's outcome; canonical: "
+                "outcome (output.status is outcome.status, output.data outcome.result, output.error "
+                "outcome.error, output.http.status outcome.http.status)",
+            )
+
+    def _then(self, then: dict[str, Any], tp: Path, who: str, labels: list[str], position: int) -> None:
+        if "set" in then:
+            raw = then.pop("set")
+            where: dict[tuple[str, str], Path] = {}
+            try:
+                patches = self.scoped(raw, (*tp, "set"), who, where)
+            except _Reject:
+                patches = {}
+            for key, values in patches.items():
+                given = then.get(key)
+                if given is None:
+                    then[key] = values
+                    self.origins.mark_key(then, key, (*tp, "set"))
+                elif isinstance(given, dict):  # (else the validator says set_ctx must be a mapping)
+                    twice = sorted(set(given) & set(values))
+                    if twice:
+                        self.error(
+                            (*tp, "set"), f"{who}: both 'set' and '{key}' write '{twice[0]}': give it once"
+                        )
+                    given.update(values)
+                for name in values:
+                    if isinstance(then.get(key), dict):
+                        self.origins.mark_key(then[key], name, where[(key, name)])
+            if patches:
+                self.warn(
+                    (*tp, "set"),
+                    f"{who}: 'set:' in a policy's 'then' is NoETL's; canonical: set_ctx (ctx., step. and "
+                    "bare keys) and set_iter (iter. keys)",
+                )
+        backoff = then.get("backoff")
+        if isinstance(backoff, str) and backoff not in V.BACKOFF_VALUES:
+            then["backoff"] = "none"
+            if backoff == "fixed":
+                self.warn(
+                    (*tp, "backoff"),
+                    f"{who}: 'backoff: fixed' is NoETL's name for 'backoff: none' (the same delay before "
+                    "every retry)",
+                )
+            else:
+                self.warn(
+                    (*tp, "backoff"),
+                    f"{who}: unknown backoff '{backoff}'{V.suggest(backoff, V.BACKOFF_VALUES)}: it waits the "
+                    "same delay before every retry, as 'none' does (NoETL's rule for a name it does not "
+                    f"know); write one of {V.one_of(V.BACKOFF_VALUES)}",
+                    code="unknown-backoff",
+                )
+        if then.get("do") == "jump" and then.get("to") == "previous" and "previous" not in labels:
+            if position == 0:
+                return  # (the validator says there is no task before this one)
+            then["to"] = labels[position - 1]
+            self.warn(
+                (*tp, "to"),
+                f"{who}: 'to: previous' is NoETL's; canonical: the label of the task before, "
+                f"'to: {labels[position - 1]}'",
+            )
+
+    def _task_set_names(
+        self, step: dict[str, Any], given: set[str], where: dict[tuple[str, str], Path], who: str
+    ) -> bool:
+        """A task's ``set:`` names live in the step run's ``iter``: not the loop's own names there."""
+        loop = step.get("loop")
+        iterator = loop.get("iterator", "item") if isinstance(loop, dict) else None
+        taken = {*V.ITER_RESERVED, *([str(iterator)] if iterator is not None else [])}
+        for name in sorted(given & taken):
+            self.error(
+                where[("set_iter", name)],
+                f"{who}: 'set' key '{name}' names what the step's iteration holds (its item or position): "
+                "choose another name",
+            )
+        return not given & taken
+
+    def _read_local(self, task: dict[str, Any], local: dict[str, Path]) -> None:
+        """The names earlier tasks' ``set:`` gave, as this task reads them: ``{{ k }}`` is ``iter.k``."""
+        rw = Rewrite(names={name: f"iter.{name}" for name in local})
+        for key in list(task):
+            if key not in ("name", "kind"):
+                task[key] = rewrite_value(task[key], rw)
+
     def step(self, step: dict[str, Any], path: Path, names: set[str]) -> dict[str, Any] | None:
         """Normalize ``step`` in place; return the step to add after it (``<step>_set``), if any."""
         who = f"step '{step.get('step')}'"
-        for index, task, rel in _tasks(step):
-            tpath = (*path, *rel)
-            label = task.get("name") or (
-                rel[-1]
-                if len(rel) == 3
-                else f"task_{index}"
-                if index is not None
-                else f"{step.get('step')}_task"
+        self._route(step, path, who)
+        tasks = _tasks(step)
+        labels = [
+            str(
+                task.get("name")
+                or (
+                    rel[-1]
+                    if len(rel) == 3
+                    else f"task_{index}"
+                    if index is not None
+                    else f"{step.get('step')}_task"
+                )
             )
+            for index, task, rel in tasks
+        ]
+        local: dict[str, Path] = {}
+        """Names a task's ``set:`` gave the later tasks of this step (kept in ``iter``), and where."""
+        for position, (_, task, rel) in enumerate(tasks):
+            tpath = (*path, *rel)
+            label = labels[position]
             twho = f"{who} task '{label}'"
+            if local:
+                self._read_local(task, local)
+            self._policy(task, tpath, twho, labels, position)
             if "input" in task:
                 if "args" in task:
                     self._merge_input(task, tpath, twho)
@@ -183,12 +462,23 @@ class Dialect:
             if "set" in task:
                 raw = task.pop("set")
                 where: dict[tuple[str, str], Path] = {}
+                given: set[str] = set()
                 try:
-                    patches = self.scoped(raw, (*tpath, "set"), twho, where)
+                    patches = self.scoped(raw, (*tpath, "set"), twho, where, given)
                 except _Reject:
                     continue
-                rw = Rewrite(names={str(label): "outcome.result"})
+                if not self._task_set_names(step, given, where, twho):
+                    continue
+                self.warn(
+                    (*tpath, "set"),
+                    f"{twho}: 'set:' on a task is NoETL's; canonical: set_ctx (ctx. keys) and set_iter (iter. "
+                    "keys, and the names later tasks of the step read: step. and bare keys, read as "
+                    "iter.<name>) in the 'then' of its spec.policy rules that go on; 'output' there is its "
+                    "result, outcome.result",
+                )
+                rw = Rewrite(names={str(label): "outcome.result", "output": "outcome.result"})
                 patches = {k: rewrite_value(v, rw) for k, v in patches.items()}
+                local.update({n: where[("set_iter", n)] for n in given})
                 if not add_patches(task, patches, ("continue", "jump", "break")):
                     self.error(
                         (*tpath, "set"),
@@ -198,11 +488,18 @@ class Dialect:
         if "set" in step:
             raw = step.pop("set")
             try:
-                if "loop" in step:
-                    return self._loop_set(step, raw, path, who, names)
-                self._step_set(step, raw, path, who)
+                added = self._loop_set(step, raw, path, who, names) if "loop" in step else None
+                if "loop" not in step:
+                    self._step_set(step, raw, path, who)
             except _Reject:
-                pass
+                return None
+            self.warn(
+                (*path, "set"),
+                f"{who}: 'set:' on a step is NoETL's; canonical: set_ctx (ctx., step. and bare keys) in the "
+                "'then' of the rules that end its pipeline (the last task's that go on, and any 'break'); on "
+                "a looped step, in a task of a step after the loop",
+            )
+            return added
         return None
 
     def _loop_set(
@@ -313,9 +610,10 @@ class Dialect:
 def add_patches(
     task: dict[str, Any], patches: dict[str, dict[str, Any]], dos: tuple[str, ...], *, create: bool = True
 ) -> bool:
-    """Add ``set_ctx``/``set_iter`` to the rules of ``task`` whose ``do`` is in ``dos`` (and an ``else``
-    that continues when the policy has none and ``continue`` is in ``dos``). False when the policy
-    is malformed (the validator reports it)."""
+    """Add ``set_ctx``/``set_iter`` to the rules of ``task`` whose ``do`` is in ``dos`` (and, when
+    ``continue`` is in ``dos`` and the policy has no ``else``, a last rule that continues an ``ok``
+    outcome: an error no rule matches still fails the task). False when the policy is malformed (the
+    validator reports it)."""
     spec = task.get("spec")
     if spec is None:
         if not create:
@@ -327,12 +625,7 @@ def add_patches(
     if policy is None:
         if not create:
             return True
-        spec["policy"] = {
-            "rules": [
-                {"when": ERROR, "then": {"do": "fail"}},
-                {"else": {"then": {"do": "continue", **_copy(patches)}}},
-            ]
-        }
+        spec["policy"] = {"rules": [{"when": OK, "then": {"do": "continue", **_copy(patches)}}]}
         return True
     rules = policy.get("rules") if isinstance(policy, dict) else None
     if not isinstance(rules, list):
@@ -353,7 +646,7 @@ def add_patches(
                 merged.update(values)
                 then[key] = merged
     if not has_else and "continue" in dos:
-        rules.append({"else": {"then": {"do": "continue", **_copy(patches)}}})
+        rules.append({"when": OK, "then": {"do": "continue", **_copy(patches)}})
     return True
 
 

@@ -87,6 +87,9 @@ class Arc(msgspec.Struct, frozen=True, omit_defaults=True):
     when: Any = None
     args: dict[str, Any] | None = None
     spec: dict[str, Any] = {}
+    set_ctx: dict[str, Any] | None = None
+    """NoETL's arc ``set:`` (its keys as ctx names): rendered like ``args`` when the arc is taken and
+    written to ctx by the controller before the target is scheduled (control/transitions.py)."""
 
 
 class Next(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -347,10 +347,13 @@ def _listed(names: tuple[str, ...], q: str) -> str:
     return ", ".join(f"{q}{n}{q}" for n in names)
 
 
-def aliases_to_canonical(source: str) -> str:
+def aliases_to_canonical(
+    source: str, aliases: Mapping[str, tuple[str, ...]] = LEGACY_ALIASES, *, swap: bool = False
+) -> str:
     """``event.name == 'call.done'`` -> ``event.name in ['step.done', 'loop.done']`` (also ``!=``, the
-    literal first, and an alias inside ``event.name in [...]``); other uses stay as they are."""
-    if not alias_literals(source):
+    literal first, and an alias inside ``event.name in [...]``); other uses stay as they are. With
+    ``swap``, an alias `aliases` maps to one name is replaced by it (``event.name == 'step.done'``)."""
+    if not any(a in aliases for a in alias_literals(source)):
         return source
     tokens = tokenize(source)
     if tokens is None:
@@ -358,19 +361,25 @@ def aliases_to_canonical(source: str) -> str:
     out = list(tokens)
     for i, t in enumerate(tokens):
         alias = t.value[1:-1] if t.code and t.kind == "string" else None
-        if alias not in LEGACY_ALIASES:
+        if alias is None or alias not in aliases:
             continue
-        names, q = LEGACY_ALIASES[alias], t.value[0]
+        names, q = aliases[alias], t.value[0]
         op = _sig(tokens, i, -1)
         if (_is(tokens, op, "operator", "==") or _is(tokens, op, "operator", "!=")) and _event_name_at(
             tokens, _sig(tokens, op, -1), -1
         ) >= 0:  # event.name == 'alias'
+            if swap and len(names) == 1:
+                out[i] = Tok("string", f"{q}{names[0]}{q}", True)
+                continue
             out[op] = Tok("name", "in" if tokens[op].value == "==" else "not in", True)
             out[i] = Tok("operator", f"[{_listed(names, q)}]", True)
             continue
         op = _sig(tokens, i, 1)
         if _is(tokens, op, "operator", "==") or _is(tokens, op, "operator", "!="):
             end = _event_name_at(tokens, _sig(tokens, op, 1), 1)
+            if end >= 0 and swap and len(names) == 1:  # 'alias' == event.name
+                out[i] = Tok("string", f"{q}{names[0]}{q}", True)
+                continue
             if end >= 0:  # 'alias' == event.name
                 neg = "not " if tokens[op].value == "!=" else ""
                 out[i] = Tok("name", f"event.name {neg}in [{_listed(names, q)}]", True)

@@ -99,7 +99,7 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
                     code="deprecated",
                 )
                 ok = False
-            elif k not in V.ARC_KEYS:
+            elif k not in V.ARC_KEYS and k != "set":  # (NoETL's 'set', normalized by dsl/dialect.py)
                 c.error(
                     (*apath, k),
                     f"{who}: unknown arc key '{k}'{V.key_hint(str(k), V.ARC_KEYS)}",
@@ -136,7 +136,11 @@ def parse_next(c: Compiler, raw: Any, path: Path, who: str, step_names: set[str]
             c.error((*apath, "spec"), f"{who}: arc 'spec' must be a mapping")
             ok = False
             aspec = {}
-        arcs.append(Arc(step=str(target), when=when, args=args, spec=aspec))
+        set_ctx = arc.get("set")
+        if set_ctx is not None and not isinstance(set_ctx, dict):
+            c.error((*apath, "set"), f"{who}: arc 'set' must be a mapping of ctx names to values")
+            ok = False
+        arcs.append(Arc(step=str(target), when=when, args=args, spec=aspec, set_ctx=set_ctx or None))
     if not ok:
         return None
     return Next(arcs=tuple(arcs), mode=mode, spec=spec)  # type: ignore[arg-type]

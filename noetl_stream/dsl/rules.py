@@ -278,7 +278,12 @@ def _task_then(c: Compiler, raw: Any, path: Path, who: str, task_names: set[str]
             ok = False
         elif to not in task_names:
             hint = V.suggest(str(to), task_names)
-            c.error((*path, "to"), f"{who}: jump target '{to}' is not a task of this pipeline{hint}")
+            c.error(
+                (*path, "to"),
+                f"{who}: 'to: previous' jumps to the task before this one, and this is the first task"
+                if to == "previous"
+                else f"{who}: jump target '{to}' is not a task of this pipeline{hint}",
+            )
             ok = False
     elif to is not None:
         c.error((*path, "to"), f"{who}: 'to' is only allowed with 'do: jump'", at_key=True)

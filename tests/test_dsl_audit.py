@@ -459,7 +459,13 @@ def test_the_v10_values_of_the_same_places_still_compile(text: str) -> None:
         pytest.param(
             HEADER.replace("workflow:\n", "workload: {outcome: 1}\nworkflow:\n")
             + "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: start, when: '{{ outcome }}'}]}\n",
-            [],
+            [
+                "bad.yaml:10:39: warning: step 'start': the arc back to 'start' is taken when its 'when' is true "
+                "on any boundary, step.failed too, and a failure does not change what it tests: a step that "
+                "keeps failing re-enters the cycle until the execution ends (the controller ends it after 10 "
+                'failures of one step in a row); to loop on success only, write "{{ outcome and event.name != '
+                "'step.failed' }}\" (at workflow[0].next.arcs[0].when)"
+            ],
             id="a-workload-key-of-that-name-is-readable",
         ),
     ],

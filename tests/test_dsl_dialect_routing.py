@@ -1,6 +1,7 @@
 """NoETL's ``set:`` keys and routing names, accepted in canonical mode with a ``dialect`` warning: bare and
 ``step.`` keys on steps, arcs and policies (ctx), on tasks (names for the step's later tasks); an arc's
-``set:``; ``'call.done'``/``'call.error'`` in arc conditions."""
+``set:``; ``'call.done'``/``'call.error'`` in arc conditions. And the warning at an arc back into a cycle
+that a failure takes too."""
 
 from __future__ import annotations
 
@@ -112,3 +113,45 @@ def test_call_names_in_arc_conditions_are_the_boundaries_they_stand_for() -> Non
         "18:23: warning: step 'each': 'call.done' is NoETL's name for 'loop.done' in an arc condition",
     ]
     assert compile_playbook(text).playbook is not None
+
+
+CYCLE = playbook(
+    """
+    - step: start
+      set: {ctx.more: true}
+      next: {arcs: [{step: page}]}
+    - step: page
+      tool: {kind: noop}
+      next:
+        arcs:
+          - {step: page, when: "{{ ctx.more or workload.again }}"}
+          - {step: end}
+    - step: end
+      tool: {kind: noop}
+    """,
+    workload={"again": False},
+)
+
+
+def test_an_arc_back_into_a_cycle_that_a_failure_takes_too_is_warned_about() -> None:
+    (warning,) = [d for d in compile_playbook(CYCLE, "t.yaml").diagnostics if d.code == "semantics"]
+    assert _back_arc_warnings(CYCLE.replace("or workload.again", "")) != []
+    assert warning.format() == (
+        "t.yaml:13:30: warning: step 'page': the arc back to 'page' is taken when its 'when' is true on any "
+        "boundary, step.failed too, and a failure does not change what it tests: a step that keeps failing "
+        "re-enters the cycle until the execution ends (the controller ends it after 10 failures of one step "
+        'in a row); to loop on success only, write "{{ (ctx.more or workload.again) and event.name != '
+        "'step.failed' }}\" (at workflow[1].next.arcs[0].when)"
+    )
+
+
+def test_an_arc_back_that_tests_the_boundary_is_not_warned_about() -> None:
+    for guard in ("event.name == 'step.done' and ctx.more", "ctx.more and event.status != 'error'"):
+        text = CYCLE.replace("ctx.more or workload.again", guard)
+        assert not _back_arc_warnings(text), guard
+    forward = CYCLE.replace("{step: page, when", "{step: end, when")  # not a cycle
+    assert not _back_arc_warnings(forward)
+
+
+def _back_arc_warnings(text: str) -> list[str]:
+    return [d.message for d in compile_playbook(text).diagnostics if "the arc back" in d.message]

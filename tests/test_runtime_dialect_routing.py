@@ -5,6 +5,7 @@
   it, and a replay of the execution's events writes it again.
 * ``'call.done'``/``'call.error'`` in an arc condition are the step's success and failure boundaries.
 * Cycles driven by ``set:`` guards, and joins after branches that ``set:`` their own keys.
+* A step that keeps failing in a cycle ends the execution after ten failures in a row.
 """
 
 from __future__ import annotations
@@ -191,3 +192,60 @@ async def test_a_join_after_branches_that_set_their_own_keys_runs_once_with_all_
     assert r.started("sum") == 1
     assert r.result == 30
     assert r.summary.ctx == {"regions": 3, "emea": 10, "apac": 20, "from_emea": True}
+
+
+FAILING_CYCLE = playbook(
+    """
+    - step: start
+      set: {ctx.more: true}
+      next: {arcs: [{step: load}]}
+    - step: load
+      tool: {kind: python, code: "raise RuntimeError('the table is locked')"}
+      next:
+        arcs:
+          - {step: load, when: "{{ ctx.more }}"}
+          - {step: end}
+    - step: end
+      tool: {kind: noop}
+    """
+)
+
+
+async def test_a_step_that_keeps_failing_in_a_cycle_ends_the_execution(runtime: Runtime) -> None:
+    r = await run(runtime, FAILING_CYCLE)
+
+    assert r.status == "failed"
+    assert r.started("load") == 10
+    error = r.summary.error or {}
+    assert (error["kind"], error["step"]) == ("failing_cycle", "load")
+    assert error["message"].startswith("step 'load' failed 10 times in a row, routed back into its cycle")
+    assert "its last error: RuntimeError: the table is locked" in error["message"]
+
+
+async def test_a_success_between_failures_starts_the_count_again(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          set: {ctx.runs: 0}
+          next: {arcs: [{step: load}]}
+        - step: load
+          tool:
+            kind: python
+            input: {n: "{{ ctx.runs }}"}
+            code: |
+              if n % 8 != 7 and n < 20:
+                  raise RuntimeError(f"run {n}")
+              result = n
+          next:
+            arcs:
+              - {step: load, when: "{{ ctx.runs < 20 }}", set: {ctx.runs: "{{ ctx.runs + 1 }}"}}
+              - {step: end}
+        - step: end
+          tool: {kind: noop, result: "{{ ctx.runs }}"}
+        """
+    )
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error  # 7 failures, a success, 7, a success, 4, a success
+    assert r.started("load") == 21
+    assert r.result == 20

@@ -88,6 +88,8 @@ class ExecutionState(msgspec.Struct):
     """Each ctx key's last write: the revision it made and the step run that made it."""
     results: dict[str, Any] = {}
     step_status: dict[str, str] = {}
+    failed_in_row: dict[str, int] = {}
+    """Steps whose last runs failed: how many in a row (a cycle re-entering a failing step, `Run.route`)."""
     step_runs: dict[str, int] = {}
     runs: dict[str, StepRun] = {}
     joins: dict[str, JoinState] = {}

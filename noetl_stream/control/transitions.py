@@ -15,7 +15,7 @@ from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState, JoinState, LoopRun, StepRun
 from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Step
-from noetl_stream.dsl.policy import admit, route
+from noetl_stream.dsl.policy import MAX_FAILED_REENTRIES, admit, route
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.wire import (
@@ -39,6 +39,20 @@ def _loop_limit(step: Step) -> float | None:
     ``lifecycle.deadline_s`` (one step run, one loop: both bound it as a whole)."""
     limits = [t for t in (step.timeout_s, step.deadline_s) if t]
     return min(limits) if limits else None
+
+
+def failing_cycle(step: str, times: int, error: Any) -> dict[str, Any]:
+    """The error that ends an execution whose cycle keeps re-entering a step that fails."""
+    last = error.get("message") if isinstance(error, dict) else None
+    return {
+        "kind": "failing_cycle",
+        "retryable": False,
+        "message": f"step '{step}' failed {times} times in a row, routed back into its cycle each time (an "
+        "arc whose 'when' does not test event.name is taken on step.failed too): the execution ends "
+        "here rather than run it again; loop on success only (\"... and event.name != 'step.failed'\"), "
+        "retry the failing task with its policy" + (f"; its last error: {last}" if last else ""),
+        "cause": error,
+    }
 
 
 class _Unroutable(Exception):
@@ -518,6 +532,9 @@ class Run:
         if not failed:
             self.state.results[name] = payload.get("result")
             self.state.last_step = name
+            self.state.failed_in_row.pop(name, None)
+        else:
+            self.state.failed_in_row[name] = self.state.failed_in_row.get(name, 0) + 1
         run.status = "failed" if failed else "done"
         self.state.step_status[name] = run.status
         ev = dict(payload)
@@ -527,6 +544,8 @@ class Run:
             if conflict is not None:  # not routed, like a routing error: the playbook must change
                 raise _Unroutable(conflict)
             fired = route(step.next, scope, f"step '{name}'", failed=failed)
+            if failed and fired and self.state.failed_in_row[name] >= MAX_FAILED_REENTRIES:
+                raise _Unroutable(failing_cycle(name, self.state.failed_in_row[name], payload.get("error")))
             arcs = [
                 (a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
                 for a in fired

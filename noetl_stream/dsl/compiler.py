@@ -23,7 +23,7 @@ from noetl_stream.dsl.checks import (
 )
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
 from noetl_stream.dsl.model import Executor, KeychainEntry, Metadata, Playbook, Step, Task
-from noetl_stream.dsl.semantics import check_failure_routes
+from noetl_stream.dsl.semantics import check_failure_reentry, check_failure_routes
 from noetl_stream.dsl.source import SourceMap, load_yaml
 from noetl_stream.dsl.speckeys import check_spec_keys, warn_unknown
 from noetl_stream.dsl.steps import parse_step
@@ -172,6 +172,7 @@ class Compiler:
         check_graph(self, playbook, data)
         check_cycles(self, playbook, data)
         check_failure_routes(self, playbook, data)
+        check_failure_reentry(self, playbook, data)
         check_cycle_entries(self, playbook, data)
         check_names(self, playbook, data)
         check_templates(self, playbook, data)

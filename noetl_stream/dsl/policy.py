@@ -14,6 +14,9 @@ from noetl_stream.dsl.model import Admit, Arc, Next, TaskPolicy, Then
 from noetl_stream.dsl.templates import evaluate_when
 
 MAX_RETRY_DELAY_S = 600.0
+MAX_FAILED_REENTRIES = 10
+"""A step that fails this many times in a row (no successful run in between), re-entered each time by a
+cycle's arc taken on its failure, ends the execution (control/transitions.py, ``failing_cycle``)."""
 CONTINUE = Then(do="continue")
 FAIL = Then(do="fail")
 

@@ -8,6 +8,9 @@ Two defaults changed (docs/semantics.md, "Routing" and "Tasks and policies"):
 Each warning marks a place where the playbook itself shows the author expected a failure there, so a
 plain linear playbook (arcs without ``when`` meaning "then") is not warned about: its failures used to
 be routed on silently, which is what the change fixes.
+
+A third warning marks a cycle a failure keeps going: an arc back with a ``when`` that does not test the
+boundary (NoETL's engines route on success only, so their playbooks write such guards).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from noetl_stream.dsl.diagnostics import Path
+from noetl_stream.dsl.graph import build_graph
 from noetl_stream.dsl.model import Arc, Playbook, Rule, Step, TaskPolicy
-from noetl_stream.dsl.rewrite import compared_literals, reads_attr
+from noetl_stream.dsl.policy import MAX_FAILED_REENTRIES
+from noetl_stream.dsl.rewrite import as_expression, compared_literals, reads_attr
 from noetl_stream.dsl.templates import RenderError, evaluate_when
 
 if TYPE_CHECKING:
@@ -35,6 +40,14 @@ def _always(when: Any, scope: dict[str, Any]) -> bool:
     """``when`` is true whatever else the scope holds (it reads only what ``scope`` has)."""
     try:
         return evaluate_when(when, scope)
+    except RenderError:
+        return False
+
+
+def _never(when: Any, scope: dict[str, Any]) -> bool:
+    """``when`` is false whatever else the scope holds (it reads only what ``scope`` has)."""
+    try:
+        return not evaluate_when(when, scope)
     except RenderError:
         return False
 
@@ -166,3 +179,49 @@ def _expected_failure(step: Step, plain: Iterable[Arc], steps: dict[str, Step]) 
         if admit is not None and any(_tests_boundary(r.when, failure=True) for r in admit.rules):
             return f"step '{arc.step}' admits on a failure"
     return None
+
+
+def check_failure_reentry(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
+    """Warn at an arc with a ``when`` that loops back (a back edge or a self-loop) without testing which
+    boundary it sees: it is taken when its step fails too, so a step that keeps failing re-enters the
+    cycle until the guard turns false, which a failure does not make it do (NoETL's engines route
+    on success only). The controller ends such a run after `MAX_FAILED_REENTRIES` failures in a row."""
+    index = {
+        name: i
+        for i, item in enumerate(data.get("workflow") or [])
+        if isinstance(item, dict) and isinstance(name := item.get("step"), str)
+    }
+    back = build_graph(playbook).back_edges
+    for step in playbook.workflow:
+        if step.name not in index or not step.tasks or step.next is None:
+            continue  # (a step without tasks is routed by the controller: it does not fail)
+        for k, arc in enumerate(step.next.arcs):
+            if arc.when is None or (step.name, arc.step) not in back or _tests_boundary(arc.when):
+                continue
+            if _never(arc.when, _ANY_FAILURE):
+                continue  # (`when: false`, "{{ false }}": it never loops)
+            if step.next.mode == "exclusive" and any(
+                _always(a.when, _ANY_FAILURE) for a in step.next.arcs[:k] if a.when is not None
+            ):
+                continue  # an arc before it takes every failure
+            fix = _failure_guard(arc.when)
+            c.warn(
+                ("workflow", index[step.name], "next", "arcs", k, "when"),
+                f"step '{step.name}': the arc back to '{arc.step}' is taken when its 'when' is true on any "
+                "boundary, step.failed too, and a failure does not change what it tests: a step that keeps "
+                f"failing re-enters the cycle until the execution ends (the controller ends it after "
+                f"{MAX_FAILED_REENTRIES} failures of one step in a row); to loop on success only, write "
+                f"{fix}",
+                code=CODE,
+            )
+
+
+def _failure_guard(when: Any) -> str:
+    """``when`` with ``and event.name != 'step.failed'`` (a boolean: the guard alone)."""
+    inner = as_expression(when)
+    guard = "event.name != 'step.failed'"
+    if inner is None or when is True:
+        return f'"{{{{ {guard} }}}}"'
+    if " or " in inner or " if " in inner:
+        inner = f"({inner})"
+    return f'"{{{{ {inner} and {guard} }}}}"'

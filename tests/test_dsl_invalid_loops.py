@@ -44,7 +44,7 @@ CASES = [
     tool: {kind: noop}
 """),
         [
-            "bad.yaml:12:15: step 'start': loop mode must be one of 'sequential', 'parallel', got 'paralel'; did you mean 'parallel'? (at workflow[0].loop.spec.mode)",
+            "bad.yaml:12:15: step 'start': loop mode must be one of 'sequential', 'parallel', 'cursor', got 'paralel'; did you mean 'parallel'? (at workflow[0].loop.spec.mode)",
         ],
         id="loop-bad-mode",
     ),

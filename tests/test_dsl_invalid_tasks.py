@@ -62,7 +62,7 @@ CASES = [
         cod: "result = 1"
 """),
         [
-            "bad.yaml:9:9: step 'start' task 'calc': kind 'python' needs 'code' or 'module' (at workflow[0].tool[0])",
+            "bad.yaml:9:9: step 'start' task 'calc': kind 'python' needs 'code' or 'module' or 'script' (at workflow[0].tool[0])",
             "bad.yaml:11:9: step 'start' task 'calc': unknown key 'cod' for kind 'python'; did you mean 'code'? (at workflow[0].tool[0].cod)",
         ],
         id="task-unknown-key-did-you-mean",

@@ -273,7 +273,6 @@ CONSTRUCTS = [
     ("step-pipe", "  - step: start\n    tool: {kind: noop}\n    pipe: []\n", False),
     ("next-mode", "  - step: start\n    spec: {next_mode: exclusive}\n    tool: {kind: noop}\n", True),
     ("task-when", '  - step: start\n    tool: {kind: noop, when: "{{ true }}"}\n', False),
-    ("task-retry", "  - step: start\n    tool: {kind: noop, retry: {max_attempts: 2}}\n", False),
     ("task-vars", "  - step: start\n    tool: {kind: noop, vars: {a: 1}}\n", False),
     ("task-expr", '  - step: start\n    tool: {kind: noop, expr: "{{ true }}"}\n', False),
     (

@@ -217,16 +217,6 @@ CASES = [
     pytest.param(
         """
 - step: start
-  tool: {kind: noop, retry: 3}
-""",
-        [
-            "7:24: step 'start' task 'start_task': task-level 'retry' has no canonical translation (legacy 'retry' is a step key; task outcome control is spec.policy.rules)",
-        ],
-        id="task_retry",
-    ),
-    pytest.param(
-        """
-- step: start
   tool: {kind: noop}
   case:
     - when: "{{ event.name == 'step.exit' }}"

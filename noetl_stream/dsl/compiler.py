@@ -94,6 +94,21 @@ class Compiler:
                 self.error((*path, k), f"{who}: unknown {label} '{k}'{hint}", at_key=True, code="unknown-key")
         return ok
 
+    def ignored_keys(self, raw: dict[str, Any], path: Path, where: str) -> tuple[str, ...]:
+        """Warn about the keys of ``raw`` that NoETL's playbooks give at ``where`` and nothing reads
+        (``metadata.tags``, ``executor.profile``, ...); their names."""
+        known = V.IGNORED_KEYS[where]
+        place = "" if where == "root" else f"{where}."
+        for k in raw:
+            if k in known:
+                self.warn(
+                    (*path, k),
+                    f"'{place}{k}' is accepted for NoETL's playbooks and ignored",
+                    at_key=True,
+                    code="ignored-key",
+                )
+        return known
+
     # -- root -------------------------------------------------------------------
     def compile(self, data: Any) -> Playbook | None:
         if not isinstance(data, dict):
@@ -115,8 +130,9 @@ class Compiler:
                 self.fragment = True
                 self._workflow(data, [], base=(), fragment=True)
             return None
+        self.ignored_keys(data, (), "root")
         for k in data:
-            if k in V.ROOT_KEYS:
+            if k in V.ROOT_KEYS or k in V.IGNORED_KEYS["root"]:
                 continue
             if k in V.DEPRECATED_ROOT:
                 self.error(
@@ -189,7 +205,12 @@ class Compiler:
         if not isinstance(raw, dict):
             self.error(("metadata",), "metadata must be a mapping with 'name' and 'path'")
             return None
-        self.unknown_keys(raw, V.METADATA_KEYS, ("metadata",), "metadata")
+        self.unknown_keys(
+            raw,
+            (*V.METADATA_KEYS, *self.ignored_keys(raw, ("metadata",), "metadata")),
+            ("metadata",),
+            "metadata",
+        )
         ok = True
         for key in ("name", "path"):
             value = raw.get(key)
@@ -274,7 +295,12 @@ class Compiler:
         if not isinstance(raw, dict):
             self.error(("executor",), "executor must be a mapping (with optional 'kind' and 'spec')")
             return Executor()
-        self.unknown_keys(raw, V.EXECUTOR_KEYS, ("executor",), "executor")
+        self.unknown_keys(
+            raw,
+            (*V.EXECUTOR_KEYS, *self.ignored_keys(raw, ("executor",), "executor")),
+            ("executor",),
+            "executor",
+        )
         spec = {} if raw.get("spec") is None else raw["spec"]
         if not isinstance(spec, dict):
             self.error(("executor", "spec"), "executor: 'spec' must be a mapping")
@@ -346,6 +372,15 @@ class Compiler:
                     self.error(path, "workbook entry must be a mapping with 'name' and 'tool' (or 'kind')")
                     continue
                 body = item.get("tool", {k: v for k, v in item.items() if k != "name"})
+                for k in item if "tool" in item else ():
+                    if k not in ("name", "tool"):
+                        self.warn(
+                            (*path, k),
+                            f"workbook '{item['name']}': '{k}' beside 'tool' is ignored"
+                            + (" (NoETL's 'assert' is documentation only)" if k == "assert" else ""),
+                            at_key=True,
+                            code="ignored-key",
+                        )
                 entries.append(((*path, "tool") if "tool" in item else path, str(item["name"]), body))
         else:
             self.error(

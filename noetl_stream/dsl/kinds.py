@@ -70,10 +70,17 @@ def known_kinds() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-register_kind("noop", {"result"}, description="does nothing; returns its rendered `result` if given")
+register_kind(
+    "noop",
+    {"result"},
+    description="does nothing; returns its rendered `result`, else {status: ok, message: noop}",
+)
 register_kind(
     "http",
-    {"method", "url", "endpoint", "params", "headers", "json", "form", "body", "payload", "data", "auth"},
+    {
+        *("method", "url", "endpoint", "params", "headers"),
+        *("json", "form", "body", "payload", "data", "auth", "verify_ssl"),
+    },
     required_any=[("url", "endpoint")],
     exclusive=[("url", "endpoint")],
     # The body: the first of these given (`data` of a GET is its query, not a body: dsl/tasks.py).
@@ -83,9 +90,9 @@ register_kind(
 )
 register_kind(
     "postgres",
-    {"query", "command", "params", "many", "auth", "dsn", "transaction"},
-    required_any=[("query", "command")],
-    exclusive=[("query", "command")],
+    {"query", "command", "script", "params", "many", "auth", "dsn", "transaction"},
+    required_any=[("query", "command", "script")],
+    exclusive=[("query", "command", "script")],
     # `pool` (a NoETL connection pool's name) is accepted and ignored: a worker keeps its own pools.
     ignored={"pool"},
     defaults={"timeout": {"connect": 10}},
@@ -100,10 +107,10 @@ register_kind(
 )
 register_kind(
     "python",
-    {"code", "module", "libs"},
-    required_any=[("code", "module")],
-    exclusive=[("code", "module")],
-    description="inline Python `code` (with `libs` imports) or a `module: pkg.mod:function`",
+    {"code", "module", "script", "libs"},
+    required_any=[("code", "module", "script")],
+    exclusive=[("code", "module", "script")],
+    description="inline Python `code` (with `libs` imports), a `script: {path}` file or a `module: pkg.mod:function`",
 )
 register_kind("secrets", {"auth", "key", "secret", "field"}, description="read a keychain entry")
 register_kind(

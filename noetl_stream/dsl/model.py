@@ -14,7 +14,7 @@ import msgspec
 Do = Literal["continue", "retry", "jump", "break", "fail"]
 Backoff = Literal["none", "linear", "exponential"]
 RouteMode = Literal["exclusive", "inclusive"]
-LoopMode = Literal["sequential", "parallel"]
+LoopMode = Literal["sequential", "parallel", "cursor"]
 LoopExec = Literal["local", "distributed"]
 FailureMode = Literal["fail_fast", "best_effort"]
 
@@ -73,13 +73,18 @@ class LoopSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     mode: LoopMode = "sequential"
     max_in_flight: int | str | None = None
     exec: LoopExec = "local"
+    frame_max_rows: int | None = None
+    """``spec.frame.max_rows`` of a cursor loop: the rows one claim asks for (``{{ __frame_max_rows }}``)."""
 
 
 class Loop(msgspec.Struct, frozen=True, omit_defaults=True):
-    in_: Any = msgspec.field(name="in")
+    in_: Any = msgspec.field(name="in", default=None)
     iterator: str = "item"
     spec: LoopSpec = LoopSpec()
     raw_spec: dict[str, Any] = {}
+    cursor: dict[str, Any] | None = None
+    """A cursor loop's claim (``spec.mode: cursor``): ``{kind: postgres, auth, claim}``, run by the worker
+    that runs the loop until a claim returns no row (dataplane/cursor.py)."""
 
 
 class Arc(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -114,7 +119,10 @@ class Step(msgspec.Struct, frozen=True, omit_defaults=True):
     end, across every delivery of its command (docs/semantics.md, Step lifecycle)."""
     input: dict[str, Any] | None = None
     """The step's own inputs (dialect ``input:``): rendered before its tasks run, readable as
-    ``input.<name>`` and merged over the token's ``args``."""
+    ``input.<name>``, merged over the token's ``args`` and over each task's own inputs (its keys win)."""
+    result_store: str | None = None
+    """NoETL's ``output: {store: {kind}}``: the kind of store it names. The result stays inline and gets
+    a ``_ref`` (dataplane/command.py)."""
     line: int = 0
     col: int = 0
 

@@ -205,6 +205,10 @@ def _defs(kinds: tuple[str, ...]) -> Schema:
                         "description": "the step's own inputs, rendered before its tasks (dialect)",
                     },
                     "set": _ref("scopedSet"),
+                    "output": _obj(
+                        {"store": True, "output_select": True},
+                        description="NoETL's storage hint: accepted and ignored (the result stays inline)",
+                    ),
                 },
                 required=("step",),
                 description="a workflow step: admission (spec.policy.admit), loop, pipeline, router",
@@ -238,13 +242,19 @@ def _defs(kinds: tuple[str, ...]) -> Schema:
                     "not": {"enum": sorted(V.ITER_RESERVED)},
                 },
                 "spec": _ref("loopSpec"),
+                "cursor": _obj(
+                    {"kind": {"const": "postgres"}, "auth": {"type": "string"}, "claim": {"type": "string"}},
+                    required=("kind", "claim"),
+                    description="a cursor loop's claim (spec.mode: cursor): each returned row is an iteration",
+                ),
             },
-            required=("in", "iterator"),
+            required=("iterator",),
         ),
         "loopSpec": _obj(
             {
                 "mode": _enum(V.LOOP_MODES),
                 "max_in_flight": _ref("maxInFlight"),
+                "frame": _obj({"max_rows": {"type": "integer", "minimum": 1}}),
                 "policy": _obj(
                     {
                         "exec": _enum(V.LOOP_EXECS),

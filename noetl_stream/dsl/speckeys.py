@@ -106,13 +106,17 @@ def check_keys(
             warn_unknown(c, k, (*path, k), who, where, known)
 
 
-def check_task_spec(c: Compiler, spec: dict[str, Any], path: Path, who: str, kind: str) -> None:
-    """A task's spec: ``policy``, ``timeout_s`` and the knobs of its own kind."""
+def check_task_spec(
+    c: Compiler, spec: dict[str, Any], path: Path, who: str, kind: str, skip: Iterable[str] = ()
+) -> None:
+    """A task's spec: ``policy``, ``timeout_s`` and the knobs of its own kind; ``skip``: keys reported
+    otherwise (tool fields written under spec)."""
     known = task_spec_keys(kind)
     if known is None:
         return
+    skipped = set(skip)
     for k in spec:
-        if k not in known:
+        if k not in known and k not in skipped:
             warn_unknown(c, k, (*path, k), who, "task.spec", known, kind)
 
 

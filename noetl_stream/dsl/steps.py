@@ -89,6 +89,10 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
     if loop is not None and "tool" not in raw:
         c.error((*path, "loop"), f"{who}: a loop needs a 'tool' pipeline to run for each item", at_key=True)
         ok = False
+    result_store, good = (
+        _output(c, raw.get("output"), (*path, "output"), who) if "output" in raw else (None, True)
+    )
+    ok = ok and good
     step_input = raw.get("input")
     if "input" in raw and not isinstance(step_input, dict):
         c.error((*path, "input"), f"{who}: 'input' must be a mapping of names to values (templates)")
@@ -108,9 +112,34 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
         timeout_s=timeout_s,
         deadline_s=deadline_s,
         input=step_input,
+        result_store=result_store,
         line=line,
         col=col,
     )
+
+
+def _output(c: Compiler, raw: Any, path: Path, who: str) -> tuple[str | None, bool]:
+    """NoETL's ``output: {store: {kind}, output_select: [...]}``: where to keep a large result. Results
+    stay inline here; with ``store`` the result gets a ``_ref`` (docs/semantics.md); a warning says so."""
+    if not isinstance(raw, dict):
+        c.error(path, f"{who}: 'output' must be a mapping like {{store: {{kind: kv}}, output_select: [...]}}")
+        return None, False
+    if not c.unknown_keys(raw, ("store", "output_select"), path, who, "output"):
+        return None, False
+    store = raw.get("store")
+    kind = store.get("kind") if isinstance(store, dict) else store
+    if "store" in raw and not isinstance(kind, str):
+        c.error((*path, "store"), f"{who}: output 'store' must be a mapping with a 'kind' (kv, object, ...)")
+        return None, False
+    c.warn(
+        path,
+        f"{who}: 'output' is NoETL's storage hint, accepted and ignored: the result stays inline whole"
+        + (" (output_select keeps every field)" if "output_select" in raw else "")
+        + (" and gets a '_ref' naming it" if "store" in raw else ""),
+        at_key=True,
+        code="ignored-key",
+    )
+    return (kind if isinstance(kind, str) else None), True
 
 
 def _step_spec(
@@ -217,7 +246,17 @@ def parse_loop(c: Compiler, raw: Any, path: Path, who: str) -> Loop | None:
                 code="unknown-key",
             )
         ok = False
-    if "in" not in raw:
+    cursor = _is_cursor(raw)
+    if cursor:
+        ok = _cursor(c, raw, path, who) and ok
+    elif "cursor" in raw:
+        c.error(
+            (*path, "cursor"),
+            f"{who}: 'cursor' is read by a cursor loop only: add 'spec: {{mode: cursor}}' (or loop over 'in')",
+            at_key=True,
+        )
+        ok = False
+    elif "in" not in raw:
         c.error(
             path,
             f"{who}: loop needs 'in' (a list, or a template that renders to one)",
@@ -271,7 +310,64 @@ def parse_loop(c: Compiler, raw: Any, path: Path, who: str) -> Loop | None:
     if not ok:
         return None
     knobs = {k: v for k, v in spec.items() if k not in V.LOOP_SPEC_TYPED}
-    return Loop(in_=raw["in"], iterator=str(iterator), spec=lspec, raw_spec=knobs)
+    return Loop(
+        in_=raw.get("in"), iterator=str(iterator), spec=lspec, raw_spec=knobs, cursor=raw.get("cursor")
+    )
+
+
+def _is_cursor(raw: dict[str, Any]) -> bool:
+    spec = raw.get("spec")
+    policy = spec.get("policy") if isinstance(spec, dict) else None
+    return (isinstance(spec, dict) and spec.get("mode") == "cursor") or (
+        isinstance(policy, dict) and policy.get("mode") == "cursor"
+    )
+
+
+def _cursor(c: Compiler, raw: dict[str, Any], path: Path, who: str) -> bool:
+    """A cursor loop (NoETL's ``spec.mode: cursor``): ``cursor: {kind: postgres, auth, claim}``, no ``in``."""
+    ok = True
+    if "in" in raw:
+        c.error(
+            (*path, "in"),
+            f"{who}: a cursor loop takes its items from its claim, not from 'in': remove 'in' "
+            "(or the cursor mode)",
+            at_key=True,
+            code="conflict",
+        )
+        ok = False
+    cursor = raw.get("cursor")
+    if not isinstance(cursor, dict):
+        c.error(
+            (*path, "cursor") if "cursor" in raw else path,
+            f"{who}: a cursor loop needs 'cursor: {{kind: postgres, auth, claim}}' (the claim query "
+            "returns the rows of one frame)",
+            at_key=True,
+            code="missing" if "cursor" not in raw else "invalid",
+        )
+        return False
+    ok = c.unknown_keys(cursor, V.CURSOR_KEYS, (*path, "cursor"), who, "cursor") and ok
+    if cursor.get("kind") != "postgres":
+        c.error(
+            (*path, "cursor", "kind") if "kind" in cursor else (*path, "cursor"),
+            f"{who}: a cursor loop claims its rows with 'kind: postgres', got {cursor.get('kind')!r}",
+            at_key="kind" not in cursor,
+        )
+        ok = False
+    claim = cursor.get("claim")
+    if not isinstance(claim, str) or not claim.strip():
+        c.error(
+            (*path, "cursor", "claim") if "claim" in cursor else (*path, "cursor"),
+            f"{who}: the cursor needs 'claim', the SQL that claims a frame of rows and returns them "
+            "(UPDATE ... RETURNING ...)",
+            at_key="claim" not in cursor,
+            code="missing",
+        )
+        ok = False
+    auth = cursor.get("auth")
+    if auth is not None and not isinstance(auth, str):
+        c.error((*path, "cursor", "auth"), f"{who}: cursor 'auth' must name a credential")
+        ok = False
+    return ok
 
 
 def _loop_spec(c: Compiler, spec: dict[str, Any], path: Path, who: str) -> LoopSpec | None:
@@ -331,6 +427,39 @@ def _loop_spec(c: Compiler, spec: dict[str, Any], path: Path, who: str) -> LoopS
             f"{V.one_of(V.LOOP_EXECS)}, got {exec_!r}{V.suggest(str(exec_), V.LOOP_EXECS)}",
         )
         ok, exec_ = False, "local"
+    frame_rows: int | None = None
+    frame = spec.get("frame")
+    if mode == "cursor":
+        if exec_ != "local":
+            c.error(
+                (*path, "policy", "exec"),
+                f"{who}: a cursor loop runs on one worker (exec: local): its claims are queries, and the "
+                "controller runs none",
+            )
+            ok = False
+        frame_rows, good = _frame(c, frame, (*path, "frame"), who)
+        ok = ok and good
+    elif frame is not None:
+        c.error(
+            (*path, "frame"), f"{who}: loop 'frame' is read by a cursor loop only (mode: cursor)", at_key=True
+        )
+        ok = False
     if not ok:
         return None
-    return LoopSpec(mode=mode, max_in_flight=mif, exec=exec_)
+    return LoopSpec(mode=mode, max_in_flight=mif, exec=exec_, frame_max_rows=frame_rows)
+
+
+def _frame(c: Compiler, frame: Any, path: Path, who: str) -> tuple[int | None, bool]:
+    """``spec.frame: {max_rows}`` of a cursor loop (rows per claim)."""
+    if frame is None:
+        return None, True
+    if not isinstance(frame, dict):
+        c.error(path, f"{who}: loop 'frame' must be a mapping like {{max_rows: 100}}")
+        return None, False
+    if not c.unknown_keys(frame, V.FRAME_KEYS, path, who, "frame"):
+        return None, False
+    rows = frame.get("max_rows")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        c.error((*path, "max_rows"), f"{who}: frame max_rows must be a whole number >= 1, got {rows!r}")
+        return None, False
+    return rows, True

@@ -12,6 +12,7 @@ from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.pylibs import check_libs
 from noetl_stream.dsl.rules import parse_task_policy
 from noetl_stream.dsl.speckeys import check_task_spec
+from noetl_stream.dsl.toolforms import nested_spec_keys, task_forms
 
 if TYPE_CHECKING:
     from noetl_stream.dsl.compiler import Compiler
@@ -245,6 +246,8 @@ def parse_task(
     if "credential" in raw and info is not None and info.keys is not None and "auth" in info.keys:
         raw, ok = _credential_as_auth(c, raw, path, twho)
         auth_key = "credential" if ok else auth_key
+    raw, good = task_forms(c, raw, path, twho, kind, info)
+    ok = ok and good
     allowed = None if info is None or info.keys is None else COMMON_TASK_KEYS | info.keys
     for k in raw:
         if k in V.DEPRECATED_TASK:
@@ -306,7 +309,7 @@ def parse_task(
     if not isinstance(spec, dict):
         c.error((*path, "spec"), f"{twho}: 'spec' must be a mapping")
         return None
-    check_task_spec(c, spec, (*path, "spec"), twho, kind)
+    check_task_spec(c, spec, (*path, "spec"), twho, kind, skip=nested_spec_keys(spec, info, kind))
     if "policy" in spec:
         policy = parse_task_policy(c, spec["policy"], (*path, "spec", "policy"), twho, labels)
         ok = ok and policy is not None

@@ -26,12 +26,22 @@ ROOT_KEYS: Final = (
 )
 METADATA_KEYS: Final = ("name", "path", "version", "description", "labels")
 EXECUTOR_KEYS: Final = ("kind", "spec")
+IGNORED_KEYS: Final = {
+    "root": ("tracing", "labels", "exposes_as_mcp"),
+    "metadata": ("tags", "exposes_as_mcp"),
+    "executor": ("profile", "version", "requires"),
+}
+"""Keys NoETL's playbooks give that nothing here reads: accepted with a warning (code ``ignored-key``)."""
 KEYCHAIN_REQUIRED: Final = ("name", "kind")
-STEP_KEYS: Final = ("step", "desc", "spec", "loop", "tool", "next", "input")
+STEP_KEYS: Final = ("step", "desc", "spec", "loop", "tool", "next", "input", "output")
 DIALECT_KEYS: Final = ("set", "input")
 """Keys of the deployed NoETL dialect accepted on steps and tasks (``dsl/dialect.py`` normalizes them)."""
-LOOP_KEYS: Final = ("in", "iterator", "spec")
-LOOP_SPEC_TYPED: Final = ("mode", "max_in_flight", "policy")
+LOOP_KEYS: Final = ("in", "iterator", "spec", "cursor")
+LOOP_SPEC_TYPED: Final = ("mode", "max_in_flight", "policy", "frame")
+CURSOR_KEYS: Final = ("kind", "auth", "claim")
+FRAME_KEYS: Final = ("max_rows",)
+DEFAULT_FRAME_MAX_ROWS: Final = 100
+"""The rows a cursor loop's claim asks for when ``spec.frame.max_rows`` is not given."""
 LOOP_POLICY_KEYS: Final = (
     "exec",
     "mode",
@@ -98,7 +108,7 @@ SPEC_REJECTED: Final = ("next_mode",)
 DO_VALUES: Final = ("continue", "retry", "jump", "break", "fail")
 BACKOFF_VALUES: Final = ("none", "linear", "exponential")
 ROUTE_MODES: Final = ("exclusive", "inclusive")
-LOOP_MODES: Final = ("sequential", "parallel")
+LOOP_MODES: Final = ("sequential", "parallel", "cursor")
 LOOP_EXECS: Final = ("local", "distributed")
 FAILURE_MODES: Final = ("fail_fast", "best_effort")
 CONTROL_KEYS: Final = frozenset({"rules", "do", "retry", "jump", "break", "continue", "fail"})
@@ -158,7 +168,6 @@ DEPRECATED_STEP: Final = {
 DEPRECATED_TASK: Final = {
     "eval": "use spec.policy.rules",
     "expr": "use 'when' inside spec.policy.rules",
-    "retry": "use spec.policy.rules with 'do: retry'",
     "sink": "store results with a following task of a storage kind",
     "vars": "use set_iter or set_ctx in spec.policy.rules",
     "when": "use spec.policy.rules (outcome control) or the step's spec.policy.admit (admission)",

@@ -255,8 +255,10 @@ def _then_path(rule: dict[str, Any], rp: Path) -> Path:
 
 
 def check_no_task_legacy(t: Translation, task: dict[str, Any], path: Path, who: str) -> None:
-    """Task keys 002 had that nothing translates: report why and drop them."""
-    for key in ("when", "retry", "sink", "vars"):
+    """Task keys 002 had that nothing translates: report why and drop them. (A task's ``retry:`` is not
+    one: NoETL's playbooks give it and both engines ignore it, so the compiler accepts it with a
+    warning, ``dsl/toolforms.py``.)"""
+    for key in ("when", "sink", "vars"):
         if key in task:
             t.error(
                 (*path, key),

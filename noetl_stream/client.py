@@ -109,16 +109,29 @@ _PLAYBOOK_KIND = re.compile(r"""kind["']?\s*:\s*["']?playbook\b""")
 
 def child_paths(text: str, file: str, extensions: Iterable[str] = ()) -> list[str]:
     """Literal ``path``s of ``kind: playbook`` tasks (steps and workbook) of a playbook."""
-    if "playbook" not in text or not _PLAYBOOK_KIND.search(text):
-        return []  # no child playbooks: skip compiling
+    return _file_refs(text, file, extensions)[0]
+
+
+def _file_refs(text: str, file: str, extensions: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """The files a playbook names: its child playbooks (`child_paths`) and its tasks' script files
+    (``script: {uri, source: {type: file}}``, compiled to ``script: {path}``)."""
+    children = "playbook" in text and _PLAYBOOK_KIND.search(text) is not None
+    if not children and "script" not in text:
+        return [], []  # neither: skip compiling
     result = compile_playbook(text, file, extensions=extensions)
     if result.playbook is None:
-        return []
+        return [], []
     pb = result.playbook
     tasks = [t for s in pb.workflow for t in s.tasks] + list(pb.workbook.values())
-    return [
+    paths = [
         str(t.config["path"]) for t in tasks if t.kind == "playbook" and isinstance(t.config.get("path"), str)
     ]
+    scripts = [
+        str(t.config["script"]["path"])
+        for t in tasks
+        if isinstance(t.config.get("script"), dict) and isinstance(t.config["script"].get("path"), str)
+    ]
+    return paths, scripts
 
 
 class AttachmentError(NoetlError, ValueError):
@@ -151,7 +164,20 @@ def collect_attachments(
     todo = [(text, "", Path(file).parent)]
     while todo:
         body, directory, base = todo.pop()
-        for ref in child_paths(body, str(base / "_"), extensions):
+        children, scripts = _file_refs(body, str(base / "_"), extensions)
+        for ref in scripts:  # a task's script file: shipped as it is, read by its worker
+            key = attachment_key(directory, ref)
+            if key not in found and (base / ref).is_file():
+                if files >= limit:
+                    raise AttachmentError(
+                        f"{file}: its child playbooks and script files reach more than {limit} files "
+                        f"(the most shipped with one request; {ref!r} is one too many)"
+                    )
+                found[key] = (base / ref).read_text(encoding="utf-8")
+                files += 1
+            if key in found:
+                found.setdefault(posixpath.join(directory, ref), found[key])
+        for ref in children:
             key = attachment_key(directory, ref)
             spelled = posixpath.join(directory, ref)
             if key in found:

@@ -172,9 +172,7 @@ def test_every_known_key_and_reserved_placeholder_compiles_without_a_warning() -
 
 
 KNOWN_STEP = "known: child_timeout_s, max_body_bytes, policy, pool, pool_size, timeout, timeout_s"
-KNOWN_LOOP = (
-    "known: child_timeout_s, frame, max_body_bytes, max_in_flight, mode, policy, pool_size, timeout, timeout_s"
-)
+KNOWN_LOOP = "known: child_timeout_s, frame, max_body_bytes, max_in_flight, mode, policy, pool_size, timeout, timeout_s"
 KNOWN_EXECUTOR = (
     "known: child_timeout_s, deadline_s, extensions, max_body_bytes, max_task_runs, policy, pool, pool_size, "
     "timeout, timeout_s"

@@ -2,7 +2,8 @@
 
 docs/semantics.md: a workbook task runs the root template "with the caller's rendered `args` as
 `args`"; docs/tools.md: a python task binds its ``args`` as local names (and as ``args``). A template
-that declares ``args`` of its own renders them with the caller's in scope as ``args``; its keys win.
+that declares ``args`` (or ``input``) of its own renders them with the caller's in scope as ``args``; they
+are defaults, and the caller's keys win (as NoETL merges a workbook call's ``input``).
 """
 
 from __future__ import annotations
@@ -46,13 +47,15 @@ workflow:
     assert r.result == [{"args": {"label": f"x{x}", "d": 2 * x}, "local": f"x{x}"} for x in (1, 2, 3)]
 
 
-async def test_a_templates_own_args_render_with_the_callers_and_win_key_by_key(runtime: Runtime) -> None:
+async def test_a_templates_own_args_render_with_the_callers_and_the_callers_win_key_by_key(
+    runtime: Runtime,
+) -> None:
     text = (
         HEADER
         + """workbook:
   scaled:
     kind: python
-    args: {v: "{{ args.v * 10 }}", unit: cm}
+    args: {scaled: "{{ args.v * 10 }}", unit: cm, tag: t}
     code: |
       result = dict(args)
 workflow:
@@ -65,4 +68,4 @@ workflow:
     r = await run(runtime, text)
 
     assert r.status == "success", r.summary.error
-    assert r.result == {"v": 40, "unit": "cm", "note": "kept"}
+    assert r.result == {"scaled": 40, "tag": "t", "v": 4, "unit": "m", "note": "kept"}

@@ -22,7 +22,8 @@ class Plan:
     workbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Workbook templates each step uses."""
     playbook_refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Child playbook paths each step runs (literal paths only)."""
+    """Child playbook paths each step runs (literal paths only), and its tasks' script files: a step with
+    any gets the request's attachments."""
     keychain_readers: frozenset[str] = frozenset()
     """Steps whose templates read ``keychain`` or whose tasks name a declared entry in ``auth`` (or give a
     template there, which may render to one): their commands carry the playbook's keychain declarations
@@ -51,6 +52,11 @@ class Plan:
                 str(t.config["path"])
                 for t in tasks
                 if t.kind == "playbook" and isinstance(t.config.get("path"), str)
+            ) + tuple(  # a task's script file (`script: {path}`) is shipped the same way
+                str(t.config["script"]["path"])
+                for t in tasks
+                if isinstance(t.config.get("script"), dict)
+                and isinstance(t.config["script"].get("path"), str)
             )
         scoped = {
             s.name

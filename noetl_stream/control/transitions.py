@@ -346,6 +346,8 @@ class Run:
         except RenderError as exc:
             self.fail_run(run, {"kind": "template_error", "message": str(exc)})
             return
+        if items is None:  # as NoETL: nothing to iterate over
+            items = []
         if not isinstance(items, list):
             self.fail_run(
                 run,

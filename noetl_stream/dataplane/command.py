@@ -22,6 +22,7 @@ from noetl_stream import tracing
 from noetl_stream.carried import carry
 from noetl_stream.dataplane.checkpoints import Checkpoints
 from noetl_stream.dataplane.children import in_iteration
+from noetl_stream.dataplane.cursor import run_cursor_loop, with_ref
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline, task_run_id
@@ -452,7 +453,7 @@ class CommandRun:
             started["delivery"] = self.delivery
         self.event(E.STEP_STARTED, "step", run_id, "in_progress", run_id, started)
         if step.loop is not None:
-            await self.local_loop(base)
+            await (run_cursor_loop(self, base) if step.loop.cursor is not None else self.local_loop(base))
             return
         with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
             res = await run_pipeline(base, self.task_hook(run_id))
@@ -464,7 +465,7 @@ class CommandRun:
                 run_id,
                 "success",
                 run_id,
-                {"result": res.result, "ctx_patches": res.ctx_patches},
+                {"result": with_ref(cmd, res.result), "ctx_patches": res.ctx_patches},
             )
         else:
             self.event(
@@ -520,6 +521,8 @@ class CommandRun:
         except RenderError as exc:
             self.fail({"kind": "template_error", "message": str(exc)})
             return
+        if items is None:  # as NoETL: nothing to iterate over (an empty list, a query without rows)
+            items = []
         if not isinstance(items, list):
             message = f"{where}.in: 'in' must render to a list, got {type(items).__name__}"
             self.fail({"kind": "loop_error", "message": message})

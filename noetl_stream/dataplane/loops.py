@@ -12,7 +12,7 @@ execution is a child started from a loop iteration (003 §6.4, `children.py`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,9 +74,12 @@ async def run_local_loop(
     completed: dict[int, Completed] | None = None,
     parent_iter: dict[str, Any] | None = None,
     hand_back: Callable[[], bool] | None = None,
+    indices: Sequence[int] | None = None,
 ) -> LoopResult:
     """Run the iterations; those in ``completed`` (a resumed command) are not run again. `parent_iter`:
-    the outer iteration (``iter.parent``) when the execution is a child started from one."""
+    the outer iteration (``iter.parent``) when the execution is a child started from one. `indices`: the
+    iteration index of each item (a cursor loop's frame, `cursor.py`), else its position; ``results``
+    are by position."""
     loop = base.step.loop
     assert loop is not None
     total = len(items)
@@ -85,7 +88,8 @@ async def run_local_loop(
     sem = asyncio.Semaphore(limit)
     ctx = dict(base.scope.get("ctx") or {})
 
-    async def one(index: int) -> None:
+    async def one(k: int) -> None:
+        index = indices[k] if indices is not None else k
         try:
             if fail_fast and out.errors:
                 out.stopped = True
@@ -94,7 +98,7 @@ async def run_local_loop(
                 await on_iteration("loop.iteration.started", index, {})
             scope = dict(base.scope)
             scope["ctx"] = ctx if not parallel else scope.get("ctx") or {}
-            it = iteration_scope(loop.iterator, items[index], index, parent_iter)
+            it = iteration_scope(loop.iterator, items[k], index, parent_iter)
             inp = replace(
                 base,
                 scope=scope,
@@ -109,7 +113,7 @@ async def run_local_loop(
                 out.ctx_patches.extend(res.ctx_patches)
             if res.status == "ok":
                 out.done += 1
-                out.results[index] = res.result
+                out.results[k] = res.result
                 if on_iteration is not None:
                     payload: dict[str, Any] = {"result": res.result}
                     if res.ctx_patches:
@@ -125,11 +129,12 @@ async def run_local_loop(
 
     tasks: set[asyncio.Task[None]] = set()
     try:
-        for index in range(total):
+        for k in range(total):
+            index = indices[k] if indices is not None else k
             done_before = completed.get(index) if completed else None
             if done_before is not None:
                 out.done += 1
-                out.results[index] = done_before.result
+                out.results[k] = done_before.result
                 for patch in done_before.ctx_patches:
                     ctx.update(patch)
                 out.ctx_patches.extend(done_before.ctx_patches)
@@ -144,9 +149,9 @@ async def run_local_loop(
                 out.stopped = True
                 break
             if limit == 1:
-                await one(index)
+                await one(k)
             else:
-                task = asyncio.ensure_future(one(index))
+                task = asyncio.ensure_future(one(k))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         if tasks:

@@ -373,20 +373,52 @@ def _resolve_workbook(
 
 
 def _with_caller_args(config: dict[str, Any], caller_args: dict[str, Any]) -> dict[str, Any]:
-    """A workbook template's rendered config with the caller's args as its ``args``; the keys of the
-    template's own ``args`` (rendered with the caller's as ``args``) win. Already rendered values are
-    never rendered again. Own ``args`` that render to no mapping are left for its tool to report; a
-    caller without args leaves the config as the template wrote it."""
+    """A workbook template's rendered config with the caller's args as its ``args``: the template's own
+    ``args`` (its ``input``; rendered with the caller's as ``args``) are defaults, and the caller's keys
+    win, as in NoETL. Already rendered values are never rendered again. Own ``args`` that render to no
+    mapping are left for its tool to report; a caller without args leaves the config as the template
+    wrote it."""
     if not caller_args:
         return config
     own = config.get("args")
     if own is None:
         merged = dict(caller_args)
     elif isinstance(own, dict):
-        merged = {**caller_args, **own}
+        merged = {**own, **caller_args}
     else:
         return config
     return {**config, "args": merged}
+
+
+_MISSING = object()
+
+
+def render_config(
+    config: dict[str, Any], scope: dict[str, Any], where: str, step_input: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A task's config rendered. Its ``args`` (``input:``) render first, with the step's ``input:`` merged
+    over them (the step's keys win); the other fields then read them as ``input`` and, over the step's
+    ``args``, as ``args``. A task without inputs (and a step without) renders in one pass."""
+    if "args" not in config and not step_input:
+        rendered: dict[str, Any] = render_value(config, scope, where)
+        return rendered
+    own = render_value(config["args"], scope, f"{where}.args") if "args" in config else {}
+    if not isinstance(own, dict):  # its tool reports it (a template that rendered to no mapping)
+        return {**render_value({k: v for k, v in config.items() if k != "args"}, scope, where), "args": own}
+    inputs = {**own, **step_input} if step_input else own
+    saved_input, saved_args = scope.get("input", _MISSING), scope.get("args", _MISSING)
+    outer = saved_args if isinstance(saved_args, dict) else {}
+    scope["input"] = inputs
+    scope["args"] = {**outer, **inputs}
+    try:
+        rest = render_value({k: v for k, v in config.items() if k != "args"}, scope, where)
+    finally:
+        for key, saved in (("input", saved_input), ("args", saved_args)):
+            if saved is _MISSING:
+                scope.pop(key, None)
+            else:
+                scope[key] = saved
+    return {**rest, "args": inputs}
 
 
 async def _run_task(
@@ -415,7 +447,13 @@ async def _run_task(
         outcome = Outcome.fail("unsupported_kind", f"this worker cannot run tool kind '{task.kind}'")
     else:
         try:
-            config = render_value(task.config, scope, f"step '{inp.step.name}' task '{label}'")
+            step_input = scope.get("input") if inp.step.input and caller_args is None else None
+            config = render_config(
+                task.config,
+                scope,
+                f"step '{inp.step.name}' task '{label}'",
+                step_input if isinstance(step_input, dict) else None,
+            )
         except RenderError as exc:
             outcome = Outcome.fail("template_error", str(exc))
         else:
@@ -433,6 +471,8 @@ async def _run_task(
                 scope_id=inp.scope_id,
                 attachments=inp.attachments,
                 stop_check=inp.stop_check,
+                scope=scope,
+                first=run_no == 1,
             )
             timeout = spec.get("timeout_s")
             try:

@@ -243,7 +243,12 @@ def _defs(kinds: tuple[str, ...]) -> Schema:
                 },
                 "spec": _ref("loopSpec"),
                 "cursor": _obj(
-                    {"kind": {"const": "postgres"}, "auth": {"type": "string"}, "claim": {"type": "string"}},
+                    {
+                        "kind": {"const": "postgres"},
+                        "auth": {"type": "string"},
+                        "dsn": {"type": "string"},
+                        "claim": {"type": "string"},
+                    },
                     required=("kind", "claim"),
                     description="a cursor loop's claim (spec.mode: cursor): each returned row is an iteration",
                 ),

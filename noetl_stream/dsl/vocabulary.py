@@ -38,7 +38,7 @@ DIALECT_KEYS: Final = ("set", "input")
 """Keys of the deployed NoETL dialect accepted on steps and tasks (``dsl/dialect.py`` normalizes them)."""
 LOOP_KEYS: Final = ("in", "iterator", "spec", "cursor")
 LOOP_SPEC_TYPED: Final = ("mode", "max_in_flight", "policy", "frame")
-CURSOR_KEYS: Final = ("kind", "auth", "claim")
+CURSOR_KEYS: Final = ("kind", "auth", "dsn", "claim")
 FRAME_KEYS: Final = ("max_rows",)
 DEFAULT_FRAME_MAX_ROWS: Final = 100
 """The rows a cursor loop's claim asks for when ``spec.frame.max_rows`` is not given."""

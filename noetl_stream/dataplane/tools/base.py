@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import math
+import posixpath
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -100,12 +101,35 @@ class ToolContext:
     """Child playbook texts by path, shipped with the command."""
     stop_check: Callable[[], str | None] | None = None
     """A reason when the execution has ended (tools that wait long should give up then)."""
+    scope: Mapping[str, Any] | None = None
+    """The template scope the task's config rendered in (python's ``context``); tools never change it."""
+    first: bool = False
+    """No task ran before this one in its pipeline run (a ``noop`` without ``result`` then has no
+    previous result to hand on)."""
 
     async def credential(self, name: str) -> dict[str, Any]:
         """The keychain entry ``name`` (raises ``KeyError`` when there is none)."""
         if self.services is None or self.services.credentials is None:
             raise KeyError(name)
         return await self.services.credentials(name)
+
+
+def script_file(config: Mapping[str, Any], ctx: ToolContext) -> str:
+    """The text of a task's ``script: {path}`` (NoETL's file script): a file shipped with the playbook,
+    by its path relative to the playbook. Raises ``ValueError`` saying what is missing."""
+    script = config.get("script")
+    path = script.get("path") if isinstance(script, Mapping) else None
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"'script' must be {{path: <file>}}, got {script!r}")
+    text = ctx.attachments.get(path)
+    if text is None:
+        text = ctx.attachments.get(posixpath.normpath(path))
+    if text is None:
+        raise ValueError(
+            f"script file {path!r} was not shipped with the playbook (a path relative to the playbook's "
+            "file, read when it is run or submitted from that file)"
+        )
+    return text
 
 
 def seconds(value: Any, name: str = "spec.timeout", shape: str = "") -> float | None:

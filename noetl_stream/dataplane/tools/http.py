@@ -8,7 +8,8 @@ as is), ``payload`` (like ``body`` for str/bytes, else like ``json``) and ``data
 not a body but query parameters, merged with ``params`` (``params`` wins a name both give). ``auth``
 names a keychain entry: ``bearer``/``http_bearer`` {token}, ``basic``/``http_basic`` {username,
 password}, or ``api_key`` {value, header (default ``X-API-Key``)} / {value, param} (a query parameter).
-``spec.timeout``: ``{connect, read, total}`` in seconds, each a number or text holding one (a number sets
+``verify_ssl: false`` skips the check of the server's certificate (NoETL's key; a task's ``timeout`` or
+``timeout_seconds`` is compiled into ``spec.timeout``). ``spec.timeout``: ``{connect, read, total}`` in seconds, each a number or text holding one (a number sets
 connect and read; defaults in ``dsl/kinds.py``; no total by default: ``total`` bounds a server that sends
 a byte now and then, which no read timeout catches). ``spec.max_body_bytes`` (default 64 MiB; a whole
 number or text holding one): a longer 2xx body is not read but fails the task with
@@ -125,6 +126,15 @@ def _timeout(spec: Mapping[str, Any]) -> aiohttp.ClientTimeout:
         connect = read = _seconds("spec.timeout", raw)
         total = None
     return aiohttp.ClientTimeout(total=total, sock_connect=connect, sock_read=read)
+
+
+def _verify_ssl(value: Any) -> bool:
+    """``verify_ssl`` (NoETL's key): false sends the request without checking the server's certificate."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise _ConfigError(f"'verify_ssl' must be true or false, got {value!r}")
+    return value
 
 
 def _max_body(spec: Mapping[str, Any]) -> int:
@@ -319,6 +329,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                 sensitive = sensitive | {header}
             if param:
                 names = frozenset({param})
+        verify = _verify_ssl(config.get("verify_ssl", True))
         guarded = [name for name in headers if name.lower() in sensitive]
         middlewares = _same_origin_only(url, guarded) if guarded else ()
     except _ConfigError as exc:
@@ -356,6 +367,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                 http,
                 sensitive,
                 middlewares,
+                verify,
             )
         answered = True
     except _TooLarge as exc:
@@ -421,6 +433,7 @@ async def _request(
     http: dict[str, Any],
     sensitive: frozenset[str],
     middlewares: tuple[ClientMiddlewareType, ...],
+    verify: bool = True,
 ) -> Outcome:
     async with session.request(
         method,
@@ -430,6 +443,7 @@ async def _request(
         data=data,
         timeout=timeout,
         middlewares=middlewares or None,
+        ssl=verify,  # False: no certificate check (verify_ssl)
     ) as resp:
         http["status"] = resp.status
         http["headers"] = response_headers(resp.headers, sensitive)

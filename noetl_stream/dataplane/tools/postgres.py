@@ -62,7 +62,13 @@ from asyncpg.pgproto import pgproto
 from pglast.parser import ParseError
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe, sql_infinity
-from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns, seconds
+from noetl_stream.dataplane.tools.base import (
+    DuplicateColumnsError,
+    ToolContext,
+    check_columns,
+    script_file,
+    seconds,
+)
 from noetl_stream.dataplane.tools.sqlresult import command_result, rows_result, task_result
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
@@ -458,6 +464,12 @@ def _pg_error(
 async def run_postgres(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     secrets: set[str] = set()
     try:
+        if config.get("script") is not None:  # NoETL's file script: its text is the command
+            try:
+                text = script_file(config, ctx)
+            except ValueError as exc:
+                raise _ConfigError(str(exc)) from None
+            config = {**{k: v for k, v in config.items() if k != "script"}, "command": text}
         stmts = _statements(config)
         transaction = _transaction(config.get("transaction"))
         connect_timeout, timeout = _timeouts(ctx.spec)

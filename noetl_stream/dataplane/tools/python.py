@@ -29,12 +29,13 @@ import io
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, TextIO
 
 from noetl_stream.dataplane.outcome import Outcome, json_safe
 from noetl_stream.dataplane.tools import pycode
-from noetl_stream.dataplane.tools.base import ToolContext, timeout_seconds
+from noetl_stream.dataplane.tools.base import ToolContext, script_file, timeout_seconds
 from noetl_stream.dataplane.tools.pycode import (
     Program,
     compile_code,
@@ -110,8 +111,21 @@ def _call_main(args: dict[str, Any]) -> Callable[[Callable[..., Any]], Any]:
     return call
 
 
-def _execute(program: Program, args: dict[str, Any], prev: Any, libs: list[LibImport]) -> Any:
-    return run_program(program, namespace(args, prev, libs), _call_main(args))
+def _execute(
+    program: Program, args: dict[str, Any], prev: Any, libs: list[LibImport], context: Any = None
+) -> Any:
+    ns = namespace(args, prev, libs)
+    if context is not None:
+        ns.setdefault("context", context)
+    return run_program(program, ns, _call_main(args))
+
+
+def _context(code: str, args: dict[str, Any], ctx: ToolContext) -> Mapping[str, Any] | None:
+    """NoETL's ``context``: the template scope the task rendered in, read-only (a copy: changing what it
+    holds changes nothing else). Built only for code that names it and has no input of that name."""
+    if "context" not in code or "context" in args or ctx.scope is None:
+        return None
+    return MappingProxyType(copy.deepcopy(dict(ctx.scope)))
 
 
 class _TaskExitError(Exception):
@@ -271,6 +285,11 @@ def _inputs(config: dict[str, Any]) -> dict[str, Any] | Outcome:
 
 async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
     code, module = config.get("code"), config.get("module")
+    if config.get("script") is not None and code is None:  # NoETL's file script: its text is the code
+        try:
+            code = script_file(config, ctx)
+        except ValueError as exc:
+            return Outcome.fail("config_error", f"python task: {exc}")
     if code is not None and module is not None:
         return Outcome.fail("config_error", "python task: give 'code' or 'module', not both")
     if not isinstance(code, str) and not isinstance(module, str):
@@ -305,7 +324,8 @@ async def run_python(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                 assert isinstance(code, str)
                 program = compile_code(code, filename, input_names(args, libs))
                 prev = copy.deepcopy(ctx.prev)
-                value, stdout, stderr = await _threaded(lambda: _execute(program, args, prev, libs))
+                context = _context(code, args, ctx)
+                value, stdout, stderr = await _threaded(lambda: _execute(program, args, prev, libs, context))
     except Exception as exc:
         if isinstance(exc, TimeoutError) and bound is not None and bound.expired():
             return Outcome.fail(

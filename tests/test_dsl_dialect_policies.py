@@ -191,3 +191,39 @@ def test_a_policy_on_a_single_object_tool_is_its_steps_one_task() -> None:
     (task,) = pb.step("start").tasks
     assert task.name == "start_task"
     assert task.policy is not None and task.policy.rules[0].then.do == "break"
+
+
+def test_a_workbook_templates_policy_forms_are_read_the_same_way() -> None:
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: workbook, task: ping}
+        """
+    ).replace(
+        "workflow:",
+        """workbook:
+  - name: ping
+    tool:
+      kind: noop
+      spec:
+        policy:
+          rules:
+            - when: "{{ output.status == 'error' }}"
+              then: {do: retry, backoff: fixed, set: {ctx.x: 1}}
+            - else: {do: continue}
+workflow:""",
+    )
+    result = compile_playbook(text, "t.yaml")
+    assert [(d.line, d.code) for d in result.diagnostics] == [
+        (11, "dialect"),
+        (12, "dialect"),
+        (12, "dialect"),
+        (13, "dialect"),
+    ]
+    assert result.playbook is not None
+    policy = result.playbook.workbook["ping"].policy
+    assert policy is not None
+    assert [(r.then.do, r.then.backoff, r.then.set_ctx, r.is_else) for r in policy.rules] == [
+        ("retry", "none", {"x": 1}, False),
+        ("continue", "none", None, True),
+    ]

@@ -404,6 +404,8 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 known = base | labels_by_index.get(path[1], set())
                 if path[2:3] == ("tool",) and "policy" in path:
                     known = known | {"output"}  # a task policy's: NoETL's envelope of the outcome
+            elif root == ("workbook",) and "policy" in path:
+                known = known | {"output"}
             if success_to_ok(text) != text:
                 c.error(
                     path,

@@ -95,7 +95,7 @@ def has_dialect(data: Any) -> bool:
             for _, body, _ in _tasks(step):
                 if "set" in body or "input" in body or any(_then_forms(r) for r in _rules(body)):
                     return True
-    return False
+    return any(_then_forms(r) for _, _, body in _workbook(data) for r in _rules(body))
 
 
 def _arcs(step: dict[str, Any]) -> list[dict[str, Any]]:
@@ -706,7 +706,29 @@ def normalize(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
                 out.append(added)
     if len(out) != len(workflow):
         workflow[:] = out
+    for path, name, task in _workbook(data):
+        dialect._policy(task, path, f"workbook '{name}' task '{name}'", [name], 0)
     return dialect.diagnostics
+
+
+def _workbook(data: Any) -> list[tuple[Path, str, dict[str, Any]]]:
+    """The root workbook's templates (authored path, name, task body), in its list or mapping shape."""
+    raw = data.get("workbook") if isinstance(data, dict) else None
+    out: list[tuple[Path, str, dict[str, Any]]] = []
+    if isinstance(raw, list):
+        for i, item in enumerate(raw):
+            if isinstance(item, dict) and "name" in item:
+                body, path = (
+                    (item["tool"], ("workbook", i, "tool")) if "tool" in item else (item, ("workbook", i))
+                )
+                if isinstance(body, dict):
+                    out.append((path, str(item["name"]), body))
+    elif isinstance(raw, dict):
+        base: Path = ("workbook",)
+        if set(raw) == {"tasks"} and isinstance(raw["tasks"], dict):
+            raw, base = raw["tasks"], ("workbook", "tasks")
+        out += [((*base, k), str(k), v) for k, v in raw.items() if isinstance(v, dict)]
+    return out
 
 
 __all__ = ["add_patches", "has_dialect", "normalize"]

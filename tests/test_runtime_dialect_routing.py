@@ -194,6 +194,42 @@ async def test_a_join_after_branches_that_set_their_own_keys_runs_once_with_all_
     assert r.summary.ctx == {"regions": 3, "emea": 10, "apac": 20, "from_emea": True}
 
 
+async def test_a_cycle_of_steps_runs_while_its_set_guard_holds_and_a_join_after_it_runs_once(
+    runtime: Runtime,
+) -> None:
+    text = playbook(
+        """
+        - step: start
+          set: {ctx.page: 0, ctx.total: 0}
+          next:
+            spec: {mode: inclusive}
+            arcs: [{step: fetch}, {step: audit}]
+        - step: fetch
+          tool: {kind: noop, result: {more: "{{ ctx.page < 2 }}"}}
+          set: {page: "{{ ctx.page + 1 }}", more: "{{ fetch.more }}"}
+          next: {arcs: [{step: save}]}
+        - step: save
+          tool: {kind: noop, result: "{{ ctx.page }}"}
+          set: {total: "{{ ctx.total + 10 }}"}
+          next:
+            arcs:
+              - {step: fetch, when: "{{ ctx.more and event.name != 'step.failed' }}"}
+              - {step: report}
+        - step: audit
+          tool: {kind: python, code: "import time; time.sleep(0.2); result = 'audited'"}
+          next: {arcs: [{step: report}]}
+        - step: report
+          tool: {kind: noop, result: "{{ ctx.total }} {{ audit }}"}
+        """
+    )
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert (r.started("fetch"), r.started("save"), r.started("report")) == (3, 3, 1)
+    assert r.result == "30 audited"
+    assert r.summary.ctx == {"page": 3, "total": 30, "more": False}
+
+
 FAILING_CYCLE = playbook(
     """
     - step: start

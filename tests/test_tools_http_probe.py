@@ -191,6 +191,28 @@ async def test_untrusted_certificate_is_a_tls_error_not_retryable(
     assert len(r.tasks("start")) == 1  # not retried
 
 
+async def test_verify_ssl_false_accepts_a_certificate_no_client_trusts(
+    nats_server: EmbeddedNats, topology: Topology, self_signed: str
+) -> None:
+    """NoETL's ``verify_ssl: false`` (and a timeout in NoETL's spelling): the request is sent without
+    checking the certificate; ``verify_ssl: true`` (the default) still refuses it."""
+    text = playbook(
+        """
+        - step: start
+          tool:
+            - {name: unchecked, kind: http, url: "{{ api }}/", verify_ssl: false, timeout_seconds: 5}
+            - {name: checked, kind: http, url: "{{ api }}/", verify_ssl: "true"}
+        """,
+        workload={"api": self_signed},
+    )
+    async with local_runtime(nats_server.url, topology=topology) as rt:
+        r = await run(rt, text)
+    assert r.status == "failed"
+    unchecked, checked = r.tasks("start")
+    assert unchecked.payload["status"] == "ok" and unchecked.payload["result"]["status_code"] == 200
+    assert checked.payload["error"]["kind"] == "tls_error"
+
+
 @pytest.mark.parametrize("url", ["127.0.0.1:9/items", "ftp://127.0.0.1/items"])
 async def test_url_that_is_not_http_is_a_config_error(
     nats_server: EmbeddedNats, topology: Topology, url: str

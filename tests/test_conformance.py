@@ -74,7 +74,6 @@ RUN_GAPS: dict[str, str] = {
     "ledger_validation_fail": "call.done/call.error refused without the legacy extension",
     "meter_readings_loop_list": "loop iterator not bound as a bare name",
     "orders_http_pg_duckdb": "output undefined in step set: and arc when",
-    "partner_api_error_kinds": "policy then.set: is an unknown key",
     "payroll_python_forms": "no .data alias on a step result without a data key",
     "refund_gate_rows": "output undefined in step set: and arc when",
     "release_gate_set_keys": "set: keys without ctx./iter. (bare, step.) refused",

@@ -381,6 +381,7 @@ async def retry_request(
             "--from-step)"
         )
     results = {k: v for k, v in state.results.items() if k not in {t["step"] for t in tokens}}
+    meta = {k: v for k, v in state.result_meta.items() if k in results}
     request = msgspec.convert(
         {
             **{
@@ -404,6 +405,7 @@ async def retry_request(
                 "execution_id": execution_id,
                 "tokens": tokens,
                 "results": results,
+                **({"result_meta": meta} if meta else {}),
                 "ctx": state.ctx,
                 "step_status": {k: v for k, v in state.step_status.items() if v == "done"},
             },

@@ -39,6 +39,8 @@ class ResumeFrom(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     execution_id: str
     tokens: list[ResumeToken]
     results: dict[str, Any] = {}
+    result_meta: dict[str, Any] = {}
+    """What the views of `results` need beyond the values (`ExecutionState.result_meta`)."""
     ctx: dict[str, Any] = {}
     step_status: dict[str, str] = {}
 
@@ -145,6 +147,9 @@ class Command(msgspec.Struct, omit_defaults=True):
     ctx: dict[str, Any] = {}
     args: dict[str, Any] = {}
     results: dict[str, Any] = {}
+    result_meta: dict[str, Any] = {}
+    """What the step's views of `results` need beyond the values, by step name: a loop's counts
+    (``stats``), a pipeline's task results (``tasks``, ``result_task``) (`noetl_stream.dsl.views`)."""
     executor_spec: dict[str, Any] = {}
     iteration: Iteration | None = None
     trace_id: str | None = None

@@ -163,11 +163,11 @@ WARNING_CASES = [
 """),
         [
             "bad.yaml:12:9: warning: step 'start': task 'fetch' uses the label-as-key shape; write it as '- name: fetch' with 'kind: ...' (003 §7) (at workflow[0].tool[0].fetch)",
-            "bad.yaml:14:16: warning: step 'start' task 'fetch': template reads 'item', which is not defined in any scope; did you mean 'iter.item'? (at workflow[0].tool[0].fetch.url)",
+            "bad.yaml:14:16: warning: step 'start' task 'fetch': '{{ item }}' reads the loop's item bare (NoETL's); canonical: 'iter.item' (at workflow[0].tool[0].fetch.url)",
             "bad.yaml:15:9: warning: step 'start': task 'store' uses the label-as-key shape; write it as '- name: store' with 'kind: ...' (003 §7) (at workflow[0].tool[1].store)",
             "bad.yaml:17:19: warning: step 'start' task 'store': template reads 'fetchh', which is not defined in any scope; did you mean 'fetch'? (at workflow[0].tool[1].store.result)",
         ],
-        id="label-as-key-warnings-and-undefined-names",
+        id="label-as-key-warnings-the-item-bare-and-undefined-names",
     ),
 ]
 

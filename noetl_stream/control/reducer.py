@@ -30,7 +30,8 @@ from noetl_stream.control.transitions import Run as _Run
 from noetl_stream.decoding import shape_error
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.dsl.diagnostics import Diagnostic
-from noetl_stream.dsl.layering import deep_merge
+from noetl_stream.dsl.scope import render_workload
+from noetl_stream.dsl.templates import RenderError
 from noetl_stream.wire import (
     Event,
     ExecutionRequest,
@@ -254,7 +255,11 @@ class Reducer:
         state.content_hash = plan.content_hash
         state.name = plan.playbook.metadata.name
         state.path = plan.playbook.metadata.path
-        state.workload = deep_merge(plan.playbook.workload, payload)
+        try:  # the workload's own templates render once, here: every step, and a replay, sees the values
+            state.workload = render_workload(plan.playbook.workload, payload, eid)
+        except RenderError as exc:
+            self._reject(state, fx, {"kind": "template_error", "message": str(exc)})
+            return state
         deadline = request.deadline_s or plan.playbook.executor.spec.get("deadline_s")
         if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0:
             state.deadline_s = float(deadline)
@@ -285,6 +290,9 @@ class Reducer:
             # A retry: the recorded results and ctx stand; only the given steps run again.
             run.workflow_started()
             state.results = dict(resume.get("results") or {})
+            state.result_meta = {
+                k: v for k, v in (resume.get("result_meta") or {}).items() if k in state.results
+            }
             state.ctx = dict(resume.get("ctx") or {})
             state.step_status = {k: str(v) for k, v in (resume.get("step_status") or {}).items()}
             for token in resume["tokens"]:

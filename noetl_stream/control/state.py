@@ -87,6 +87,9 @@ class ExecutionState(msgspec.Struct):
     ctx_written: dict[str, tuple[int, str]] = {}
     """Each ctx key's last write: the revision it made and the step run that made it."""
     results: dict[str, Any] = {}
+    result_meta: dict[str, dict[str, Any]] = {}
+    """What a step's boundary said about its result beyond the value (`noetl_stream.dsl.views.result_meta`),
+    for the views templates read it through: a loop's counts, a pipeline's results by task label."""
     step_status: dict[str, str] = {}
     failed_in_row: dict[str, int] = {}
     """Steps whose last runs failed: how many in a row (a cycle re-entering a failing step, `Run.route`)."""

@@ -18,6 +18,7 @@ from noetl_stream.dsl.model import Step
 from noetl_stream.dsl.policy import MAX_FAILED_REENTRIES, admit, route
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.dsl.views import result_meta
 from noetl_stream.wire import (
     Command,
     Event,
@@ -135,19 +136,32 @@ class Run:
         )
 
     def scope(
-        self, args: dict[str, Any] | None = None, event: dict[str, Any] | None = None
+        self,
+        args: dict[str, Any] | None = None,
+        event: dict[str, Any] | None = None,
+        output: str | None = None,
+        failed: bool = False,
     ) -> dict[str, Any]:
+        """The scope of admission rules and arcs (with the boundary `event`), and of a distributed loop's
+        ``in``. `output`: the step whose boundary is routed, whose result arcs also read as ``output``
+        and ``result`` (NoETL's names; the same value as ``{{ <step> }}``)."""
         s = self.state
         # A result stored by reference: reading into it is a clear error (byref.py).
         extra = {"event": guard(event, "event.%s")} if event is not None else None
-        return build_scope(
+        scope = build_scope(
             workload=s.workload,
             ctx=s.ctx,
             execution_id=s.execution_id,
             args=guard(args, "args.%s"),
             results=guard(s.results, "the result of step '%s'"),
+            result_meta=_guard_tasks(s.result_meta),
             extra=extra,
         )
+        if output is not None:
+            scope["output"] = scope["result"] = (
+                scope.get(output) if output in s.results and not failed else None
+            )
+        return scope
 
     def new_run_id(self, step: str) -> str:
         n = self.state.step_runs.get(step, 0) + 1
@@ -291,6 +305,7 @@ class Run:
             ctx=s.ctx,
             args=run.args,
             results={k: s.results[k] for k in reads if k in s.results},
+            result_meta={k: s.result_meta[k] for k in reads if k in s.result_meta},
             executor_spec=self.plan.playbook.executor.spec,
             iteration=iteration,
             trace_id=s.trace_id,
@@ -341,7 +356,7 @@ class Run:
         assert step.loop is not None
         where = f"step '{step.name}' loop"
         try:
-            items = render_value(step.loop.in_, scope, f"{where}.in")
+            items = render_value(step.loop.in_, scope, f"{where}.in", as_input=True)
             mif_raw = render_value(step.loop.spec.max_in_flight, scope, f"{where}.spec.max_in_flight")
         except RenderError as exc:
             self.fail_run(run, {"kind": "template_error", "message": str(exc)})
@@ -533,6 +548,11 @@ class Run:
         conflict = self.apply_ctx_patches(event, run)
         if not failed:
             self.state.results[name] = payload.get("result")
+            meta = result_meta(event.name, payload)
+            if meta is None:
+                self.state.result_meta.pop(name, None)
+            else:
+                self.state.result_meta[name] = meta
             self.state.last_step = name
             self.state.failed_in_row.pop(name, None)
         else:
@@ -541,7 +561,12 @@ class Run:
         self.state.step_status[name] = run.status
         ev = dict(payload)
         ev.update(name=event.name, status=event.status, step=name, step_run_id=run.run_id)
-        scope = self.scope(run.args, ev) if name in self.plan.scoped_routes else _NO_SCOPE
+        # (a failed step has no result: its arcs read output as null)
+        scope = (
+            self.scope(run.args, ev, output=name, failed=failed)
+            if name in self.plan.scoped_routes
+            else _NO_SCOPE
+        )
         try:
             if conflict is not None:  # not routed, like a routing error: the playbook must change
                 raise _Unroutable(conflict)
@@ -549,7 +574,12 @@ class Run:
             if failed and fired and self.state.failed_in_row[name] >= MAX_FAILED_REENTRIES:
                 raise _Unroutable(failing_cycle(name, self.state.failed_in_row[name], payload.get("error")))
             arcs = [
-                (a, render_value(a.args, scope, f"step '{name}' arc '{a.step}' args") if a.args else {})
+                (
+                    a,
+                    render_value(a.args, scope, f"step '{name}' arc '{a.step}' args", as_input=True)
+                    if a.args
+                    else {},
+                )
                 for a in fired
             ]
             writes = [  # an arc's `set:` (NoETL's): every value renders before any is written
@@ -790,3 +820,16 @@ class Run:
         summary = {"status": s.status, "result": result, "error": s.error, "steps": dict(s.step_status)}
         self.emit(E.WORKFLOW_FINISHED, "workflow", s.path or s.file, status, "execution", summary)
         self.emit(E.PLAYBOOK_PROCESSED, "playbook", s.path or s.file, status, "execution", summary)
+
+
+def _guard_tasks(meta: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`meta` with a pipeline's task results stored by reference wrapped (`guard`): reading a label's
+    fields in an arc is then the clear error, not an undefined value."""
+    if not any("tasks" in m for m in meta.values()):
+        return meta
+    return {
+        step: {**m, "tasks": guard(tasks, f"the result of task '%s' of step '{step}'")}
+        if isinstance(tasks := m.get("tasks"), dict)
+        else m
+        for step, m in meta.items()
+    }

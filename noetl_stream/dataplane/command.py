@@ -218,7 +218,14 @@ class CommandRun:
         if len(data) <= limit or "result" not in ev.payload or ev.name not in _WITH_RESULT:
             return _fit(ev, data)
         try:
-            ref = await self.store_result(ev)
+            out = ev
+            if isinstance(ev.payload.get("tasks"), dict):  # a pipeline's results by label, first
+                out, data = await self.store_tasks(ev, limit)
+            if len(data) > limit:
+                out = msgspec.structs.replace(
+                    out, payload={**out.payload, "result": await self.store_result(out)}
+                )
+                data = encode(out)
         except Exception as exc:  # the object store is unavailable: fail clearly rather than lose it
             reason = f"could not store the large result ({len(data)} bytes): {exc}"
             if ev.name in _BOUNDARY_WITH_RESULT:
@@ -228,20 +235,34 @@ class CommandRun:
                 ev, payload={**ev.payload, "result": {"truncated": True, "size": len(data), "error": reason}}
             )
             return _fit(out, encode(out))
-        out = msgspec.structs.replace(ev, payload={**ev.payload, "result": ref})
-        return _fit(out, encode(out))
+        return _fit(out, data)
 
-    async def store_result(self, ev: Event) -> dict[str, Any]:
-        """Store the event's result under ``<execution_id>/<entity id>[~<delivery>]/result`` and return its
-        reference; a value this run stored already (a task's result that is also its step's, or its
-        iteration's) is not stored again: its reference is returned."""
-        data = msgspec.json.encode(ev.payload["result"])
+    async def store_result(self, ev: Event, value: Any = None, name: str = "result") -> dict[str, Any]:
+        """Store the event's result (or `value`) under ``<execution_id>/<entity id>[~<delivery>]/<name>``
+        and return its reference; a value this run stored already (a task's result that is also its
+        step's, or its iteration's) is not stored again: its reference is returned."""
+        data = msgspec.json.encode(ev.payload["result"] if value is None else value)
         checksum = hashlib.sha256(data).hexdigest()
         ref = self._stored.get(checksum)
         if ref is None:
-            key = f"{ev.execution_id}/{ev.entity_id}{self._id_suffix}/result"
+            key = f"{ev.execution_id}/{ev.entity_id}{self._id_suffix}/{name}"
             ref = self._stored[checksum] = await self.worker.results.put_encoded(key, data)
         return ref
+
+    async def store_tasks(self, ev: Event, limit: int) -> tuple[Event, bytes]:
+        """A pipeline's boundary with its results by task label (``tasks``) stored by reference, the
+        largest first, until it fits `limit` (each is the value its ``task.done`` stored: not stored
+        again)."""
+        tasks = dict(ev.payload["tasks"])
+        sizes = {label: len(msgspec.json.encode(value)) for label, value in tasks.items()}
+        out, data = ev, encode(ev)
+        for label in sorted(tasks, key=sizes.__getitem__, reverse=True):
+            if len(data) <= limit:
+                break
+            tasks[label] = await self.store_result(ev, tasks[label], f"tasks/{label}")
+            out = msgspec.structs.replace(ev, payload={**ev.payload, "tasks": tasks})
+            data = encode(out)
+        return out, data
 
     def task_hook(self, scope_id: str) -> TaskEvents:
         """The pipeline's task-event callback for one scope (a step run or a loop iteration); the caller
@@ -381,6 +402,8 @@ class CommandRun:
         fetch, fetched = self.worker.results.get, dict[str, Any]()
         if cmd.results and may_hold_refs(cmd.results):
             cmd.results = await resolve_refs(cmd.results, fetch, fetched)
+        if cmd.result_meta and may_hold_refs(cmd.result_meta):
+            cmd.result_meta = await resolve_refs(cmd.result_meta, fetch, fetched)
         if cmd.args and may_hold_refs(cmd.args):
             cmd.args = await resolve_refs(cmd.args, fetch, fetched)
         if cmd.iteration is not None:
@@ -393,6 +416,7 @@ class CommandRun:
             execution_id=cmd.execution_id,
             args=cmd.args,
             results=cmd.results,
+            result_meta=cmd.result_meta,
         )
         base = PipelineInput(
             execution_id=cmd.execution_id,
@@ -415,6 +439,7 @@ class CommandRun:
             resume=self.redelivered,
             # A child started from a loop iteration: its steps without a loop read it as iter.parent too.
             iter={"parent": cmd.parent_iter} if cmd.parent_iter is not None else None,
+            iteration_total=cmd.iteration.total if cmd.iteration is not None else None,
         )
         run_id = cmd.step_run_id
         if cmd.keychain:
@@ -431,7 +456,7 @@ class CommandRun:
         if step.input:
             # The step's own inputs (dialect `input:`), rendered once per step run before anything else.
             try:
-                rendered = render_value(step.input, scope, f"step '{step.name}' input")
+                rendered = render_value(step.input, scope, f"step '{step.name}' input", as_input=True)
             except RenderError as exc:
                 self.event(
                     E.STEP_FAILED,
@@ -459,14 +484,10 @@ class CommandRun:
             res = await run_pipeline(base, self.task_hook(run_id))
         self.settle(run_id, res.status == "ok")
         if res.status == "ok":
-            self.event(
-                E.STEP_DONE,
-                "step",
-                run_id,
-                "success",
-                run_id,
-                {"result": with_ref(cmd, res.result), "ctx_patches": res.ctx_patches},
-            )
+            done: dict[str, Any] = {"result": with_ref(cmd, res.result), "ctx_patches": res.ctx_patches}
+            if res.tasks is not None:  # a pipeline's results by task label (its step result's view)
+                done.update(tasks=res.tasks, result_task=res.result_task)
+            self.event(E.STEP_DONE, "step", run_id, "success", run_id, done)
         else:
             self.event(
                 E.STEP_FAILED,
@@ -516,7 +537,7 @@ class CommandRun:
         run_id = cmd.step_run_id
         where = f"step '{step.name}' loop"
         try:
-            items = render_value(loop.in_, base.scope, f"{where}.in")
+            items = render_value(loop.in_, base.scope, f"{where}.in", as_input=True)
             mif = render_value(loop.spec.max_in_flight, base.scope, f"{where}.spec.max_in_flight")
         except RenderError as exc:
             self.fail({"kind": "template_error", "message": str(exc)})
@@ -564,7 +585,7 @@ class CommandRun:
         completed = await self.completed_iterations() if self.redelivered else None
 
         res: LoopResult = await run_local_loop(
-            base,
+            replace(base, iteration_total=len(items)),
             items,
             parallel=parallel,
             max_in_flight=max_in_flight,
@@ -698,7 +719,11 @@ def _fit(ev: Event, data: bytes, reason: str | None = None) -> tuple[Event, byte
     if len(data) <= MAX_EVENT_BYTES and reason is None:
         return ev, data
     data_len = len(data)
-    payload = {k: v for k, v in ev.payload.items() if k not in ("result", "results", "ctx_patches")}
+    payload = {
+        k: v
+        for k, v in ev.payload.items()
+        if k not in ("result", "results", "ctx_patches", "tasks", "result_task")
+    }
     error = {
         "kind": "result_too_large",
         "retryable": False,

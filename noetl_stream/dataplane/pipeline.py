@@ -23,7 +23,9 @@ from noetl_stream.dsl.kinds import kind_info
 from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.model import Step, Task, Then
 from noetl_stream.dsl.policy import backoff_delay, decide
-from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.dsl.scope import ITERATION_NAMES, iteration_names, layer_ctx
+from noetl_stream.dsl.templates import RenderError, json_inputs, render_value
+from noetl_stream.dsl.views import CtxView, IterView, plain, result_view
 from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 from noetl_stream.kv.keychain import Redactor, secret_strings
 from noetl_stream.wire import Checkpoint, now_iso
@@ -48,6 +50,10 @@ class PipelineResult:
     ctx_patches: list[dict[str, Any]] = field(default_factory=list)
     iter: dict[str, Any] = field(default_factory=dict)
     task_runs: int = 0
+    tasks: dict[str, Any] | None = None
+    """A pipeline of several tasks: their results by label, but the one that is `result`'s."""
+    result_task: str | None = None
+    """... the label whose result is `result` (the step result's view reads it by that label)."""
 
 
 class CheckpointStore(Protocol):
@@ -64,6 +70,8 @@ class PipelineInput:
     """The base scope: workload (also bare), results, ctx, args, execution_id, keychain."""
     executor_spec: dict[str, Any] = field(default_factory=dict)
     iter: dict[str, Any] | None = None
+    iteration_total: int | None = None
+    """A loop iteration's: how many items the loop has (``iter._total``, ``loop.length``)."""
     services: WorkerServices | None = None
     scope_id: str = ""
     """``<step_run_id>[.<iteration>]``: makes ids minted by tools (child executions) deterministic."""
@@ -107,10 +115,19 @@ async def run_pipeline(
     step = inp.step
     tasks = step.tasks
     scope = dict(inp.scope)
-    iter_scope: dict[str, Any] = dict(inp.iter or {})
-    scope["iter"] = iter_scope
-    ctx = dict(scope.get("ctx") or {})
+    ctx = CtxView(scope.get("ctx") or {}, scope)
     scope["ctx"] = ctx
+    if ctx:  # (the ctx an earlier iteration of a sequential loop wrote, too)
+        layer_ctx(scope, ctx, frozenset())
+    iter_scope: dict[str, Any] = dict(inp.iter or {})
+    extras: frozenset[str] = frozenset()
+    """Names this iteration binds (the iterator bare, its position): ctx values do not shadow them."""
+    if step.loop is not None and isinstance(index := iter_scope.get("index"), int):
+        iterator = step.loop.iterator
+        iter_scope = IterView(iter_scope, index, inp.iteration_total)
+        scope.update(iteration_names(iterator, iter_scope.get(iterator), index, inp.iteration_total))
+        extras = ITERATION_NAMES | {iterator}
+    scope["iter"] = iter_scope
     out = PipelineResult(status="ok", iter=iter_scope)
     prev: Any = None
     secrets: set[str] = set(inp.secrets)
@@ -128,12 +145,13 @@ async def run_pipeline(
         iter_scope.update(saved.iter)
         names = {t.name for t in tasks}
         restored = {name: value for name, value in saved.results.items() if name in names}
-        scope.update(restored)
+        scope.update({name: result_view(value) for name, value in restored.items()})
         named.update(restored)
         prev = saved.prev
         out.ctx_patches.extend(saved.ctx_patches)
         for patch in saved.ctx_patches:
             ctx.update(patch)
+            layer_ctx(scope, patch, extras | named)
     checkpointed = saved is not None
     attempt = 1
     resources: dict[str, Any] = {}
@@ -173,6 +191,7 @@ async def run_pipeline(
             # (what a policy's error names; without a policy nothing renders)
             where = f"step '{step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
             scope["outcome"] = outcome.as_scope()
+            scope["outcome"]["result"] = result_view(outcome.result)  # (`.data`, an http `.body`)
             shadowed = scope.get("output", _NONE)  # (a task or step named `output`: read again after)
             scope["output"] = outcome.as_output()  # NoETL's envelope, a view (built only where read)
             delay = 0.0
@@ -214,11 +233,14 @@ async def run_pipeline(
             set_iter, set_ctx = patches
             if set_iter:
                 iter_scope.update(set_iter)
+                if step.loop is not None and step.loop.iterator in set_iter and step.loop.iterator in extras:
+                    scope[step.loop.iterator] = set_iter[step.loop.iterator]
             if set_ctx:  # (in parallel iterations too: the iteration that ends last wins, docs/semantics.md)
                 ctx.update(set_ctx)
+                layer_ctx(scope, set_ctx, extras | named)  # ({{ page }} after set_ctx: {page: 2})
                 out.ctx_patches.append(set_ctx)
             if outcome.status == "ok":
-                scope[task.name] = outcome.result
+                scope[task.name] = result_view(outcome.result)
                 named.add(task.name)
                 (secret.add if outcome.secret else secret.discard)(task.name)
             else:  # an error has no result: the name is what it was before the task ran, not its last run's
@@ -254,7 +276,7 @@ async def run_pipeline(
                         prev=prev,
                         ctx_patches=list(out.ctx_patches),
                         task_runs=out.task_runs,
-                        results={name: scope[name] for name in named},
+                        results={name: plain(scope[name]) for name in named},
                     )
                     await inp.checkpoints.save(inp.scope_id, cp)
                     checkpointed = True
@@ -276,6 +298,8 @@ async def run_pipeline(
                 )
                 break
         out.result = prev
+        if out.status == "ok" and len(tasks) > 1:
+            out.tasks, out.result_task = _task_results(tasks, scope, named - secret, prev)
         if checkpointed and inp.checkpoints is not None:
             await inp.checkpoints.clear(inp.scope_id)
         if hide:  # a secret read by a task never leaves the pipeline in what it reports
@@ -283,6 +307,7 @@ async def run_pipeline(
             out.error = hide(out.error)
             out.ctx_patches = hide(out.ctx_patches)
             out.iter = hide(out.iter)
+            out.tasks = hide(out.tasks)
         return out
     finally:
         if nested is not None:
@@ -291,6 +316,19 @@ async def run_pipeline(
 
 
 _NONE = object()
+
+
+def _task_results(
+    tasks: tuple[Task, ...], scope: dict[str, Any], named: set[str], result: Any
+) -> tuple[dict[str, Any], str | None]:
+    """A pipeline's results by task label (the tasks whose last run was ok; a secret's never), for its
+    step result's view: the others' in order, and the label of the one whose result is the step's
+    (`result_task`, not repeated)."""
+    labels = {t.name: plain(scope[t.name]) for t in tasks if t.name in named and t.name in scope}
+    own = next((name for name in reversed(labels) if labels[name] is result), None)
+    if own is not None:
+        del labels[own]
+    return labels, own
 
 
 def _forget(scope: dict[str, Any], base: dict[str, Any], name: str) -> None:
@@ -362,7 +400,10 @@ def _resolve_workbook(
         return Outcome.fail("config_error", f"task '{task.name}': no workbook template '{name}'")
     try:
         rendered = render_value(
-            task.config.get("args") or {}, scope, f"step '{inp.step.name}' task '{task.name}'.args"
+            task.config.get("args") or {},
+            scope,
+            f"step '{inp.step.name}' task '{task.name}'.args",
+            as_input=True,
         )
     except RenderError as exc:
         return Outcome.fail("template_error", str(exc))
@@ -457,6 +498,7 @@ async def _run_task(
         except RenderError as exc:
             outcome = Outcome.fail("template_error", str(exc))
         else:
+            config = json_inputs(task.config, config)  # a tool's input: '{"a": 1}' from a template is {a: 1}
             if caller_args is not None:
                 config = _with_caller_args(config, caller_args)
             ctx = ToolContext(

@@ -12,6 +12,7 @@ from noetl_stream.dsl.diagnostics import Diagnostic, Path, format_path
 from noetl_stream.dsl.graph import back_edges, multi_entry_cycles
 from noetl_stream.dsl.graph import path as walk
 from noetl_stream.dsl.model import Playbook
+from noetl_stream.dsl.names import Namespace, Place, dialect_reads
 from noetl_stream.dsl.rewrite import (
     alias_literals,
     compared_literals,
@@ -19,7 +20,7 @@ from noetl_stream.dsl.rewrite import (
     status_literals,
     success_to_ok,
 )
-from noetl_stream.dsl.templates import check_syntax, has_template, undeclared_names
+from noetl_stream.dsl.templates import attribute_reads, check_syntax, has_template, undeclared_names
 from noetl_stream.events import BOUNDARY_EVENTS, LEGACY_ALIASES, LOOP_DONE, STEP_DONE, STEP_FAILED
 
 if TYPE_CHECKING:
@@ -370,8 +371,15 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
     }
     bounds = _boundaries(playbook)
     admitted = _admitted_on(playbook, bounds)
-    base = V.SCOPE_NAMES | V.JINJA_GLOBALS | workload_keys | step_names | set(playbook.workbook)
-    roots: list[tuple[Path, Any]] = [(("workflow",), raw_steps), (("workbook",), data.get("workbook"))]
+    base = V.SCOPE_NAMES | V.JINJA_GLOBALS | workload_keys | step_names | set(playbook.workbook) | {"job"}
+    ns = Namespace.of(playbook, data)
+    iterators = frozenset(s.loop.iterator for s in playbook.workflow if s.loop is not None)
+    roots: list[tuple[Path, Any]] = [
+        (("workflow",), raw_steps),
+        (("workbook",), data.get("workbook")),
+        (("workload",), data.get("workload")),  # rendered once, at start (scope.render_workload)
+    ]
+    at_start = V.JINJA_GLOBALS | workload_keys | {"workload", "execution_id", "job"}
     reported: set[tuple[Path, str]] = set()  # a rewrite may copy a template (a looped step's moved arcs)
     for root, node in roots:
         for path, text in _strings(node, root):
@@ -395,7 +403,7 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                     )
                 )
                 continue
-            known = base
+            known = at_start if root == ("workload",) else base
             compiled = True
             if root == ("workflow",) and isinstance(path[1], int):
                 # A step that did not compile: its errors say more than name checks could, but the
@@ -465,10 +473,22 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                         f"{who}: {site} cannot read '{name}' ({_WHERE[name]}); it is undefined here",
                         code="out-of-scope",
                     )
-            for name in sorted(names - known):
+            step = by_name.get(owner) if owner is not None else None
+            if step is not None and step.loop is not None and site == "a task":
+                its = frozenset({step.loop.iterator})
+            else:
+                its = iterators if root == ("workbook",) else frozenset()
+            labels = labels_by_index.get(path[1], set()) if isinstance(path[1], int) else set()
+            place = Place(site, its, frozenset(labels), owner)
+            messages, covered = dialect_reads(names, attribute_reads(text), place, ns)
+            for message in messages:
+                c.warn(path, f"{who}: {message}", code="dialect")
+            for name in sorted(names - known - covered):
                 hint = V.suggest(name, known - V.JINJA_GLOBALS)
                 if any(s.loop is not None and s.loop.iterator == name for s in playbook.workflow):
                     hint = f"; did you mean 'iter.{name}'?"
+                if root == ("workload",):
+                    hint += " (the workload renders at start: it reads workload keys, execution_id and job)"
                 c.warn(
                     path,
                     f"{who}: template reads '{name}', which is not defined in any scope{hint}",

@@ -173,6 +173,9 @@ class Dialect:
         self.origins = origins
         self.smap = smap
         self.diagnostics: list[Diagnostic] = []
+        self.taken: set[str] = set()
+        """Step names and workload keys: a bare ``output`` or ``result`` that is one of them is not
+        NoETL's name for a step's result."""
 
     def error(self, path: Path, message: str) -> _Reject:
         self.diagnostics.append(self.smap.diagnostic(path, message, at_key=True, code="dialect"))
@@ -540,7 +543,12 @@ class Dialect:
             set_name += "_"
         names.add(set_name)
         rw = Rewrite(
-            names={"args": f"args.{SOURCE_ARGS}", "event": f"args.{BOUNDARY}"},
+            # (`output`, `result`: the loop's result, as in any arc; warned about by the template checks)
+            names={
+                "args": f"args.{SOURCE_ARGS}",
+                "event": f"args.{BOUNDARY}",
+                **self._output(arcs, name, name),
+            },
             attrs={("event", "result"): name},  # event.name too is the loop's: args.loop_event.name
         )
         stay: list[dict[str, Any]] = []
@@ -567,7 +575,10 @@ class Dialect:
                 out = rewrite_value(copy.deepcopy(arc), rw)
                 out["when"] = template(_and(guard, as_expression(out["when"]) if "when" in out else None))
                 moved.append(self.origins.mark_tree(out, apath))
-        values = rewrite_value(values, Rewrite(names={"args": f"args.{SOURCE_ARGS}"}))
+        values = rewrite_value(
+            values,
+            Rewrite(names={"args": f"args.{SOURCE_ARGS}", **self._output(values, name, name, spath, who)}),
+        )
         hand_on: dict[str, Any] = {}
         if reads_attr([moved, values], "args", SOURCE_ARGS):
             hand_on[SOURCE_ARGS] = template("args")
@@ -590,7 +601,13 @@ class Dialect:
         where: dict[tuple[str, str], Path] = {}
         patches = self.scoped(raw, (*path, "set"), who, where)
         name = str(step.get("step"))
-        patches = {k: rewrite_value(v, Rewrite(names={name: "outcome.result"})) for k, v in patches.items()}
+        rw = Rewrite(
+            names={
+                name: "outcome.result",
+                **self._output(patches, "outcome.result", name, (*path, "set"), who),
+            }
+        )
+        patches = {k: rewrite_value(v, rw) for k, v in patches.items()}
         tasks = _tasks(step)
         if not tasks:
             if "tool" in step:
@@ -605,6 +622,24 @@ class Dialect:
                     f"{who}: 'set' cannot be added to the policy of its tasks (see their errors)",
                 )
             self.mark_patches(task, where)
+
+    def _output(
+        self, values: Any, target: str, step: str, path: Path | None = None, who: str = ""
+    ) -> dict[str, str]:
+        """NoETL's names for a finished step's result, ``output`` and the legacy ``result``, as `values`
+        read them (unless a step or a workload key has the name), each renamed `target`; a warning at
+        `path` for each (None: the template checks warn, as in arcs)."""
+        found: dict[str, str] = {
+            n: target for n in ("output", "result") if n in reads(values) and n not in self.taken
+        }
+        if path is not None:
+            for n in found:
+                self.warn(
+                    path,
+                    f"{who}: '{n}' in a step's 'set' is NoETL's name for the step's result; canonical: the "
+                    f"step's name ('{{{{ {step} }}}}')",
+                )
+        return found
 
 
 def add_patches(
@@ -697,6 +732,8 @@ def normalize(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
     if not isinstance(workflow, list):
         return dialect.diagnostics
     names = {str(s.get("step")) for s in workflow if isinstance(s, dict)}
+    workload = data.get("workload")
+    dialect.taken = names | (set(map(str, workload)) if isinstance(workload, dict) else set())
     out: list[Any] = []
     for i, step in enumerate(workflow):
         out.append(step)

@@ -13,7 +13,11 @@
 * A native value is JSON (it travels in events and commands): a ``str`` subclass becomes a ``str``,
   a tuple, set, ``range`` or generator a list; a value without a JSON form (a function, an object)
   fails the render, naming its type. Only a value the expression computed is walked: a read of the
-  scope (``{{ fetch.rows }}``, ``{{ x | default([]) }}``) is JSON already.
+  scope (``{{ fetch.rows }}``, ``{{ x | default([]) }}``) is JSON already. A view of a step result
+  (`noetl_stream.dsl.views`) renders as its plain value.
+* Where a rendered value becomes a tool's input (``render_value(..., json_text=True)``), a single
+  expression whose value is text that looks like a JSON object or array (``'{"dpi": 203}'``) is that
+  object, as NoETL's engines read it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
 from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import missing
+from msgspec import DecodeError
+from msgspec.json import decode as json_decode
 
 from noetl_stream.dsl import budget
 from noetl_stream.dsl.budget import (
@@ -41,6 +47,7 @@ from noetl_stream.dsl.budget import (
     cpu_budget,
     needs_timer,
 )
+from noetl_stream.dsl.views import VIEWS, plain
 from noetl_stream.errors import NoetlError
 from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 
@@ -113,6 +120,7 @@ class Environment(ImmutableSandboxedEnvironment):
         )
         self.filters.update(_FILTERS)
         self.filters.update(SIZED_FILTERS)
+        self.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _json_default}
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         check_binop(operator, left, right)
@@ -154,6 +162,11 @@ class MissingKey(StrictChainableUndefined):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._method(*args, **kwargs)
+
+
+def _json_default(value: Any) -> Any:
+    """``tojson`` of a value ``json`` cannot write: its JSON form (a view: its plain value)."""
+    return to_json(value)
 
 
 def _to_int(value: Any, default: int = 0) -> int:
@@ -214,6 +227,8 @@ class Compiled:
             t = type(value)
             if t in PLAIN_TYPES or (self._reads and (t is dict or t is list)):
                 return value
+            if self._reads and isinstance(value, VIEWS):
+                return plain(value)  # (a read of the scope: JSON already)
             if isinstance(value, Undefined):
                 value._fail_with_undefined_error()
             return to_json(value)
@@ -325,6 +340,31 @@ def analyze(source: str) -> TemplateInfo:
     return TemplateInfo(None, frozenset(loads - stores))
 
 
+@functools.lru_cache(maxsize=8192)
+def attribute_reads(source: str) -> frozenset[tuple[str, str]]:
+    """``(name, key)`` for each ``name.key`` or ``name['key']`` a template reads of a top-level name
+    (``ctx.page``, ``iter._index``, ``loop.first``); empty when it does not parse. A name a ``{% for %}``
+    or ``{% set %}`` of the template binds is not read from the scope (a for's ``loop`` included)."""
+    try:
+        ast = ENV.parse(source)
+    except TemplateSyntaxError:
+        return frozenset()
+    stored = {n.name for n in ast.find_all(nodes.Name) if n.ctx != "load"}
+    if any(True for _ in ast.find_all(nodes.For)):
+        stored.add("loop")
+    out: set[tuple[str, str]] = set()
+    for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
+        assert isinstance(node, (nodes.Getattr, nodes.Getitem))
+        target = node.node
+        if not isinstance(target, nodes.Name) or target.ctx != "load" or target.name in stored:
+            continue
+        if isinstance(node, nodes.Getattr):
+            out.add((target.name, node.attr))
+        elif isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str):
+            out.add((target.name, node.arg.value))
+    return frozenset(out)
+
+
 def check_syntax(source: str) -> TemplateSyntaxProblem | None:
     return analyze(source).problem
 
@@ -334,13 +374,56 @@ def undeclared_names(source: str) -> frozenset[str]:
     return analyze(source).names
 
 
-def render_value(value: Any, scope: Mapping[str, Any], where: str = "", _depth: int = 0) -> Any:
-    """Render every template inside ``value`` (strings, lists, dicts) against ``scope``."""
+def json_text(value: Any) -> Any:
+    """Text that looks like a JSON object or array (``'{"a": 1}'``, ``' [1, 2] '``) as that object; any
+    other value as it is."""
+    if type(value) is not str:
+        return value
+    text = value.strip()
+    if len(text) < 2 or (text[0], text[-1]) not in (("{", "}"), ("[", "]")):
+        return value
+    try:
+        return json_decode(text)
+    except DecodeError:
+        return value
+
+
+def json_inputs(source: Any, rendered: Any) -> Any:
+    """`rendered`, what `source` rendered to, with the JSON-looking text each single expression of
+    `source` gave parsed (`json_text`): ``render_value(..., as_input=True)`` for a value rendered
+    already. Walks `source` and `rendered` side by side; a key or item only one of them has is kept."""
+    if isinstance(source, str):
+        if type(rendered) is str and has_template(source) and compile_template(source).native:
+            return json_text(rendered)
+        return rendered
+    if isinstance(source, dict) and type(rendered) is dict:
+        out: dict[Any, Any] | None = None
+        for k, v in rendered.items():
+            if k in source:
+                new = json_inputs(source[k], v)
+                if new is not v:
+                    out = dict(rendered) if out is None else out
+                    out[k] = new
+        return rendered if out is None else out
+    if isinstance(source, list) and type(rendered) is list and len(source) == len(rendered):
+        items = [json_inputs(s, v) for s, v in zip(source, rendered, strict=True)]
+        return rendered if all(a is b for a, b in zip(items, rendered, strict=True)) else items
+    return rendered
+
+
+def render_value(
+    value: Any, scope: Mapping[str, Any], where: str = "", _depth: int = 0, *, as_input: bool = False
+) -> Any:
+    """Render every template inside ``value`` (strings, lists, dicts) against ``scope``. `as_input`:
+    the value becomes a tool's input (a task's config, a step's ``input``, a loop's ``in``, an arc's
+    ``args``): a single expression that renders to JSON-looking text gives the object (`json_text`)."""
     if isinstance(value, str):
         if not has_template(value):
             return value
         try:
-            return compile_template(value).render(scope)
+            compiled = compile_template(value)
+            out = compiled.render(scope)
+            return json_text(out) if as_input and compiled.native else out
         except TemplateSyntaxProblem as exc:
             raise RenderError(f"template syntax error: {exc.message}", where) from None
         except UndefinedError as exc:
@@ -375,11 +458,14 @@ def render_value(value: Any, scope: Mapping[str, Any], where: str = "", _depth: 
         raise RenderError("value nested too deeply", where)
     if isinstance(value, dict):
         return {
-            k: render_value(v, scope, f"{where}.{k}" if where else str(k), _depth + 1)
+            k: render_value(v, scope, f"{where}.{k}" if where else str(k), _depth + 1, as_input=as_input)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [render_value(v, scope, f"{where}[{i}]", _depth + 1) for i, v in enumerate(value)]
+        return [
+            render_value(v, scope, f"{where}[{i}]", _depth + 1, as_input=as_input)
+            for i, v in enumerate(value)
+        ]
     return value
 
 

@@ -1,6 +1,7 @@
 """What an ``http`` task returns, against a real aiohttp server: the envelope ``{status_code, headers,
-url, elapsed, data, body}`` with the body as ``data`` (and ``body``), a task error of its kind for a
-status that is not 2xx with the envelope still its result, and credentials masked in all of it."""
+url, elapsed, data}`` with the body as ``data`` (which templates also read as ``body``), a task error of
+its kind for a status that is not 2xx with the envelope still its result, and credentials masked in all
+of it."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from httpserver import HttpServer
 
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.http import run_http
+from noetl_stream.dsl import render_value
+from noetl_stream.dsl.scope import build_scope
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.local import local_runtime
 from noetl_stream.subjects import Topology
 
 TOKEN = "tok-SECRET-envelope-31c9"
 API_KEY = "key-SECRET-envelope-8d02"
-ENVELOPE = {"status_code", "headers", "url", "elapsed", "data", "body"}
+ENVELOPE = {"status_code", "headers", "url", "elapsed", "data"}
 
 
 @pytest.fixture
@@ -62,7 +65,10 @@ async def test_the_result_is_the_envelope_with_the_body_as_data(
     assert result["status_code"] == 200
     # the body as the server sent it: no wrapping of its own around it
     assert result["data"] == {"data": ["nile", "rhine"], "paging": {"page": 1, "hasMore": True}}
-    assert result["body"] is result["data"]  # an alias: the same value, not a copy
+    # templates read the body as `body` too: an alias of the view, not a second copy in the result
+    view = build_scope(workload={}, ctx={}, execution_id="e1", results={"fetch": result})
+    assert render_value("{{ fetch.body }}", view) is result["data"]
+    assert render_value("{{ fetch.body.paging.page }}", view) == 1
     assert result["url"] == f"{server.url}/pages/rivers?page=1&pageSize=2"
     assert result["headers"]["content-type"].startswith("application/json")
     assert all(name == name.lower() for name in result["headers"])
@@ -120,7 +126,7 @@ async def test_an_error_status_keeps_the_envelope_as_the_result(
     assert (out.error["kind"], out.error["retryable"], out.error["status"]) == (kind, retryable, code)
     assert set(out.result) == ENVELOPE
     assert out.result["status_code"] == code
-    assert out.result["data"] == out.result["body"] == {"error": {"code": code}}
+    assert out.result["data"] == {"error": {"code": code}}
 
 
 async def test_no_response_no_envelope(services: WorkerServices) -> None:
@@ -134,7 +140,6 @@ async def test_credentials_are_masked_in_the_envelope(server: HttpServer, servic
     echo = await run_http({"url": f"{server.url}/echo", "auth": "tok"}, context(services))
     assert server.seen[-1]["headers"]["Authorization"] == f"Bearer {TOKEN}"  # the server got it ...
     assert echo.result["data"]["headers"]["Authorization"] == "Bearer ***"  # ... its echo is masked
-    assert echo.result["body"]["headers"]["Authorization"] == "Bearer ***"
     cookie = await run_http({"url": f"{server.url}/setcookie"}, context(services))
     assert cookie.result["headers"]["set-cookie"] == "***"
     query = await run_http({"url": f"{server.url}/echo", "auth": "qry"}, context(services))

@@ -19,13 +19,14 @@ status is cut there (the task still fails with that status's kind, ``outcome.htt
 ``auth``'s header replaces a header of the same name in ``headers``, whatever its case (header names
 are case-insensitive: one header, never two).
 
-The result is an envelope: ``{status_code, headers, url, elapsed, data, body}`` (`envelope`), ``data``
-the body and ``body`` the same value. The body is JSON-decoded when the content type is JSON (after a
-UTF-8 byte order mark, if any) or, whatever the content type, when it is a JSON object or array; else it
-is text (bytes that are not UTF-8 text are base64 and ``outcome.http.encoding`` says so). A body of a
-JSON content type that is not JSON (``{not json``, a number out of range like ``1e400``) is the text too,
-with the task still ``ok`` (the status decides that), and ``outcome.http.json_error`` says why it did not
-decode (absent when it did). ``outcome.http``: ``status``, ``headers`` (lower-case names), ``url``,
+The result is an envelope: ``{status_code, headers, url, elapsed, data}`` (`envelope`), ``data`` the
+body, which templates also read as ``body`` (``{{ fetch.body }}``, ``outcome.result.body``: a view's
+alias). The body is JSON-decoded when the content type is JSON (after a UTF-8 byte order mark, if any)
+or, whatever the content type, when it is a JSON object or array; else it is text (bytes that are not
+UTF-8 text are base64 and ``outcome.http.encoding`` says so). A body of a JSON content type that is not
+JSON (``{not json``, a number out of range like ``1e400``) is the text too, with the task still ``ok``
+(the status decides that), and ``outcome.http.json_error`` says why it did not decode (absent when it
+did). ``outcome.http``: ``status``, ``headers`` (lower-case names), ``url``,
 ``method``, ``elapsed_s`` and ``retry_after`` (seconds, from a ``Retry-After`` header, else None).
 
 Errors: a non-2xx response fails the task with the envelope still its result (`status_error`: 429

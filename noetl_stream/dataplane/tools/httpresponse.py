@@ -115,14 +115,14 @@ def status_error(status: int) -> tuple[str, bool]:
 
 def envelope(http: Mapping[str, Any], data: Any) -> dict[str, Any]:
     """The task's result for a response: its status, headers, final URL and time (``outcome.http``'s,
-    masked) and the body as ``data``, and as ``body`` too (the same object, not a copy)."""
+    masked) and the body as ``data``. Templates read the body as ``body`` too (a view's alias,
+    `noetl_stream.dsl.views.ResultView`): events and stored results carry it once."""
     return {
         "status_code": http["status"],
         "headers": http["headers"],
         "url": http["url"],
         "elapsed": http["elapsed_s"],
         "data": data,
-        "body": data,
     }
 
 

@@ -330,3 +330,45 @@ async def test_a_pipelines_large_task_results_travel_by_reference_and_read_by_la
         r.summary.error is not None
         and "the result of task 'big' of step 'start' is stored by reference" in (r.summary.error["message"])
     )
+
+
+async def test_a_failed_steps_arcs_read_output_as_null(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: python, code: "raise ValueError('no')"}
+          next:
+            arcs:
+              - step: handled
+                when: "{{ event.name == 'step.failed' and output is none and result is none }}"
+        - step: handled
+          tool: {kind: noop, result: handled}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert r.result == "handled"
+
+
+async def test_a_sequential_iteration_reads_bare_what_the_one_before_wrote_to_ctx(runtime: Runtime) -> None:
+    text = playbook(
+        """
+        - step: start
+          loop: {in: "{{ [1, 2, 3] }}", iterator: x}
+          tool:
+            kind: noop
+            result: "{{ total | default(0) }}"
+            spec:
+              policy:
+                rules:
+                  - else: {then: {do: continue, set_ctx: {total: "{{ (total | default(0)) + x }}"}}}
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert r.result == [0, 1, 3]
+    assert r.summary.ctx == {"total": 6}

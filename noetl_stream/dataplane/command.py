@@ -33,7 +33,7 @@ from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.refs import may_hold_refs, resolve_refs
-from noetl_stream.kv.results import inline_limit
+from noetl_stream.kv.results import inline_limit, is_ref
 from noetl_stream.outbox import Outbox
 from noetl_stream.wire import Command, Event, encode, event_id, now_iso
 
@@ -221,7 +221,7 @@ class CommandRun:
             out = ev
             if isinstance(ev.payload.get("tasks"), dict):  # a pipeline's results by label, first
                 out, data = await self.store_tasks(ev, limit)
-            if len(data) > limit:
+            if len(data) > limit and not is_ref(out.payload["result"]):
                 out = msgspec.structs.replace(
                     out, payload={**out.payload, "result": await self.store_result(out)}
                 )
@@ -250,17 +250,24 @@ class CommandRun:
         return ref
 
     async def store_tasks(self, ev: Event, limit: int) -> tuple[Event, bytes]:
-        """A pipeline's boundary with its results by task label (``tasks``) stored by reference, the
-        largest first, until it fits `limit` (each is the value its ``task.done`` stored: not stored
-        again)."""
+        """A pipeline's boundary with its result and its results by task label (``tasks``) stored by
+        reference, the largest first, until it fits `limit` (each is the value its ``task.done``
+        stored: not stored again)."""
         tasks = dict(ev.payload["tasks"])
+        result = ev.payload.get("result")
         sizes = {label: len(msgspec.json.encode(value)) for label, value in tasks.items()}
+        parts: list[str | None] = sorted(tasks, key=sizes.__getitem__, reverse=True)
+        result_size = len(msgspec.json.encode(result))
+        parts.insert(next((i for i, label in enumerate(parts) if sizes[label] < result_size), len(parts)), None)
         out, data = ev, encode(ev)
-        for label in sorted(tasks, key=sizes.__getitem__, reverse=True):
+        for label in parts:  # None: the step's result
             if len(data) <= limit:
                 break
-            tasks[label] = await self.store_result(ev, tasks[label], f"tasks/{label}")
-            out = msgspec.structs.replace(ev, payload={**ev.payload, "tasks": tasks})
+            if label is None:
+                result = await self.store_result(ev)
+            else:
+                tasks[label] = await self.store_result(ev, tasks[label], f"tasks/{label}")
+            out = msgspec.structs.replace(ev, payload={**ev.payload, "tasks": tasks, "result": result})
             data = encode(out)
         return out, data
 

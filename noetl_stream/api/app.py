@@ -93,8 +93,21 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(503, "unavailable", f"a stream of the installation is missing: {_PROVISION}")
     except asyncio.CancelledError:
         raise
+    except ConnectionError as exc:
+        if not _client_gone(request):
+            return _internal(request, exc)
+        # A client that left while its answer was written (a closed tab, a stopped curl): nothing failed.
+        log.debug(
+            "api.client_left", path=request.path, method=request.method, error=str(exc) or type(exc).__name__
+        )
+        return error_response(499, "client_closed_request", "the client closed the connection")
     except Exception as exc:
         return _internal(request, exc)
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _internal(request: web.Request, exc: BaseException) -> web.Response:

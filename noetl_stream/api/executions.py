@@ -8,6 +8,7 @@ import re
 from typing import TypeVar
 
 import msgspec
+import structlog
 from aiohttp import web
 from nats.js import api
 from nats.js.errors import NotFoundError
@@ -30,6 +31,8 @@ from noetl_stream.operations import MAX_PAGE, ControlRequest, ErrorReply, Execut
 from noetl_stream.wire import decode_event, encode, new_execution_id
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 KEEPALIVE_S = 15.0
 _REJECTION_STATUS = {"bad_request": 400, "unknown_playbook": 404, "invalid_playbook": 422}
@@ -179,14 +182,20 @@ async def _follow(
             await response.write(b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, name.encode(), data))
             if name == E.PLAYBOOK_PROCESSED:
                 break
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionError as exc:  # the client went away (a tab closed, curl stopped): not a failure
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        log.debug("api.stream.client_left", execution_id=execution_id, error=str(exc) or type(exc).__name__)
+        return response  # (aiohttp finishes a response whose client has gone without a word)
+    except asyncio.CancelledError:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         raise
     finally:
         ctx_.streams.discard(queue)
     await sub.unsubscribe()
-    await response.write_eof()
+    with contextlib.suppress(ConnectionError):  # it may leave just as its stream ends
+        await response.write_eof()
     return response
 
 

@@ -71,9 +71,57 @@ CASES = [
     desc: does nothing
 """),
         [
-            "bad.yaml:7:5: step 'start': a step needs 'tool' or 'next' (or both) (at workflow[0])",
+            "bad.yaml:7:5: step 'start': a step needs 'tool' or 'next' (or both); a step with neither ends the branch that reaches it, and 'start' with neither would run nothing (at workflow[0])",
         ],
-        id="step-without-tool-or-next",
+        id="start-without-tool-or-next",
+    ),
+    pytest.param(
+        steps("""\
+  - step: start
+    tool: {kind: noop}
+    next:
+      arcs:
+        - step: end
+  - step: end
+  - step: leftover
+    desc: nothing leads here
+"""),
+        [
+            "bad.yaml:13:5: step 'leftover': a step needs 'tool' or 'next' (or both); a step with neither ends the branch that reaches it, and 'leftover' is not reachable from 'start' (at workflow[2])",
+        ],
+        id="unreachable-step-without-tool-or-next",
+    ),
+    pytest.param(
+        steps("""\
+  - step: start
+    tool: {kind: noop}
+    next:
+      arcs:
+        - step: end
+  - step: end
+    kind: noop
+    result: done
+"""),
+        [
+            "bad.yaml:13:5: step 'end': unknown key 'kind': a step's tasks go under 'tool' (tool: {kind: noop, ...}) (at workflow[1].kind)",
+            "bad.yaml:14:5: step 'end': unknown key 'result' (allowed: desc, input, loop, next, output, spec, step, tool) (at workflow[1].result)",
+        ],
+        id="terminal-step-with-task-keys",
+    ),
+    pytest.param(
+        steps("""\
+  - step: start
+    tool: {kind: noop}
+    next:
+      arcs:
+        - step: end
+  - step: end
+    loop: {in: [1, 2], iterator: x}
+"""),
+        [
+            "bad.yaml:13:5: step 'end': a loop needs a 'tool' pipeline to run for each item (at workflow[1].loop)",
+        ],
+        id="terminal-step-with-a-loop",
     ),
     pytest.param(
         steps("""\

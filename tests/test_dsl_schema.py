@@ -135,3 +135,22 @@ HEADER = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: t, path: t}\
 def test_non_canonical_playbooks_fail_the_schema(steps: str, expected: str) -> None:
     assert schema_errors(HEADER + steps) == [expected]
     assert compile_playbook(HEADER + steps).diagnostics  # and the compiler says why, with a position
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        pytest.param("  - step: end\n", id="bare"),
+        pytest.param("  - step: end\n    desc: the end\n", id="with-desc"),
+    ],
+)
+def test_a_step_with_neither_tool_nor_next_is_a_terminal_step(end: str) -> None:
+    """NoETL's ``- step: end``: accepted without a diagnostic by the compiler and the schema; it is
+    routed by the controller alone (a router without arcs), so it ends the branch that reaches it."""
+    text = HEADER + "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: end}]}\n" + end
+    result = compile_playbook(text)
+    assert [d.format() for d in result.diagnostics] == []
+    assert result.playbook is not None
+    step = result.playbook.workflow[1]
+    assert (step.name, step.tasks, step.next, step.is_router) == ("end", (), None, True)
+    assert schema_errors(text) == []

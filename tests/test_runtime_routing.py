@@ -240,6 +240,51 @@ async def test_router_step_is_routed_by_the_controller_without_a_worker(runtime:
         assert r.summary.steps["route"].status == "done"
 
 
+async def test_a_step_with_neither_tool_nor_next_ends_its_branch(runtime: Runtime) -> None:
+    """NoETL's ``- step: end``: a terminal step, routed by the controller like a router step (no worker),
+    with a null result; a join when several branches lead to it, a failure's arc included."""
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop, result: 7}
+          next:
+            spec: {mode: inclusive}
+            arcs:
+              - step: work
+              - step: broken
+        - step: work
+          tool: {kind: noop, result: "{{ start + 1 }}"}
+          next:
+            arcs:
+              - step: end
+        - step: broken
+          tool:
+            kind: python
+            code: |
+              raise ValueError("no")
+          next:
+            arcs:
+              - step: end
+                when: "{{ event.name == 'step.failed' }}"
+        - step: end
+          desc: the end
+        """
+    )
+
+    r = await run(runtime, text)
+
+    assert r.status == "success", r.summary.error
+    assert r.step_result("work") == 8
+    assert r.step_result("end") is None
+    assert r.result is None  # the last step's: the terminal step's
+    assert r.summary.steps["end"].runs == 1
+    assert r.summary.steps["end"].status == "done"
+    assert r.matched("end") == [[]]
+    end_events = [e for e in r.events if e.step == "end"]
+    assert {e.source for e in end_events} == {"server"}
+    assert not [e for e in end_events if e.name in ("step.scheduled", "step.started")]
+
+
 # --- legacy alias arcs -----------------------------------------------------------------------------
 
 LEGACY_EXECUTOR = "executor: {spec: {extensions: [legacy]}}\nworkflow:\n"

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 
 def check_graph(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
-    """Warn about steps no arc can reach from ``start``."""
+    """Warn about steps no arc can reach from ``start``. A step with neither ``tool`` nor ``next`` is
+    a terminal step, which ends the branch that reaches it: one that nothing reaches is an error."""
     steps = {s.name: s for s in playbook.workflow}
     if "start" not in steps:
         return
@@ -45,7 +46,16 @@ def check_graph(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
     raw = data.get("workflow") or []
     for i, item in enumerate(raw):
         name = item.get("step") if isinstance(item, dict) else None
-        if isinstance(name, str) and name in steps and name not in seen:
+        if not isinstance(name, str) or name not in steps or name in seen:
+            continue
+        if "tool" not in item and "next" not in item:
+            c.error(
+                ("workflow", i),
+                f"step '{name}': a step needs 'tool' or 'next' (or both); a step with neither ends the "
+                f"branch that reaches it, and '{name}' is not reachable from 'start'",
+                code="empty-step",
+            )
+        else:
             c.warn(
                 ("workflow", i, "step"), f"step '{name}' is not reachable from 'start'", code="unreachable"
             )

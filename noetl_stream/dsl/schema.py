@@ -191,30 +191,28 @@ def _defs(kinds: tuple[str, ...]) -> Schema:
                 },
             },
         ),
-        "step": {
-            **_obj(
-                {
-                    "step": _name(V.RESERVED_NAMES, "step name"),
-                    "desc": {"type": "string"},
-                    "spec": _ref("stepSpec"),
-                    "loop": _ref("loop"),
-                    "tool": _ref("pipeline"),
-                    "next": _ref("router"),
-                    "input": {
-                        "type": "object",
-                        "description": "the step's own inputs, rendered before its tasks (dialect)",
-                    },
-                    "set": _ref("scopedSet"),
-                    "output": _obj(
-                        {"store": True, "output_select": True},
-                        description="NoETL's storage hint: accepted and ignored (the result stays inline)",
-                    ),
+        "step": _obj(
+            {
+                "step": _name(V.RESERVED_NAMES, "step name"),
+                "desc": {"type": "string"},
+                "spec": _ref("stepSpec"),
+                "loop": _ref("loop"),
+                "tool": _ref("pipeline"),
+                "next": _ref("router"),
+                "input": {
+                    "type": "object",
+                    "description": "the step's own inputs, rendered before its tasks (dialect)",
                 },
-                required=("step",),
-                description="a workflow step: admission (spec.policy.admit), loop, pipeline, router",
-            ),
-            "anyOf": [{"required": ["tool"]}, {"required": ["next"]}],
-        },
+                "set": _ref("scopedSet"),
+                "output": _obj(
+                    {"store": True, "output_select": True},
+                    description="NoETL's storage hint: accepted and ignored (the result stays inline)",
+                ),
+            },
+            required=("step",),
+            description="a workflow step: admission (spec.policy.admit), loop, pipeline, router; "
+            "with neither tool nor next, a terminal step (it ends the branch that reaches it)",
+        ),
         "stepSpec": {
             **_obj({"policy": _ref("stepPolicy")}, closed=False),
             "propertyNames": {"not": {"const": "next_mode"}},

@@ -45,6 +45,14 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
                 at_key=True,
                 code="deprecated",
             )
+        elif k == "kind":
+            kind = raw[k] if isinstance(raw[k], str) else "..."
+            c.error(
+                (*path, k),
+                f"{who}: unknown key 'kind': a step's tasks go under 'tool' (tool: {{kind: {kind}, ...}})",
+                at_key=True,
+                code="unknown-key",
+            )
         else:
             c.error(
                 (*path, k),
@@ -53,8 +61,14 @@ def parse_step(c: Compiler, raw: Any, path: Path, step_names: set[str], keychain
                 code="unknown-key",
             )
         ok = False
-    if "tool" not in raw and "next" not in raw:
-        c.error(path, f"{who}: a step needs 'tool' or 'next' (or both)", code="empty-step")
+    if "tool" not in raw and "next" not in raw and name == "start":
+        # (any other step without either is a terminal step: check_graph wants an arc to lead to it)
+        c.error(
+            path,
+            f"{who}: a step needs 'tool' or 'next' (or both); a step with neither ends the branch that "
+            "reaches it, and 'start' with neither would run nothing",
+            code="empty-step",
+        )
         ok = False
     desc = raw.get("desc")
     if desc is not None and not isinstance(desc, str):

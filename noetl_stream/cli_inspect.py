@@ -29,31 +29,53 @@ if TYPE_CHECKING:
 
 @main.command()
 @click.argument("execution_id")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One line of JSON (what it prints when stdout is not a terminal).",
+)
+@click.option("--tree", "as_tree", is_flag=True, help="The tree, even when stdout is not a terminal.")
 @nats_option
 @prefix_option
-def status(execution_id: str, nats_url: str, prefix: str) -> None:
-    """Show an execution's status, step by step (folded from its events)."""
+def status(execution_id: str, as_json: bool, as_tree: bool, nats_url: str, prefix: str) -> None:
+    """Show an execution's status, step by step (folded from its events): on a terminal a tree of its
+    steps with their status, duration, attempts and errors; else (or with --json) one line of JSON.
+    Exit 1 if there is no such execution."""
     from noetl_stream.client import Tracker
     from noetl_stream.kv.history import read_events
     from noetl_stream.subjects import SubjectError
 
+    if as_json and as_tree:
+        raise click.UsageError("--json and --tree cannot be used together")
+    tree = as_tree or (not as_json and sys.stdout.isatty())
     topology = _topology(prefix)
 
-    async def go(nc: Any) -> Tracker:
+    async def go(nc: Any) -> tuple[Tracker, list[tuple[int, Event]]]:
         tracker = Tracker(execution_id)
-        async for _, ev in read_events(nc.jetstream(), topology, execution_id):
+        events: list[tuple[int, Event]] = []
+        async for seq, ev in read_events(nc.jetstream(), topology, execution_id):
             tracker.apply(ev)
-        return tracker
+            if tree:
+                events.append((seq, ev))
+        return tracker, events
 
     try:
-        tracker = _with_nats(nats_url, "noetl-status", go)
+        tracker, events = _with_nats(nats_url, "noetl-status", go)
     except SubjectError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
     summary = msgspec.to_builtins(tracker.summary)
     if not summary["events"]:
-        click.echo(f"error: no execution {execution_id}", err=True)
-        sys.exit(EXIT_INVALID)
+        click.echo(f"error: no execution {execution_id} (no events under prefix '{prefix}')", err=True)
+        sys.exit(EXIT_FAILED)
+    if tree:
+        from noetl_stream.api.graph import fold_graph
+        from noetl_stream.statustree import render_status, step_attempts
+
+        graph = fold_graph(execution_id, events)
+        click.echo("\n".join(render_status(graph, step_attempts(events))))
+        return
     summary.pop("duration_s", None)
     _echo_json(summary)
 
@@ -66,11 +88,14 @@ FOLLOW_NOTE_AFTER_S = 1.0
 @click.argument("execution_id")
 @click.option("--follow", "follow_", is_flag=True, help="Keep printing until the execution finishes.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON event per line (the raw events).")
+@click.option("--no-headers", is_flag=True, help="No line of column names above the timeline.")
 @nats_option
 @prefix_option
-def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefix: str) -> None:
-    """Print an execution's events as a timeline: time since the request, event, step, step run / task
-    run / iteration, status, duration and error."""
+def events(
+    execution_id: str, follow_: bool, as_json: bool, no_headers: bool, nats_url: str, prefix: str
+) -> None:
+    """Print an execution's events as a timeline under a line of column names: time since the request,
+    event, step, step run / task run / iteration, status, duration and error."""
     from noetl_stream.client import follow
     from noetl_stream.kv.history import read_events
     from noetl_stream.timeline import Timeline
@@ -78,7 +103,13 @@ def events(execution_id: str, follow_: bool, as_json: bool, nats_url: str, prefi
     topology = _topology(prefix)
     timeline = Timeline()
 
+    headed = as_json or no_headers
+
     def show(ev: Event) -> None:
+        nonlocal headed
+        if not headed:  # above the first event (none: nothing but the error line)
+            click.echo(Timeline.HEADER)
+            headed = True
         click.echo(msgspec.json.encode(ev).decode() if as_json else timeline.line(ev))
 
     async def go(nc: Any) -> int:
@@ -221,6 +252,7 @@ def replay(
 @click.option("--limit", default=50, show_default=True)
 @click.option("--offset", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the page as JSON.")
+@click.option("--no-headers", is_flag=True, help="No line of column names above the table.")
 @nats_option
 @prefix_option
 def executions(
@@ -230,10 +262,12 @@ def executions(
     limit: int,
     offset: int,
     as_json: bool,
+    no_headers: bool,
     nats_url: str,
     prefix: str,
 ) -> None:
-    """List executions from the controller's snapshots, newest update first."""
+    """List executions from the controller's snapshots, newest update first: a table under a line of
+    column names (--no-headers: without it), or the page as JSON."""
     from noetl_stream.control.inspect import Inspector, QueryError, check_page
     from noetl_stream.operations import ListExecutions
 
@@ -254,10 +288,24 @@ def executions(
         return
     if not page.items:  # on stderr, as `catalog list` does: stdout stays an (empty) listing
         click.echo(_no_executions(status, playbook, since, offset, page.total), err=True)
-    for s in page.items:
-        click.echo(f"{s.execution_id}\t{s.status:<9}\t{s.path or s.file}\t{s.updated_at or ''}")
+    rows: list[tuple[str, ...]] = [
+        (s.execution_id, s.status + (" (paused)" if s.paused else ""), s.path or s.file, s.updated_at or "")
+        for s in page.items
+    ]
+    if rows and not no_headers:
+        rows.insert(0, ("EXECUTION", "STATUS", "PLAYBOOK", "UPDATED"))
+    for line in _table(rows):
+        click.echo(line)
     if page.total > page.offset + len(page.items):
         click.echo(f"... {page.total - page.offset - len(page.items)} more (--offset)", err=True)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """`rows` as lines of left-aligned columns two spaces apart."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def _no_executions(

@@ -1,6 +1,7 @@
 """A human timeline of one execution's events (``noetl-stream events ID [--follow]``).
 
-One line per event, in stream order, columns fixed so that a followed execution lines up::
+One line per event, in stream order, columns fixed so that a followed execution lines up (under
+`Timeline.HEADER`'s column names)::
 
     +0.000s  playbook.execution.requested
     +0.004s  step.scheduled                boom    boom-1
@@ -19,7 +20,7 @@ from typing import Any
 from noetl_stream import events as E
 from noetl_stream.wire import Event
 
-__all__ = ["Timeline"]
+__all__ = ["Timeline", "duration_text"]
 
 _STATUS = {"success": "ok", "error": "error", "skipped": "skipped", "in_progress": ""}
 _STEP_END = frozenset({E.STEP_DONE, E.STEP_FAILED, E.LOOP_DONE, E.STEP_SKIPPED})
@@ -35,12 +36,17 @@ def _seconds(timestamp: str) -> float | None:
         return None
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it: ``7ms``, ``1.23s``, ``2m03s``, ``1h02m``."""
+    seconds = max(seconds, 0.0)
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"  # event timestamps have millisecond resolution
-    if seconds < 120:
+    if seconds < 60:
         return f"{seconds:.2f}s"
-    return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def _compact(text: str, limit: int = _MAX_ERROR) -> str:
@@ -50,6 +56,19 @@ def _compact(text: str, limit: int = _MAX_ERROR) -> str:
 
 class Timeline:
     """Formats events one at a time; remembers start times to give durations."""
+
+    HEADER = "  ".join(
+        [
+            f"{'TIME':>9}",
+            f"{'EVENT':<28}",
+            f"{'STEP':<14}",
+            f"{'RUN':<22}",
+            f"{'STATUS':<9}",
+            f"{'DURATION':>8}",
+            "DETAIL",
+        ]
+    )
+    """The column names of `line` (``events`` prints them first)."""
 
     def __init__(self) -> None:
         self._t0: float | None = None
@@ -108,9 +127,9 @@ class Timeline:
         elif name in _STEP_END and ev.step_run_id:
             key = f"step:{ev.step_run_id}"
         elif name in _EXECUTION_END and self._t0 is not None:
-            return _duration(t - self._t0)
+            return duration_text(t - self._t0)
         start = self._started.pop(key, None) if key else None
-        return _duration(t - start) if start is not None else ""
+        return duration_text(t - start) if start is not None else ""
 
     @staticmethod
     def _detail(ev: Event, payload: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from procs import NOETL_STREAM, run_cli
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.local import Runtime
+from noetl_stream.timeline import Timeline
 from noetl_stream.wire import Event, new_execution_id
 
 TEXT = playbook(
@@ -66,8 +67,9 @@ async def test_follow_prints_a_readable_timeline_until_the_execution_ends(
             os.kill(proc.pid, signal.SIGKILL)
             await proc.wait()
     assert proc.returncode == 0, err.decode()
-    lines = out.decode().splitlines()
+    header, *lines = out.decode().splitlines()
 
+    assert header == Timeline.HEADER
     assert len(lines) == len(events)
     parsed = [LINE.match(line) for line in lines]
     assert all(parsed), lines

@@ -126,7 +126,10 @@ async def test_controller_serves_the_api_and_the_cli_inspects(
         await asyncio.sleep(0.05)
     assert [s["execution_id"] for s in page["items"]] == [execution_id]
     code, out, _ = await cli(env, "executions")
-    assert code == 0 and out.split("\t")[:3] == [execution_id, "success  ", "examples/hello"]
+    assert code == 0 and [line.split()[:3] for line in out.splitlines()] == [
+        ["EXECUTION", "STATUS", "PLAYBOOK"],
+        [execution_id, "success", "examples/hello"],
+    ]
     code, _, err = await cli(env, "executions", "--since", "not-a-time")
     assert code == 2 and "ISO-8601" in err
     code, _, err = await cli(env, "ctx", "no-such-run")

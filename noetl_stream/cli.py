@@ -159,11 +159,15 @@ CONCURRENCY = click.IntRange(min=1)
 @click.version_option(__version__, prog_name="noetl-stream")
 def main() -> None:
     """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""
-    from noetl_stream.logs import configure
-    from noetl_stream.plugins import load_plugins
+    try:  # (importing the tools and reading the installed packages' entry points take a moment)
+        from noetl_stream.logs import configure
+        from noetl_stream.plugins import load_plugins
 
-    configure("warning")
-    load_plugins()
+        configure("warning")
+        load_plugins()
+    except KeyboardInterrupt:  # Ctrl-C before the command began: not click's "Aborted!" and exit 1
+        click.echo("interrupted", err=True)
+        sys.exit(130)
 
 
 def entry() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["bound", "configure", "configure_unless_configured"]
+__all__ = ["Hush", "bound", "configure", "configure_unless_configured"]
 
 
 class _Stderr:
@@ -32,7 +32,33 @@ class _Stderr:
         return sys.stderr.isatty()
 
 
-def configure(level: str = "info", *, json: bool | None = None, stream: object = None) -> None:
+class Hush:
+    """A log processor that drops the lines named in `names` (what a command shows its user another way:
+    ``run``'s progress names a failed step), and every line below ``error`` once `quiet` was called
+    (``run`` interrupted, or past its ``--timeout``: what its shutdown says about the work it abandons
+    is no news to whoever stopped it)."""
+
+    _BELOW_ERROR = frozenset({"debug", "info", "warning", "warn", "msg"})
+
+    def __init__(self, names: frozenset[str] = frozenset()) -> None:
+        self.names = names
+        self.quieted = False
+
+    def quiet(self) -> None:
+        """From now on, errors alone (the standard library's loggers, asyncio's and the NATS client's:
+        nothing below critical)."""
+        self.quieted = True
+        logging.disable(logging.ERROR)
+
+    def __call__(self, _: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if event_dict.get("event") in self.names or (self.quieted and method in self._BELOW_ERROR):
+            raise structlog.DropEvent
+        return event_dict
+
+
+def configure(
+    level: str = "info", *, json: bool | None = None, stream: object = None, hush: Hush | None = None
+) -> None:
     out = stream if stream is not None else _Stderr()
     if json is None:
         json = not getattr(out, "isatty", lambda: False)()
@@ -41,6 +67,7 @@ def configure(level: str = "info", *, json: bool | None = None, stream: object =
     )
     structlog.configure(
         processors=[
+            *([hush] if hush is not None else []),
             structlog.contextvars.merge_contextvars,
             _merge_bound,
             structlog.processors.add_log_level,

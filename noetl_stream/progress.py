@@ -8,6 +8,7 @@ from typing import Any, TextIO
 import msgspec
 
 from noetl_stream import events as E
+from noetl_stream.timeline import duration_text
 from noetl_stream.wire import Event
 
 
@@ -16,6 +17,8 @@ class Progress:
         self.out = out or sys.stderr
         self.tty = self.out.isatty()
         self._loops: dict[str, list[int]] = {}
+        self._failures: dict[str, str] = {}
+        """The error each failed step's line showed (the last run's), so the end does not say it again."""
 
     def _line(self, text: str) -> None:
         if self.tty:
@@ -36,9 +39,8 @@ class Progress:
                 extra = f" ({p.get('done', 0)}/{p.get('total', 0)} iterations, {p.get('failed', 0)} failed)"
             self._line(f"  ✔ {step} done{extra}")
         elif name == E.STEP_FAILED:
-            err = ev.payload.get("error") or {}
-            kind, message = str(err.get("kind", "error")), str(err.get("message", ""))
-            said = message if message.startswith(f"{kind}: ") else f"{kind}: {message}"  # python's says it
+            said = _said(ev.payload.get("error") or {})
+            self._failures[step] = said
             self._line(f"  ✘ {step} failed: {said}")
         elif name == E.STEP_SKIPPED:
             self._line(f"  ⤼ {step} skipped ({ev.payload.get('reason', '')})")
@@ -57,9 +59,34 @@ class Progress:
             self.out.flush()
 
     def finish(self, summary: dict[str, Any]) -> None:
+        """The outcome's line, and on stdout the result and ctx of a success. A failure names the step
+        that failed and its error once (after the step's own line, the step alone); it prints no result:
+        the last step's result is not the outcome of an execution that failed."""
         status = summary.get("status")
-        mark = "✔" if status == "success" else "✘"
-        self._line(f"{mark} execution {summary.get('execution_id')} {status} in {summary.get('duration_s')}s")
-        if summary.get("error"):
-            self._line(f"  error: {msgspec.json.encode(summary['error']).decode()}")
-        print(msgspec.json.encode({"result": summary.get("result"), "ctx": summary.get("ctx")}).decode())
+        took = summary.get("duration_s")
+        said = f"execution {summary.get('execution_id')} {status}"
+        if isinstance(took, (int, float)):
+            said += f" in {duration_text(took)}"
+        if status == "success":
+            self._line(f"✔ {said}")
+            print(msgspec.json.encode({"result": summary.get("result"), "ctx": summary.get("ctx")}).decode())
+            return
+        error = summary.get("error")
+        if isinstance(error, dict):
+            step = error.get("step")
+            what = _said(error)
+            if isinstance(step, str) and self._failures.get(step) == what:
+                said += f": step {step}"  # its error is on its own line, above
+            else:
+                said += f": step {step}: {what}" if isinstance(step, str) else f": {what}"
+        elif error:
+            said += f": {error}"
+        self._line(f"✘ {said}")
+
+
+def _said(error: dict[str, Any]) -> str:
+    """An event's error on one line: ``kind: message`` (python's message names its kind already)."""
+    kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
+    if not message:
+        return kind
+    return message if message.startswith(f"{kind}: ") else f"{kind}: {message}"

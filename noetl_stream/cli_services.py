@@ -138,6 +138,14 @@ def controller(
     type=click.IntRange(min=1),
     help="Worker processes on this machine, supervised (restarted if they die); all share the pool.",
 )
+@click.option(
+    "--metrics",
+    "metrics",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve /metrics (Prometheus text format, no token) here; with --processes N, process i on "
+    "PORT + i - 1.",
+)
 def worker(
     nats_url: str,
     prefix: str,
@@ -148,13 +156,26 @@ def worker(
     log_level: str,
     task_events: str = "all",
     processes: int = 1,
+    metrics: str | None = None,
 ) -> None:
     """Run a worker of one pool (any number may share a pool)."""
+    from noetl_stream.api import parse_listen
+    from noetl_stream.errors import ConfigurationError
     from noetl_stream.logs import configure
     from noetl_stream.services import run_worker
 
     configure(log_level)
     topology = _topology(prefix)
+    metrics_at: tuple[str, int] | None = None
+    if metrics is not None:
+        try:
+            metrics_at = parse_listen(metrics, "--metrics")
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics") from None
+        if processes > 1 and metrics_at[1] == 0:
+            raise click.BadParameter("give a port (process i serves on PORT + i - 1)", param_hint="--metrics")
+        if metrics_at[1] + processes - 1 > 65535:
+            raise click.BadParameter(f"{processes} processes need ports up to 65535", param_hint="--metrics")
     if processes > 1:
         from noetl_stream.subjects import SubjectError, check_pool
         from noetl_stream.supervisor import supervise_workers
@@ -165,8 +186,10 @@ def worker(
             raise click.BadParameter(str(exc), param_hint="--pool") from None
         argv = ["--pool", pool, "--concurrency", str(concurrency), "--grace", str(grace)]
         argv += ["--log-level", log_level, "--task-events", task_events]
-        sys.exit(supervise_workers(processes, argv, nats_url, topology.prefix, grace, name))
-    _run_async(run_worker(nats_url, topology, pool, concurrency, grace, name, task_events), nats_url)
+        sys.exit(supervise_workers(processes, argv, nats_url, topology.prefix, grace, name, metrics_at))
+    _run_async(
+        run_worker(nats_url, topology, pool, concurrency, grace, name, task_events, metrics_at), nats_url
+    )
     _exit_now_if_tools_still_run()
 
 

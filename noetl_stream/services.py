@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 
 import nats.errors
 import structlog
+from aiohttp import web
 from nats.aio.client import Client as NATS
 
 from noetl_stream.control.controller import Controller
+from noetl_stream.dataplane.metrics import WorkerMetrics
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.errors import ConfigurationError
@@ -153,6 +155,51 @@ async def run_controller(
         await nc.drain()
 
 
+class MetricsServer:
+    """``GET /metrics`` of a worker process (Prometheus text format), on its own port: ``worker
+    --metrics HOST:PORT``. It serves nothing else and asks for no token (bind it to an address only the
+    scraper reaches); each scrape reads the pool consumer's lag from JetStream."""
+
+    def __init__(self, metrics: WorkerMetrics, js: Any, host: str, port: int) -> None:
+        self.metrics = metrics
+        self.js = js
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        await self.metrics.refresh(self.js)
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:  # the port is taken, the address is not this machine's
+            await runner.cleanup()
+            raise ConfigurationError(
+                f"cannot serve /metrics on {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
+        self._runner = runner
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:  # (port 0: the one the system gave)
+            self.port = int(sockets[0].getsockname()[1])
+        log.info("worker.metrics_listening", url=f"http://{self.host}:{self.port}/metrics")
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
 async def run_worker(
     url: str,
     topology: Topology,
@@ -161,7 +208,9 @@ async def run_worker(
     grace_s: float,
     name: str | None = None,
     task_events: str = "all",
+    metrics_at: tuple[str, int] | None = None,
 ) -> None:
+    """Run a worker until SIGTERM/SIGINT; with `metrics_at` (host, port) it serves its ``/metrics`` there."""
     from noetl_stream.tracing import setup_from_env
 
     setup_from_env("noetl-stream-worker")  # OpenTelemetry spans, when installed and enabled
@@ -184,9 +233,19 @@ async def run_worker(
             task_events=task_events,
             services=WorkerServices(credentials=keychain.resolver()),
         )
-        await worker.start()
-        await stop.wait()
-        log.info("worker.stopping", worker=worker.name, pool=pool, grace_s=grace_s)
-        await worker.shutdown(grace_s=grace_s)
+        server = None
+        if metrics_at is not None:  # listening before any work is taken: no task run goes uncounted
+            worker.metrics = WorkerMetrics(topology, pool, worker.name)
+            worker.metrics.track(worker.commands_running, concurrency)
+            server = MetricsServer(worker.metrics, nc.jetstream(timeout=2.0), *metrics_at)
+            await server.start()
+        try:
+            await worker.start()
+            await stop.wait()
+            log.info("worker.stopping", worker=worker.name, pool=pool, grace_s=grace_s)
+            await worker.shutdown(grace_s=grace_s)
+        finally:
+            if server is not None:
+                await server.stop()
     finally:
         await nc.drain()

@@ -169,19 +169,39 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
-def worker_commands(processes: int, worker_args: Sequence[str], name: str | None = None) -> list[list[str]]:
-    """``python -m noetl_stream worker ARGS`` per process; with `name`, the children are ``name-1``..``name-N``."""
+def worker_commands(
+    processes: int,
+    worker_args: Sequence[str],
+    name: str | None = None,
+    metrics: tuple[str, int] | None = None,
+) -> list[list[str]]:
+    """``python -m noetl_stream worker ARGS`` per process; with `name`, the children are ``name-1``..``name-N``;
+    with `metrics` (host, port), child i serves its ``/metrics`` on port + i - 1."""
     base = [sys.executable, "-m", "noetl_stream", "worker", *worker_args]
-    return [base + (["--name", f"{name}-{i}"] if name else []) for i in range(1, processes + 1)]
+    commands = []
+    for i in range(1, processes + 1):
+        argv = base + (["--name", f"{name}-{i}"] if name else [])
+        if metrics is not None:
+            host = f"[{metrics[0]}]" if ":" in metrics[0] else metrics[0]
+            argv += ["--metrics", f"{host}:{metrics[1] + i - 1}"]
+        commands.append(argv)
+    return commands
 
 
 def supervise_workers(
-    processes: int, worker_args: Sequence[str], nats_url: str, prefix: str, grace_s: float, name: str | None
+    processes: int,
+    worker_args: Sequence[str],
+    nats_url: str,
+    prefix: str,
+    grace_s: float,
+    name: str | None,
+    metrics: tuple[str, int] | None = None,
 ) -> int:
     """Run `processes` workers under a `Supervisor` until SIGTERM/SIGINT; the exit code.
 
     The NATS URL (which may carry a password) travels in the environment, not on command lines.
     """
     env = {**os.environ, "NOETL_NATS_URL": nats_url, "NOETL_PREFIX": prefix}
-    supervisor = Supervisor(worker_commands(processes, worker_args, name), env=env, grace_s=grace_s)
+    commands = worker_commands(processes, worker_args, name, metrics)
+    supervisor = Supervisor(commands, env=env, grace_s=grace_s)
     return asyncio.run(supervisor.run())

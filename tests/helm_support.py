@@ -16,7 +16,7 @@ from ruamel.yaml import YAML
 
 CHART = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "noetl-stream"
 KUBE_VERSION = "1.30"
-CRDS = {"ScaledObject", "ServiceMonitor"}  # not in the Kubernetes schemas
+CRDS = {"ScaledObject", "ServiceMonitor", "PodMonitor"}  # not in the Kubernetes schemas
 
 
 def load_values(name: str) -> dict[str, Any]:

@@ -125,9 +125,12 @@ class Processes:
         self.all.append(proc)
         return proc.start()
 
-    def controller(self, name: str = "controller", *, grace: float = 5.0) -> NoetlProcess:
-        """A controller whose id is `name` (a restart is the same controller, and takes its leases back)."""
-        args = ["controller", "--grace", str(grace), "--log-level", "info", "--controller-id", name]
+    def controller(
+        self, name: str = "controller", *, grace: float = 5.0, extra: tuple[str, ...] = ()
+    ) -> NoetlProcess:
+        """A controller whose id is `name` (a restart is the same controller, and takes its leases back);
+        `extra`: more of its options (``--http``, ...)."""
+        args = ["controller", "--grace", str(grace), "--log-level", "info", "--controller-id", name, *extra]
         return self._spawn(name, args)
 
     def worker(
@@ -139,11 +142,15 @@ class Processes:
         grace: float = 5.0,
         processes: int = 1,
         task_events: str | None = None,
+        metrics: str | None = None,
     ) -> NoetlProcess:
-        """A worker; with `processes` > 1 a supervisor of that many (named ``<name>-1``, ...)."""
+        """A worker; with `processes` > 1 a supervisor of that many (named ``<name>-1``, ...); with
+        `metrics` (``HOST:PORT``) serving its ``/metrics`` there."""
         args = ["worker", "--pool", pool, "--concurrency", str(concurrency), "--name", name]
         if task_events is not None:
             args += ["--task-events", task_events]
+        if metrics is not None:
+            args += ["--metrics", metrics]
         if processes > 1:
             args += ["--processes", str(processes)]
         return self._spawn(name, [*args, "--grace", str(grace), "--log-level", "info"])

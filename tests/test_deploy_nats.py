@@ -307,7 +307,7 @@ async def test_controller_and_worker_run_an_execution_as_their_own_users(
     (tmp_path / "child.yaml").write_text(CHILD)
     topology = Topology()
     before = len(server.violations())
-    token, port = "deploy-test-token", free_port()
+    token, port, worker_port = "deploy-test-token", free_port(), free_port()
     with (
         Processes(server.url("controller"), topology, tmp_path / "logs") as ctl,
         Processes(server.url("worker"), topology, tmp_path / "logs") as wrk,
@@ -319,7 +319,7 @@ async def test_controller_and_worker_run_an_execution_as_their_own_users(
         args = ["controller", "--grace", "5", "--controller-id", "controller", "--http", f"127.0.0.1:{port}"]
         args += ["--nats", ctl.nats_url, "--prefix", topology.prefix]
         ctl.all.append(NoetlProcess("controller", [str(NOETL_STREAM), *args], ctl.env, ctl.log_dir).start())
-        wrk.worker("w1", concurrency=4)
+        wrk.worker("w1", concurrency=4, metrics=f"127.0.0.1:{worker_port}")  # as workerMetrics.enabled
         client_env = {**ctl.env, "NOETL_NATS_URL": server.url("client")}
         code, out, err = await run_cli(
             client_env, "submit", str(tmp_path / "parent.yaml"), "--wait", "--json", timeout=45
@@ -345,7 +345,22 @@ async def test_controller_and_worker_run_an_execution_as_their_own_users(
         # The controller saw the workers' task events: their durations are on /metrics.
         url = f"http://127.0.0.1:{port}"
         await eventually(lambda: _has_python_tasks(url, token), timeout=10)
+        # The worker counted its own, and read its consumer's lag as the worker user.
+        worker_metrics = await _worker_metrics(worker_port)
+        assert worker_metrics['noetl_worker_tasks_total{kind="python",status="ok"}'] >= 5, worker_metrics
+        assert 'noetl_worker_consumer_pending{pool="default"}' in worker_metrics, worker_metrics
         assert server.violations()[before:] == [], logs
+
+
+async def _worker_metrics(port: int) -> dict[str, float]:
+    """A worker's ``/metrics``: each sample's value by its line's name and labels."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        assert resp.status == 200, await resp.text()
+        text = await resp.text()
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {name: float(value) for name, value in samples}
 
 
 async def _has_python_tasks(url: str, token: str) -> bool:

@@ -21,11 +21,11 @@ log = structlog.get_logger(__name__)
 TOKENS_ENV = "NOETL_API_TOKENS"
 
 
-def parse_listen(value: str) -> tuple[str, int]:
+def parse_listen(value: str, option: str = "--http") -> tuple[str, int]:
     """``HOST:PORT`` (``:8080`` listens on every interface; ``[::1]:8080`` for IPv6)."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigurationError(f"--http {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+        raise ConfigurationError(f"{option} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 

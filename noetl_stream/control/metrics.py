@@ -10,7 +10,8 @@ Three sources, each as cheap as it can be:
   acked; dropped under overload rather than slowing anything): task durations by kind and retries;
 - JetStream state read at scrape time: commands pending and in flight per pool (the ``pool-<pool>``
   consumers' ``num_pending`` / ``num_ack_pending``) and the events stream's last sequence, whose
-  rate is the events/s of the installation (also given as a gauge over the last scrape interval).
+  rate is the events/s of the installation (also given as a gauge over the last scrape interval);
+- the process and the Python runtime (prometheus_client's collectors: ``process_*``, ``python_*``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 from noetl_stream import events as E
 from noetl_stream.carried import decode_all, subject_names
@@ -61,6 +65,10 @@ class Metrics:
         self.plans = plans
         self.registry = CollectorRegistry()
         r = self.registry
+        # the process (process_*: CPU, memory, open files) and the Python runtime (python_info, python_gc_*)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.started = Counter(
             "noetl_executions_started", "Executions started, by playbook path", ["playbook"], registry=r
         )

@@ -258,7 +258,9 @@ class CommandRun:
         sizes = {label: len(msgspec.json.encode(value)) for label, value in tasks.items()}
         parts: list[str | None] = sorted(tasks, key=sizes.__getitem__, reverse=True)
         result_size = len(msgspec.json.encode(result))
-        parts.insert(next((i for i, label in enumerate(parts) if sizes[label] < result_size), len(parts)), None)
+        parts.insert(
+            next((i for i, label in enumerate(parts) if sizes[label] < result_size), len(parts)), None
+        )
         out, data = ev, encode(ev)
         for label in parts:  # None: the step's result
             if len(data) <= limit:
@@ -629,7 +631,7 @@ class TaskEvents:
     the scope ends (`settle`), they are dropped if it succeeded with that one plain run, and written
     otherwise. With ``all`` (`held` is None) every event is written as it happens."""
 
-    __slots__ = ("held", "run", "scope_id")
+    __slots__ = ("held", "run", "scope_id", "started")
 
     def __init__(self, run: CommandRun, scope_id: str, hold: bool) -> None:
         self.run = run
@@ -637,8 +639,17 @@ class TaskEvents:
         self.held: list[tuple[str, Task, int, int, dict[str, Any], tuple[str, int]]] | None = (
             [] if hold else None
         )
+        self.started = 0.0
+        """When the scope's task run now running started (its tasks run one after another)."""
 
     def __call__(self, name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
+        metrics = self.run.worker.metrics
+        if metrics is not None:  # every task run, whatever the events written for it
+            if name == E.TASK_STARTED:
+                self.started = time.monotonic()
+            elif name == E.TASK_DONE:
+                status = "ok" if payload.get("status") == "ok" else "error"
+                metrics.task_done(task.kind, status, time.monotonic() - self.started)
         held = self.held
         if held is not None:
             first_start = name == E.TASK_STARTED and not held

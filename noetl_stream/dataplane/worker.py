@@ -1,6 +1,7 @@
 """The worker: pulls commands of one pool, supervises each one's run, settles its message, shuts down.
 
-No inbound ports. Any number of worker processes share one pool's durable consumer. Running one
+No inbound ports (``worker --metrics`` adds a ``/metrics`` listener, `services.MetricsServer`, fed by
+`WorkerMetrics`). Any number of worker processes share one pool's durable consumer. Running one
 command (pipeline, loops, its events) is `CommandRun` in command.py.
 A message is settled in exactly one place (``_handle``): ack after the boundary event
 is stored; nothing on cancellation or shutdown (so JetStream redelivers it); ``term``
@@ -28,6 +29,7 @@ from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
 from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, TASK_EVENTS_SEPARATE, CommandRun
 from noetl_stream.dataplane.loops import HandedBack
+from noetl_stream.dataplane.metrics import WorkerMetrics
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.kv.history import end_status, last_event
 from noetl_stream.kv.results import ResultStore
@@ -59,6 +61,7 @@ class Worker:
         name: str | None = None,
         task_events: str = TASK_EVENTS_ALL,
         services: WorkerServices | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         if task_events not in TASK_EVENTS:
             raise ValueError(f"task_events: {task_events!r} is not one of {', '.join(TASK_EVENTS)}")
@@ -94,6 +97,10 @@ class Worker:
         self._unconfirmed: dict[asyncio.Future[Any], tuple[Msg, CommandRun]] = {}
         self._republishing: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = metrics
+        """Counts and times the task runs that end here (`WorkerMetrics`; None: nothing is counted)."""
+        if metrics is not None:
+            metrics.track(self.commands_running, concurrency)
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -101,6 +108,10 @@ class Worker:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
+
+    def commands_running(self) -> int:
+        """How many commands this worker runs now."""
+        return len(self._active)
 
     def running_executions(self) -> set[str]:
         """The executions whose commands this worker runs now."""

@@ -367,3 +367,10 @@ affinity:
 {{- define "noetl-stream.terminationGrace" -}}
 {{- add (int (ceil .grace)) (int .extra) }}
 {{- end }}
+
+{{/*
+The container port name of worker process i (0-based) of a pod: metrics, metrics-2, metrics-3, ...
+*/}}
+{{- define "noetl-stream.metricsPort" -}}
+{{- if eq (int .) 0 }}metrics{{ else }}{{ printf "metrics-%d" (add (int .) 1) }}{{ end }}
+{{- end }}

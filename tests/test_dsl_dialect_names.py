@@ -182,3 +182,54 @@ def test_a_workload_template_reads_what_exists_at_start() -> None:
         playbook("- step: start\n  tool: {kind: noop}", workload={"e": "{{ oops( }}"}), "t"
     )
     assert [d.code for d in broken.diagnostics if d.severity == "error"] == ["template-syntax"]
+
+
+def test_a_tasks_fields_read_its_own_input_and_without_one_input_is_undefined() -> None:
+    own = playbook(
+        """
+        - step: start
+          tool:
+            - name: a
+              kind: noop
+              input: {k: 7}
+              result: "{{ input.k }}"
+        """
+    )
+    stepwide = playbook(
+        """
+        - step: start
+          input: {k: 7}
+          tool: {kind: noop, result: "{{ input.k }}"}
+        """
+    )
+    none = playbook(
+        """
+        - step: start
+          tool:
+            - {name: a, kind: noop, input: {k: 7}}
+            - {name: b, kind: noop, result: "{{ input.k }}"}
+        """
+    )
+    assert messages(own, "undefined-name") == []
+    assert messages(stepwide, "undefined-name") == []
+    (undefined,) = messages(none, "undefined-name")
+    assert "task 'b': template reads 'input'" in undefined
+
+
+def test_a_cursor_loops_claim_reads_its_frame_size() -> None:
+    text = playbook(
+        """
+        - step: start
+          loop:
+            cursor:
+              kind: postgres
+              auth: pg
+              claim: "UPDATE q SET taken = true WHERE id IN (SELECT id FROM q LIMIT {{ __frame_max_rows }}) RETURNING id"
+            iterator: row
+            spec: {mode: cursor}
+          tool: {kind: noop, result: "{{ iter.row.id }}"}
+        """
+    )
+    assert messages(text, "undefined-name") == []
+    elsewhere = playbook('- step: start\n  tool: {kind: noop, result: "{{ __frame_max_rows }}"}\n')
+    assert len(messages(elsewhere, "undefined-name")) == 1

@@ -38,8 +38,7 @@ from noetl_stream.wire import Command
 if TYPE_CHECKING:
     from noetl_stream.dataplane.command import CommandRun
 
-FRAME_ROWS = "__frame_max_rows"
-"""The name a claim reads its frame size by."""
+FRAME_ROWS = V.FRAME_ROWS
 
 
 class CursorError(Exception):

@@ -362,6 +362,18 @@ def _check_event_names(
             )
 
 
+def _task_has_inputs(item: Any, path: Path) -> bool:
+    """The task at `path` (under a step's ``tool``) has ``input:`` or ``args:``, or its step has ``input:``."""
+    if not isinstance(item, dict):
+        return False
+    if item.get("input") is not None:
+        return True
+    tool = item.get("tool")
+    if isinstance(tool, list):
+        tool = tool[path[3]] if len(path) > 3 and isinstance(path[3], int) and path[3] < len(tool) else None
+    return isinstance(tool, dict) and (tool.get("input") is not None or tool.get("args") is not None)
+
+
 def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> None:
     """Every template parses; names it reads exist in some scope (a warning if not)."""
     workload_keys = set(playbook.workload)
@@ -422,6 +434,10 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 known = base | labels_by_index.get(path[1], set())
                 if path[2:3] == ("tool",) and "policy" in path:
                     known = known | {"output"}  # a task policy's: NoETL's envelope of the outcome
+                if path[2:3] == ("tool",) and _task_has_inputs(raw_steps[path[1]], path):
+                    known = known | {"input"}  # a task's fields read its own input: (args:) as input
+                if path[2:4] == ("loop", "cursor"):
+                    known = known | {V.FRAME_ROWS}  # a cursor loop's claim reads the rows one claim asks for
             elif root == ("workbook",) and "policy" in path:
                 known = known | {"output"}
             if success_to_ok(text) != text:

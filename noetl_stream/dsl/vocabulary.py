@@ -35,6 +35,8 @@ IGNORED_KEYS: Final = {
 KEYCHAIN_REQUIRED: Final = ("name", "kind")
 STEP_KEYS: Final = ("step", "desc", "spec", "loop", "tool", "next", "input", "output")
 DIALECT_KEYS: Final = ("set", "input")
+FRAME_ROWS: Final = "__frame_max_rows"
+"""The name a cursor loop's claim reads its frame size by (``loop.spec.frame.max_rows``)."""
 """Keys of the deployed NoETL dialect accepted on steps and tasks (``dsl/dialect.py`` normalizes them)."""
 LOOP_KEYS: Final = ("in", "iterator", "spec", "cursor")
 LOOP_SPEC_TYPED: Final = ("mode", "max_in_flight", "policy", "frame")

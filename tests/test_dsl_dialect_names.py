@@ -233,3 +233,18 @@ def test_a_cursor_loops_claim_reads_its_frame_size() -> None:
     assert messages(text, "undefined-name") == []
     elsewhere = playbook('- step: start\n  tool: {kind: noop, result: "{{ __frame_max_rows }}"}\n')
     assert len(messages(elsewhere, "undefined-name")) == 1
+
+
+def test_arcs_that_are_not_a_list_are_an_error_not_a_crash() -> None:
+    # (the names' scan of arcs for their set: keys read any value under next.arcs as a list)
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: noop}
+          next: {arcs: 5}
+        - step: end
+          tool: {kind: noop, result: "{{ x }}"}
+        """
+    )
+    result = compile_playbook(text, "t.yaml")
+    assert [d.path for d in result.errors] == ["workflow[0].next.arcs"]

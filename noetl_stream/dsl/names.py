@@ -75,7 +75,8 @@ def _ctx_keys(data: dict[str, Any]) -> set[str]:
     workflow = data.get("workflow")
     for step in workflow if isinstance(workflow, list) else ():
         nxt = step.get("next") if isinstance(step, dict) else None
-        for arc in (nxt.get("arcs") if isinstance(nxt, dict) else None) or ():
+        arcs = nxt.get("arcs") if isinstance(nxt, dict) else None
+        for arc in arcs if isinstance(arcs, list) else ():
             if isinstance(arc, dict) and isinstance(arc.get("set"), dict):
                 keys.update(map(str, arc["set"]))
     return keys

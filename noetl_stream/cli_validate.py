@@ -1,8 +1,10 @@
-"""CLI commands on playbook files that need no NATS: ``validate`` and ``migrate`` (legacy DSL)."""
+"""CLI commands on playbook files that need no NATS: ``validate`` and ``migrate`` (legacy DSL, NoETL's
+dialect)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -10,6 +12,7 @@ import msgspec
 
 from noetl_stream.cli import EXIT_FAILED, EXIT_INVALID, EXIT_OK, main
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.dsl.diagnostics import Diagnostic
 
 
 @main.command()
@@ -104,13 +107,14 @@ def _show_canonical(text: str, file: str, extensions: tuple[str, ...]) -> None:
     "-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), help="Write the result here."
 )
 @click.option("--in-place", is_flag=True, help="Rewrite FILE itself.")
-@click.option("-q", "--quiet", is_flag=True, help="Do not list the translated constructs.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not list the rewritten forms.")
 def migrate(file: Path, out: Path | None, in_place: bool, quiet: bool) -> None:
-    """Rewrite a legacy playbook in the canonical v10 form (keeps comments and key order where it can).
+    """Rewrite a legacy playbook, or one in NoETL's dialect, in the canonical v10 form (keeps comments
+    and key order where it can).
 
-    Prints the result unless -o or --in-place is given; writes nothing when the playbook has a
-    construct without a faithful translation (exit 2, with the reason) or when the result would not
-    validate.
+    Lists each form it rewrote (unless -q) and prints the result unless -o or --in-place is given;
+    writes nothing when the playbook has a form without a faithful canonical spelling (exit 2, with
+    the reason) or when the result would not validate without dialect warnings.
     """
     from noetl_stream.migrate import migrate_text
 
@@ -136,5 +140,17 @@ def migrate(file: Path, out: Path | None, in_place: bool, quiet: bool) -> None:
     except OSError as exc:
         click.echo(f"{target}: cannot write: {exc.strerror}", err=True)
         sys.exit(EXIT_FAILED)
-    n = sum(1 for d in migration.diagnostics if d.severity == "warning")
-    click.echo(f"{target}: migrated ({n} legacy constructs translated)", err=True)
+    click.echo(f"{target}: {_rewritten(migration.diagnostics, migration.changed)}", err=True)
+
+
+def _rewritten(diagnostics: Sequence[Diagnostic], changed: bool) -> str:
+    """What ``migrate`` says it did: how many legacy constructs and NoETL forms it rewrote."""
+    if not changed:
+        return "nothing to rewrite (already canonical)"
+    legacy = sum(1 for d in diagnostics if d.severity == "warning" and d.code == "legacy")
+    noetl = sum(1 for d in diagnostics if d.severity == "warning" and d.code != "legacy")
+    said = [
+        *([f"{legacy} legacy constructs translated"] if legacy or not noetl else []),
+        *([f"{noetl} NoETL dialect forms rewritten"] if noetl else []),
+    ]
+    return f"migrated ({', '.join(said)})"

@@ -1,13 +1,19 @@
-"""``noetl-stream migrate``: rewrite a legacy playbook (000/004, 002 forms) in the canonical v10 form.
+"""``noetl-stream migrate``: rewrite a playbook in the canonical v10 form: the legacy drafts' forms
+(000/004, 002) and those of NoETL's deployed dialect (noetl.io/v2 as NoETL's users write it).
 
-The legacy translation (``dsl/legacy``) gives canonical data and, for every node, the authored node
-it came from. The output is built from the authored ruamel round-trip tree where it can: comments,
-key order, quoting and flow style of what stays are kept; what the translation generated is written
-in block style. The result must compile without extensions, else nothing is written.
+The legacy translation (``dsl/legacy``), then the dialect's (``dsl/dialect``: ``set:``, the policy
+shorthands, ``call.done``; ``dsl/respell``: ``output`` in policies, the names templates read, NoETL's
+task keys) give canonical data and, for every node, the authored node it came from. The output is
+built from the authored ruamel round-trip tree where it can: comments, key order, quoting and flow or
+block style of what stays are kept (a rewritten template keeps its quoting); what a translation
+generated is written in block style. The result must compile without extensions and without a
+``dialect`` warning, else nothing is written: a form with no canonical spelling (an arc's ``set:``) is
+an error that says so.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 from pathlib import Path as FilePath
 from typing import Any
@@ -15,14 +21,22 @@ from typing import Any
 import msgspec
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import (
+    DoubleQuotedScalarString,
+    FoldedScalarString,
+    LiteralScalarString,
+    SingleQuotedScalarString,
+)
 
-from noetl_stream.dsl import compile_playbook, legacy
+from noetl_stream.dsl import compile_playbook, dialect, legacy, respell
 from noetl_stream.dsl.canonical import styled
+from noetl_stream.dsl.compiler import compile_data
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
 from noetl_stream.dsl.origins import Origins
-from noetl_stream.dsl.source import load_yaml
+from noetl_stream.dsl.source import SourceMap, load_yaml
 
 _MISSING = object()
+_STYLES = (LiteralScalarString, FoldedScalarString, SingleQuotedScalarString, DoubleQuotedScalarString)
 
 
 class Migration(msgspec.Struct, frozen=True):
@@ -44,10 +58,16 @@ def migrate_text(text: str, file: str = "<playbook>") -> Migration:
     except PlaybookError as exc:
         return Migration(None, exc.diagnostics)
     own, origins = Origins.of(data)
-    diagnostics = legacy.translate(own, origins, smap)
+    diagnostics = dialect.call_names(own, origins, smap)
+    diagnostics += legacy.translate(own, origins, smap)
     if any(d.severity == "error" for d in diagnostics):
         return Migration(None, tuple(diagnostics))
-    if diagnostics:
+    refused = _dialect(own, origins, smap, diagnostics)
+    if refused is not None:
+        return refused
+    changed = not _same(own, data)
+    if changed:
+        diagnostics += _unreported(text, file, diagnostics)
         yaml = _yaml()
         authored = yaml.load(text)
         tree = _Rebuild(origins.resolve(own), origins.renamed(own), authored, data).node(own, ())
@@ -55,25 +75,110 @@ def migrate_text(text: str, file: str = "<playbook>") -> Migration:
         yaml.dump(tree, out)
         result = out.getvalue()
     else:
-        result = text  # nothing legacy in it: the file as it is
+        result = text  # nothing legacy or NoETL's in it: the file as it is
     check = compile_playbook(result, file)
-    if check.errors:
-        if not diagnostics:  # the authored text itself is invalid: its own diagnostics say where
-            return Migration(None, check.errors)
+    if check.errors and not changed:  # the authored text itself is invalid: its own diagnostics say where
+        return Migration(None, check.errors)
+    left = [d for d in check.diagnostics if d.code == respell.CODE]
+    if check.errors or left:
         problems = [
             Diagnostic(
                 "error",
-                f"the migrated playbook does not validate: {d.message} (line {d.line} of the output)",
+                f"the migrated playbook {what}: {d.message} (line {d.line} of the output)",
                 file,
                 0,
                 0,
                 d.path,
                 "migrate",
             )
-            for d in check.errors
+            for what, found in (
+                ("does not validate", check.errors),
+                ("keeps a NoETL form migrate cannot rewrite", left),
+            )
+            for d in found
         ]
         return Migration(None, (*diagnostics, *problems))
-    return Migration(result, tuple(diagnostics), changed=bool(diagnostics))
+    return Migration(result, tuple(diagnostics), changed=changed)
+
+
+def _unreported(text: str, file: str, reported: list[Diagnostic]) -> list[Diagnostic]:
+    """The ``dialect`` warnings of ``text`` at a place no rewrite reported (a form the legacy
+    translation rewrote without a word, such as the loop's item read bare)."""
+    seen = {(d.line, d.col) for d in reported}
+    return [
+        d
+        for d in compile_playbook(text, file).diagnostics
+        if d.code == respell.CODE and d.severity == "warning" and (d.line, d.col) not in seen
+    ]
+
+
+def _dialect(own: Any, origins: Origins, smap: SourceMap, diagnostics: list[Diagnostic]) -> Migration | None:
+    """NoETL's dialect in ``own`` (after the legacy translation) rewritten in place in the canonical
+    form, a warning in `diagnostics` for each form; a Migration that writes nothing when a form has no
+    canonical spelling (or the playbook is invalid)."""
+    kept = _task_inputs(own)
+    workflow = own.get("workflow") if isinstance(own, dict) else None
+    steps = [s for s in workflow if isinstance(s, dict)] if isinstance(workflow, list) else []
+    toolless = {id(s) for s in steps if "tool" not in s}
+    diagnostics += dialect.normalize(own, origins, smap)
+    for body in _bodies(own):
+        if id(body) in kept and "args" in body and "input" not in body:
+            _rename(body, "args", "input")  # a task's input: is canonical as it stands
+    for step in steps:
+        if id(step) in toolless and "tool" in step and "next" in step:
+            _before(step, "tool", "next")  # (a step set: on a step without tasks gave it one)
+    if any(d.severity == "error" for d in diagnostics):
+        return Migration(None, tuple(diagnostics))
+    fix = respell.Respell(own, origins, smap)
+    fix.task_keys()
+    fix.policies()
+    compiled = compile_data(copy.deepcopy(own), origins.source_map(own, smap))
+    if compiled.playbook is None:
+        if not diagnostics and not fix.diagnostics:
+            return None  # nothing to rewrite: migrate_text reports the playbook's own errors
+        return Migration(None, (*diagnostics, *fix.diagnostics, *compiled.errors))
+    fix.names(compiled.playbook)
+    now = origins.source_map(own, smap)
+    for path, who in respell.arc_sets(own):
+        fix.refuse(
+            now,
+            path,
+            f"{who}: 'set:' on an arc has no canonical v10 form (the controller writes its keys to ctx when "
+            "the arc is taken; nothing in v10 does): write them with set_ctx in a task policy of the step, "
+            "or in a step after the arc",
+            at_key=True,
+        )
+    diagnostics += fix.diagnostics
+    if any(d.severity == "error" for d in diagnostics):
+        return Migration(None, tuple(diagnostics))
+    return None
+
+
+def _bodies(data: Any) -> list[dict[str, Any]]:
+    return [body for _, _, body in respell.tasks(data)]
+
+
+def _task_inputs(data: Any) -> set[int]:
+    """The workflow tasks that give ``input:`` without ``args:`` (by identity)."""
+    return {id(body) for body in _bodies(data) if "input" in body and "args" not in body}
+
+
+def _before(node: dict[str, Any], key: str, anchor: str) -> None:
+    """Move ``node[key]`` just before ``node[anchor]``."""
+    value = node.pop(key)
+    items = list(node.items())
+    node.clear()
+    for k, v in items:
+        if k == anchor:
+            node[key] = value
+        node[k] = v
+
+
+def _rename(node: dict[str, Any], old: str, new: str) -> None:
+    items = list(node.items())
+    node.clear()
+    for k, v in items:
+        node[new if k == old else k] = v
 
 
 def migrate_file(path: FilePath, out: FilePath | None = None, *, in_place: bool = False) -> Migration:
@@ -171,6 +276,8 @@ class _Rebuild:
             return seq
         if old is not _MISSING and not isinstance(old, (dict, list)) and _same(old, new):
             return old  # keeps the authored scalar's quoting and format
+        if isinstance(new, str) and isinstance(old, _STYLES):
+            return type(old)(new)  # a rewritten template keeps its quoting or block style
         return styled(new) if isinstance(new, str) else new
 
     def _key_comment(self, cm: CommentedMap, key: Any, path: Path) -> None:

@@ -279,19 +279,23 @@ class Dialect:
         """NoETL's forms in arcs. In a condition ``'call.done'`` is the step's success boundary and
         ``'call.error'`` its failure (``step.exit`` stays a legacy alias). An arc's ``set:`` keys become
         ctx names (``Arc.set_ctx``: the controller writes them when the arc fires)."""
+        self.calls(step, path, who)
+        for i, arc in enumerate(_arcs(step)):
+            if "set" in arc:
+                self._arc_set(arc, (*path, "next", "arcs", i), f"{who} arc '{arc.get('step')}'")
+
+    def calls(self, step: dict[str, Any], path: Path, who: str) -> None:
+        """``'call.done'``/``'call.error'`` in the step's arc conditions, as the step's boundaries."""
         names = CALL_NAMES_LOOPED if "loop" in step else CALL_NAMES
         for i, arc in enumerate(_arcs(step)):
-            apath: Path = (*path, "next", "arcs", i)
             when = arc.get("when")
             if isinstance(when, str) and _call_names(when):
                 arc["when"] = aliases_to_canonical(when, names, swap=True)
                 for alias in dict.fromkeys(a for a in alias_literals(when) if a in names):
                     self.warn(
-                        (*apath, "when"),
+                        (*path, "next", "arcs", i, "when"),
                         f"{who}: '{alias}' is NoETL's name for '{names[alias][0]}' in an arc condition",
                     )
-            if "set" in arc:
-                self._arc_set(arc, apath, f"{who} arc '{arc.get('step')}'")
 
     def _arc_set(self, arc: dict[str, Any], apath: Path, who: str) -> None:
         where: dict[tuple[str, str], Path] = {}
@@ -748,6 +752,18 @@ def normalize(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
     return dialect.diagnostics
 
 
+def call_names(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
+    """Only ``'call.done'``/``'call.error'`` in arc conditions (`normalize` does it too). ``migrate`` runs
+    it before the legacy translation, which spells ``'call.done'`` as both boundaries
+    (``in ['step.done', 'loop.done']``) where the step has one."""
+    dialect = Dialect(origins, smap)
+    workflow = data.get("workflow") if isinstance(data, dict) else None
+    for i, step in enumerate(workflow if isinstance(workflow, list) else []):
+        if isinstance(step, dict):
+            dialect.calls(step, ("workflow", i), f"step '{step.get('step')}'")
+    return dialect.diagnostics
+
+
 def _workbook(data: Any) -> list[tuple[Path, str, dict[str, Any]]]:
     """The root workbook's templates (authored path, name, task body), in its list or mapping shape."""
     raw = data.get("workbook") if isinstance(data, dict) else None
@@ -768,4 +784,4 @@ def _workbook(data: Any) -> list[tuple[Path, str, dict[str, Any]]]:
     return out
 
 
-__all__ = ["add_patches", "has_dialect", "normalize"]
+__all__ = ["add_patches", "call_names", "has_dialect", "normalize"]

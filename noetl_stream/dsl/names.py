@@ -94,48 +94,101 @@ class Place:
     step: str | None
 
 
-def dialect_reads(
+@dataclass(frozen=True)
+class Spelling:
+    """One dialect name a template reads: the warning, and how the canonical spelling rewrites it
+    (`names`: a top-level name -> its expression; `attrs`: ``(name, key)`` -> an expression)."""
+
+    message: str
+    names: tuple[tuple[str, str], ...] = ()
+    attrs: tuple[tuple[tuple[str, str], str], ...] = ()
+
+
+def dialect_spellings(
     names: frozenset[str], attrs: frozenset[tuple[str, str]], place: Place, ns: Namespace
-) -> tuple[list[str], frozenset[str]]:
-    """The warnings for the dialect names a template reads (`names` at top level, `attrs` as
-    ``name.key``), and the top-level names they cover."""
-    out: list[str] = []
+) -> tuple[list[Spelling], frozenset[str]]:
+    """The dialect names a template reads (`names` at top level, `attrs` as ``name.key``), each with its
+    canonical spelling, and the top-level names they cover."""
+    out: list[Spelling] = []
     covered: set[str] = set()
     if place.iterators:
         for it in sorted(names & place.iterators - ns.workload - place.labels):
-            out.append(f"'{{{{ {it} }}}}' reads the loop's item bare (NoETL's); canonical: 'iter.{it}'")
+            out.append(
+                Spelling(
+                    f"'{{{{ {it} }}}}' reads the loop's item bare (NoETL's); canonical: 'iter.{it}'",
+                    names=((it, f"iter.{it}"),),
+                )
+            )
             covered.add(it)
         for name in sorted(names & POSITIONS.keys()):
-            out.append(f"'{name}' is NoETL's loop position; canonical: '{POSITIONS[name]}'")
+            out.append(
+                Spelling(
+                    f"'{name}' is NoETL's loop position; canonical: '{POSITIONS[name]}'",
+                    names=((name, POSITIONS[name]),),
+                )
+            )
             covered.add(name)
         loop = sorted(k for n, k in attrs if n == "loop" and k in LOOP_KEYS)
         if "loop" in names and loop:
             out.append(
-                "Jinja's 'loop' outside a '{% for %}' is NoETL's loop position ("
-                + ", ".join(f"loop.{k} is '{LOOP_KEYS[k]}'" for k in loop)
-                + ")"
+                Spelling(
+                    "Jinja's 'loop' outside a '{% for %}' is NoETL's loop position ("
+                    + ", ".join(f"loop.{k} is '{LOOP_KEYS[k]}'" for k in loop)
+                    + ")",
+                    attrs=tuple((("loop", k), LOOP_KEYS[k]) for k in loop),
+                )
             )
             covered.add("loop")
         for key in sorted(k for n, k in attrs if n == "iter" and k in ITER_KEYS):
-            out.append(f"'iter.{key}' is NoETL's; canonical: '{ITER_KEYS[key]}'")
+            out.append(
+                Spelling(
+                    f"'iter.{key}' is NoETL's; canonical: '{ITER_KEYS[key]}'",
+                    attrs=((("iter", key), ITER_KEYS[key]),),
+                )
+            )
     bound = ns.workload | ns.steps | place.labels | covered
     for name in sorted((names & ns.ctx) - bound):
-        out.append(f"'{{{{ {name} }}}}' reads a ctx value bare (NoETL's); canonical: 'ctx.{name}'")
+        out.append(
+            Spelling(
+                f"'{{{{ {name} }}}}' reads a ctx value bare (NoETL's); canonical: 'ctx.{name}'",
+                names=((name, f"ctx.{name}"),),
+            )
+        )
         covered.add(name)
     if "ctx" in names:
         for key in sorted({k for n, k in attrs if n == "ctx"} - ns.ctx):
             if key in ns.steps:
                 out.append(
-                    f"'ctx.{key}' reads the result of step '{key}' through ctx (NoETL's); canonical: '{key}'"
+                    Spelling(
+                        f"'ctx.{key}' reads the result of step '{key}' through ctx (NoETL's); canonical: '{key}'",
+                        attrs=((("ctx", key), key),),
+                    )
                 )
             elif key in ns.workload:
                 out.append(
-                    f"'ctx.{key}' reads a workload key through ctx (NoETL's); canonical: 'workload.{key}'"
+                    Spelling(
+                        f"'ctx.{key}' reads a workload key through ctx (NoETL's); canonical: 'workload.{key}'",
+                        attrs=((("ctx", key), f"workload.{key}"),),
+                    )
                 )
     if place.site == "an arc":
         for name in RESULT_NAMES:
             if name in names and name not in ns.workload and name not in ns.steps:
                 step = place.step or "<step>"
-                out.append(f"'{name}' in an arc is NoETL's name for the step's result; canonical: '{step}'")
+                out.append(
+                    Spelling(
+                        f"'{name}' in an arc is NoETL's name for the step's result; canonical: '{step}'",
+                        names=((name, step),) if place.step else (),
+                    )
+                )
                 covered.add(name)
     return out, frozenset(covered)
+
+
+def dialect_reads(
+    names: frozenset[str], attrs: frozenset[tuple[str, str]], place: Place, ns: Namespace
+) -> tuple[list[str], frozenset[str]]:
+    """The warnings for the dialect names a template reads (`names` at top level, `attrs` as
+    ``name.key``), and the top-level names they cover."""
+    spellings, covered = dialect_spellings(names, attrs, place, ns)
+    return [s.message for s in spellings], covered

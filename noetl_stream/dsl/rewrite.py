@@ -162,6 +162,73 @@ def rewrite_text(source: str, rw: Rewrite) -> str:
     return join(out)
 
 
+class Untranslatable(Exception):
+    """A reference a chain rewrite has no canonical expression for (the message says why)."""
+
+
+ChainRewrite = Callable[[tuple[str, ...], Callable[[int], bool]], tuple[str, int]]
+"""``(attrs, compared) -> (expression, n)``: the expression that replaces a name and the first ``n``
+attributes of the chain after it; ``compared(n)`` says whether the chain cut there is compared as it
+stands (``==``, ``!=``, ``in``, ``not in``)."""
+
+_COMPARISONS = frozenset({"==", "!="})
+
+
+def rewrite_chains(source: str, name: str, rewrite: ChainRewrite) -> str:
+    """Every reference to ``name`` in ``source`` with the attributes read after it (``name.a.b``)
+    replaced as `rewrite` says; `rewrite` raises `Untranslatable` for one it cannot spell."""
+    if not has_template(source) or name not in undeclared_names(source):
+        return source
+    tokens = tokenize(source)
+    if tokens is None:
+        return source
+    out: list[Tok] = []
+    i = 0
+    while i < len(tokens):
+        t = tokens[i]
+        if not (t.code and t.kind == "name" and t.value == name and _is_reference(tokens, i)):
+            out.append(t)
+            i += 1
+            continue
+        attrs: list[str] = []
+        ends = [i]
+        j = i
+        while _is(tokens, d := _sig(tokens, j, 1), "operator", ".") and _is(
+            tokens, a := _sig(tokens, d, 1), "name"
+        ):
+            attrs.append(tokens[a].value)
+            ends.append(a)
+            j = a
+
+        def compared(n: int, start: int = i, ends: list[int] = ends) -> bool:
+            nxt = _sig(tokens, ends[n], 1)
+            if nxt >= 0 and tokens[nxt].kind == "operator" and tokens[nxt].value in _COMPARISONS:
+                return True
+            if _is(tokens, nxt, "name", "in") or (
+                _is(tokens, nxt, "name", "not") and _is(tokens, _sig(tokens, nxt, 1), "name", "in")
+            ):
+                return True
+            prev = _sig(tokens, start, -1)
+            follows = nxt >= 0 and (
+                (tokens[nxt].kind == "operator" and tokens[nxt].value in (".", "[", "(", "|"))
+                or _is(tokens, nxt, "name", "is")
+            )
+            return (
+                prev >= 0
+                and tokens[prev].kind == "operator"
+                and tokens[prev].value in _COMPARISONS
+                and not follows
+            )
+
+        expr, n = rewrite(tuple(attrs), compared)
+        alone = _is(tokens, _sig(tokens, i, -1), "variable_begin") and _is(
+            tokens, _sig(tokens, ends[n], 1), "variable_end"
+        )  # the whole of its {{ }}: no parentheses needed
+        out.append(Tok("name", expr if alone else _wrap(expr), True))
+        i = ends[n] + 1
+    return join(out)
+
+
 def _is_reference(tokens: list[Tok], i: int) -> bool:
     prev = _sig(tokens, i, -1)
     if _is(tokens, prev, "operator", ".") or _is(tokens, prev, "operator", "|"):

@@ -86,8 +86,9 @@ def sink_task(t: Translation, raw: Any, path: Path, who: str, name: str) -> dict
 
 
 def default_auth(t: Translation, task: dict[str, Any], path: Path, who: str) -> None:
-    """A legacy ``postgres`` task without ``auth``/``dsn`` ran on NoETL's own database: name it."""
-    if task.get("kind") == "postgres" and "auth" not in task and "dsn" not in task:
+    """A legacy ``postgres`` task without ``auth``/``dsn`` ran on NoETL's own database: name it. (A task
+    with ``credential:``, NoETL's spelling of ``auth:``, names its own.)"""
+    if task.get("kind") == "postgres" and not {"auth", "credential", "dsn"} & task.keys():
         task["auth"] = DEFAULT_DB
         t.keychain.setdefault(DEFAULT_DB, "postgres_credential")
         t.warn(

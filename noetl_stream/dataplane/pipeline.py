@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
 from noetl_stream.dataplane.children import current_iteration
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools import TOOLS, ToolContext, close_resources
@@ -29,6 +31,8 @@ from noetl_stream.dsl.views import CtxView, IterView, plain, result_view
 from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 from noetl_stream.kv.keychain import Redactor, secret_strings
 from noetl_stream.wire import Checkpoint, now_iso
+
+_ENCODE = msgspec.json.Encoder().encode
 
 DEFAULT_MAX_TASK_RUNS = 10_000
 
@@ -187,7 +191,10 @@ async def run_pipeline(
             if on_task is not None:
                 on_task("task.started", task, out.task_runs, attempt, {})
             spec = _task_spec(inp, task)
-            outcome = await _run_task(inp, task, spec, scope, attempt, prev, resources, out.task_runs)
+            ran_with: dict[str, Any] = {}
+            outcome = await _run_task(
+                inp, task, spec, scope, attempt, prev, resources, out.task_runs, ran_with
+            )
             # (what a policy's error names; without a policy nothing renders)
             where = f"step '{step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
             scope["outcome"] = outcome.as_scope()
@@ -223,6 +230,7 @@ async def run_pipeline(
                 }  # the run's ids and times are the envelope's (task_run_id, trace_id, timestamps)
                 if "stdout" in meta or "stderr" in meta:
                     payload["output"] = {"stdout": meta.get("stdout", ""), "stderr": meta.get("stderr", "")}
+                payload.update(recorded_args(ran_with))
                 on_task(
                     "task.done",
                     task,
@@ -471,7 +479,9 @@ async def _run_task(
     prev: Any,
     resources: dict[str, Any],
     run_no: int,
+    ran_with: dict[str, Any] | None = None,
 ) -> Outcome:
+    """One task run. `ran_with` gets the task's rendered ``args`` (under ``args``) once they rendered."""
     started = time.monotonic()
     started_at = now_iso()
     label = task.name
@@ -501,6 +511,8 @@ async def _run_task(
             config = json_inputs(task.config, config)  # a tool's input: '{"a": 1}' from a template is {a: 1}
             if caller_args is not None:
                 config = _with_caller_args(config, caller_args)
+            if ran_with is not None and "args" in config:
+                ran_with["args"] = config["args"]
             ctx = ToolContext(
                 execution_id=inp.execution_id,
                 step=inp.step.name,
@@ -539,6 +551,25 @@ async def _run_task(
         outcome.meta, inp, run_id, attempt, round(time.monotonic() - started, 6), started_at, now_iso()
     )
     return outcome
+
+
+ARGS_RECORD_LIMIT = 16 * 1024
+"""A task's rendered args up to this many bytes (as JSON) are recorded with its ``task.done``."""
+
+
+def recorded_args(ran_with: dict[str, Any]) -> dict[str, Any]:
+    """What ``task.done`` records of the args a task ran with: ``args`` (plain JSON; the pipeline's
+    redactor then hides keychain values in them, as in the rest of the payload), or only their size
+    (``args_bytes``) when they are larger than `ARGS_RECORD_LIMIT` or are no JSON; nothing for a task
+    without args or whose args did not render."""
+    if "args" not in ran_with:
+        return {}
+    try:
+        args = to_json(plain(ran_with["args"]))
+        size = len(_ENCODE(args))
+    except (NotJSONError, TypeError, ValueError):
+        return {"args_bytes": -1}
+    return {"args": args} if size <= ARGS_RECORD_LIMIT else {"args_bytes": size}
 
 
 def _meta(

@@ -521,20 +521,7 @@ def retry(
 
 
 def _check_from_steps(request: Any, execution_id: str, from_steps: tuple[str, ...]) -> None:
-    """Refuse a ``--from-step`` the execution's playbook does not have, before submitting a retry the
-    controller could only fail."""
-    from noetl_stream.client import RetryError
+    """Refuse a ``--from-step`` the execution's playbook does not have (`client.check_from_steps`)."""
+    from noetl_stream.client import check_from_steps
 
-    if not from_steps or not isinstance(request.playbook, str):
-        return
-    compiled = compile_playbook(
-        request.playbook, request.file or "<playbook>", extensions=tuple(request.extensions)
-    )
-    if compiled.playbook is None:
-        return  # the controller compiles it (maybe with its own extensions) and says what is wrong
-    steps = compiled.playbook.steps
-    unknown = [step for step in from_steps if step not in steps]
-    if unknown:
-        raise RetryError(
-            f"execution {execution_id} has no step {', '.join(map(repr, unknown))} (steps: {', '.join(steps)})"
-        )
+    check_from_steps(request, execution_id, from_steps)

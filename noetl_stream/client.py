@@ -329,6 +329,26 @@ class RetryError(ValueError):
     """An execution that cannot be retried as asked."""
 
 
+def check_from_steps(request: ExecutionRequest, execution_id: str, from_steps: tuple[str, ...]) -> None:
+    """Refuse (`RetryError`) a step to retry from that the execution's playbook does not have, before
+    submitting a retry the controller could only fail."""
+    from noetl_stream.dsl.compiler import compile_playbook
+
+    if not from_steps or not isinstance(request.playbook, str):
+        return
+    compiled = compile_playbook(
+        request.playbook, request.file or "<playbook>", extensions=tuple(request.extensions)
+    )
+    if compiled.playbook is None:
+        return  # the controller compiles it (maybe with its own extensions) and says what is wrong
+    steps = compiled.playbook.steps
+    unknown = [step for step in from_steps if step not in steps]
+    if unknown:
+        raise RetryError(
+            f"execution {execution_id} has no step {', '.join(map(repr, unknown))} (steps: {', '.join(steps)})"
+        )
+
+
 async def retry_request(
     nc: NATS, topology: Topology, execution_id: str, from_steps: tuple[str, ...] = ()
 ) -> ExecutionRequest:

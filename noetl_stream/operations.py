@@ -93,10 +93,18 @@ class ExecutionSummary(msgspec.Struct, omit_defaults=True):
     events_applied: int = 0
     updated_at: str | None = None
     """When this projection was last written (the snapshot's time; now for a live state)."""
+    started_at: str | None = None
+    """When it was requested (its ``playbook.execution.requested``)."""
+    finished_at: str | None = None
+    """When it ended (absent while it runs)."""
+    duration_s: float | None = None
+    """From ``started_at`` to ``finished_at`` (absent while it runs)."""
+    retry_of: str | None = None
+    """The execution this one retries."""
 
 
 class ListExecutions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Filters and page of the executions list (newest update first)."""
+    """Filters and page of the executions list (newest update first, or newest start first)."""
 
     status: str | None = None
     playbook: str | None = None
@@ -106,13 +114,25 @@ class ListExecutions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     until: str | None = None
     offset: int = 0
     limit: int = 50
+    q: str | None = None
+    """Only executions whose id contains this text (any case)."""
+    retry_of: str | None = None
+    """Only the retries of this execution."""
+    order: Literal["updated", "started"] = "updated"
+    """``updated``: newest update first; ``started``: newest start first (a running execution keeps its
+    place, so a cursor pages through a list that changes without skipping or repeating a row)."""
+    cursor: str | None = None
+    """The previous page's ``next_cursor``: the page after its last row (``offset`` is then ignored)."""
 
 
-class ExecutionList(msgspec.Struct):
+class ExecutionList(msgspec.Struct, omit_defaults=True):
     items: list[ExecutionSummary]
     total: int
+    """How many executions match the filters."""
     offset: int
     limit: int
+    next_cursor: str | None = None
+    """Pass as ``cursor`` for the next page; absent on the last page."""
 
 
 class EventsRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

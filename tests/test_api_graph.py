@@ -209,7 +209,11 @@ async def test_the_pages_are_served_without_a_token_and_hold_no_data(api: Api) -
             html = await resp.text()
             assert '<script src="/ui/static/viewer.js"' in html and "some-id" not in html
             assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
-    for path, kind in (("/ui/static/viewer.js", "text/javascript"), ("/ui/static/viewer.css", "text/css")):
+    for path, kind in (
+        ("/ui/static/viewer.js", "text/javascript"),
+        ("/ui/static/viewer.css", "text/css"),
+        ("/ui/static/vendor/dagre.min.js", "text/javascript"),
+    ):
         async with api.session.get(api.url + path) as resp:
             assert (resp.status, resp.content_type) == (200, kind)
             assert len(await resp.read()) > 1000
@@ -225,7 +229,10 @@ def test_the_assets_ship_in_the_package() -> None:
     from noetl_stream.api.pages import ASSETS
 
     root = resources.files("noetl_stream.api").joinpath("viewer")
-    assert sorted(p.name for p in root.iterdir()) == sorted(ASSETS)
+    shipped = [p.name for p in root.iterdir() if p.is_file()]
+    shipped += [f"vendor/{p.name}" for p in root.joinpath("vendor").iterdir()]
+    # every file is served, but the vendored code's license and its note of version and checksum
+    assert sorted(shipped) == sorted((*ASSETS, "vendor/LICENSE.dagre", "vendor/README.md"))
 
 
 def test_a_redelivered_run_after_the_boundary_leaves_the_step_as_it_ended() -> None:

@@ -67,11 +67,13 @@ def test_a_bug_in_the_fold_fails_the_execution_instead_of_raising() -> None:
 
 def test_replaying_the_same_events_gives_the_same_failure() -> None:
     live, replayed = Reducer(PlanCache()), Reducer(PlanCache())
+    request, done = requested("e1", TEXT), start_done()  # the same events (and times) for both
     results = []
     for reducer in (live, replayed):
-        state = started(reducer)
+        state, _ = reducer.apply(None, request, 1)
+        assert state is not None
         state.runs["start-1"].step = "ghost"
-        after, _ = reducer.apply(state, start_done(), 2)
+        after, _ = reducer.apply(state, done, 2)
         results.append(msgspec.json.encode(after))
     assert results[0] == results[1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -25,8 +25,10 @@ from noetl_stream.api.http import (
     reply,
 )
 from noetl_stream.carried import expand
+from noetl_stream.client import RetryError, check_from_steps, retry_request
 from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.control.intake import CONTROL_ENDPOINTS, RequestError, parse_request
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.operations import MAX_PAGE, ControlRequest, ErrorReply, ExecuteReply, ListExecutions
 from noetl_stream.wire import decode_event, encode, new_execution_id
 
@@ -79,7 +81,13 @@ async def list_executions(request: web.Request) -> web.StreamResponse:
         until=q.get("until"),
         offset=query_int(request, "offset", 0, 0),
         limit=query_int(request, "limit", 50, 1, MAX_PAGE),
+        q=q.get("q") or None,
+        retry_of=q.get("retry_of"),
+        order="started" if q.get("order") == "started" else "updated",
+        cursor=q.get("cursor") or None,
     )
+    if q.get("order") not in (None, "updated", "started"):
+        raise ApiError(400, "bad_request", f"'order' must be updated or started, not {q.get('order')!r}")
     return reply(await context(request).inspector.executions(query))
 
 
@@ -199,6 +207,66 @@ async def _follow(
     return response
 
 
+class RetryBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    from_steps: list[str] = []
+    """Re-run from these steps; none: from the failed steps and those its end interrupted."""
+
+
+class StoredResult(msgspec.Struct):
+    """A value the runtime stored by reference (``{"$ref": {"key": ...}}`` in a result or an event)."""
+
+    execution_id: str
+    key: str
+    size: int
+    value: Any
+
+
+async def retry(request: web.Request) -> web.StreamResponse:
+    """Start a new execution that re-runs an ended one from its failed or interrupted steps (or from
+    ``from_steps``), reusing the results and ctx of what succeeded: `noetl-stream retry` over HTTP."""
+    execution_id = path_execution_id(request)
+    body = await read_json(request, RetryBody, optional=True)
+    ctx_ = context(request)
+    if not await ctx_.inspector.exists(execution_id):
+        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    from_steps = tuple(body.from_steps)
+    try:
+        retried = await retry_request(ctx_.nc, ctx_.topology, execution_id, from_steps)
+    except RetryError as exc:  # it still runs, or has nothing to retry
+        raise ApiError(409, "conflict", str(exc)) from None
+    try:
+        check_from_steps(retried, execution_id, from_steps)
+    except RetryError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    new_id, error = await ctx_.intake.admit(encode(retried), new_execution_id())
+    if error is not None:  # the playbook no longer compiles with this controller's extensions
+        detail = str(error.get("message"))
+        return reply(ErrorReply(error=str(error.get("kind")), detail=detail, execution_id=new_id), 422)
+    return reply(ExecuteReply(execution_id=new_id), 201, {"Location": f"/api/executions/{new_id}"})
+
+
+async def stored_result(request: web.Request) -> web.StreamResponse:
+    """A value stored by reference under this execution (its reference's ``key``), checked against the
+    reference's ``checksum`` when one is given."""
+    execution_id = path_execution_id(request)
+    key = request.query.get("key", "")
+    if not key.startswith(execution_id + "/") or len(key) > 1024:
+        raise ApiError(400, "bad_request", f"'key' must be a stored result's key under {execution_id}/")
+    checksum = request.query.get("checksum", "")
+    store = ResultStore(context(request).inspector.js, context(request).topology)
+    try:
+        data = await store.get_encoded(key, checksum)
+    except NotFoundError:
+        raise ApiError(404, "not_found", f"no stored result {key}") from None
+    except ValueError as exc:  # a checksum that does not match
+        raise ApiError(409, "conflict", str(exc)) from None
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        raise ApiError(409, "conflict", f"stored result {key} is not JSON") from None
+    return reply(StoredResult(execution_id=execution_id, key=key, size=len(data), value=value))
+
+
 def control(action: str) -> Handler:
     event_name = CONTROL_ENDPOINTS[action]
 
@@ -212,4 +280,17 @@ def control(action: str) -> Handler:
     return handle
 
 
-__all__ = ["ControlBody", "ControlRequest", "control", "ctx", "events", "list_executions", "show", "submit"]
+__all__ = [
+    "ControlBody",
+    "ControlRequest",
+    "RetryBody",
+    "StoredResult",
+    "control",
+    "ctx",
+    "events",
+    "list_executions",
+    "retry",
+    "show",
+    "stored_result",
+    "submit",
+]

@@ -109,6 +109,8 @@ class ExecutionGraph(msgspec.Struct):
     error: dict[str, Any] | None = None
     events: int = 0
     last_seq: int = 0
+    retry_of: str | None = None
+    """The execution this one retries (its request's ``resume``)."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -211,6 +213,8 @@ class _Fold:
         self.steps = {s.name: s for s in self.graph.steps}
         resume = request.get("resume")
         if isinstance(resume, dict):  # a retry: the steps the earlier execution finished are reused
+            retried = resume.get("execution_id")
+            self.graph.retry_of = retried if isinstance(retried, str) else None
             for name, status in (resume.get("step_status") or {}).items():
                 reused = _REUSED.get(str(status))
                 if name in self.steps and reused is not None:

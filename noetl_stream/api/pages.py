@@ -15,9 +15,9 @@ from aiohttp import web
 
 from noetl_stream.control.inspect import Inspector
 
-__all__ = ["ASSETS", "execution_page", "list_page", "script", "stylesheet"]
+__all__ = ["ASSETS", "dagre", "execution_page", "list_page", "script", "stylesheet"]
 
-ASSETS = ("index.html", "viewer.js", "viewer.css")
+ASSETS = ("index.html", "viewer.js", "viewer.css", "vendor/dagre.min.js")
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -29,7 +29,7 @@ _HEADERS = {
 
 @functools.cache
 def _asset(name: str) -> bytes:
-    return resources.files("noetl_stream.api").joinpath("viewer", name).read_bytes()
+    return resources.files("noetl_stream.api").joinpath("viewer", *name.split("/")).read_bytes()
 
 
 def _serve(name: str, content_type: str) -> web.Response:
@@ -51,3 +51,7 @@ async def script(request: web.Request) -> web.StreamResponse:
 
 async def stylesheet(request: web.Request) -> web.StreamResponse:
     return _serve("viewer.css", "text/css")
+
+
+async def dagre(request: web.Request) -> web.StreamResponse:
+    return _serve("vendor/dagre.min.js", "text/javascript")

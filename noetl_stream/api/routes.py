@@ -9,6 +9,7 @@ from noetl_stream.api import pages, probes
 from noetl_stream.api import resources as res
 from noetl_stream.api.graph import ExecutionGraph, execution_graph
 from noetl_stream.api.http import Handler, Param, Route
+from noetl_stream.api.steps import MAX_ITERATIONS_PAGE, StepDetail, step_detail
 from noetl_stream.control.inspect import STATUSES
 from noetl_stream.operations import (
     MAX_PAGE,
@@ -144,7 +145,8 @@ ROUTES: tuple[Route, ...] = (
         "/api/executions",
         ex.list_executions,
         "listExecutions",
-        "List executions (newest update first), filtered by status, playbook and update time",
+        "List executions (newest update or start first), filtered by status, playbook, update time, id "
+        "text or the execution retried; paged by offset or by cursor",
         ExecutionList,
         params=(
             Param("status", schema={"type": "string", "enum": _STATUSES}),
@@ -154,6 +156,17 @@ ROUTES: tuple[Route, ...] = (
             ),
             Param(
                 "until", schema={"type": "string", "format": "date-time"}, description="Updated at or before"
+            ),
+            Param("q", description="Only executions whose id contains this text (any case)"),
+            Param("retry_of", schema=_ID.schema, description="Only the retries of this execution"),
+            Param(
+                "order",
+                schema={"type": "string", "enum": ["updated", "started"], "default": "updated"},
+                description="Newest update first, or newest start first (stable while executions run)",
+            ),
+            Param(
+                "cursor",
+                description="A page's next_cursor: the page after it (offset is then ignored)",
             ),
             *_PAGE,
         ),
@@ -192,6 +205,62 @@ ROUTES: tuple[Route, ...] = (
     ),
     _execution_route(
         "GET", "ctx", ex.ctx, "getExecutionCtx", "An execution's ctx and its revision", CtxReply
+    ),
+    _execution_route(
+        "GET",
+        "steps/{step}",
+        step_detail,
+        "getExecutionStep",
+        "One step in detail (the viewer's step panel): each run with its args, worker, timings, result "
+        "(or its stored reference) and error, its task runs (attempts, the args each ran with, result, "
+        "error with its traceback) and a page of a loop's iterations",
+        StepDetail,
+        params=(
+            Param("step", "path", {"type": "string"}, "Step name", required=True),
+            Param(
+                "offset",
+                schema={"type": "integer", "minimum": 0, "default": 0},
+                description="First loop iteration of the page (by index order)",
+            ),
+            Param(
+                "limit",
+                schema={"type": "integer", "minimum": 1, "maximum": MAX_ITERATIONS_PAGE, "default": 100},
+                description="Loop iterations per page",
+            ),
+        ),
+    ),
+    _execution_route(
+        "GET",
+        "result",
+        ex.stored_result,
+        "getStoredResult",
+        "A value the runtime stored by reference for this execution (a reference's key, and its "
+        "checksum to verify it)",
+        ex.StoredResult,
+        params=(
+            Param(
+                "key",
+                schema={"type": "string", "minLength": 1},
+                description="The reference's key (<execution_id>/...)",
+                required=True,
+            ),
+            Param("checksum", description="The reference's checksum (sha256:...); 409 when it differs"),
+        ),
+        errors=(400, 404, 409),
+    ),
+    _execution_route(
+        "POST",
+        "retry",
+        ex.retry,
+        "retryExecution",
+        "Retry an ended execution in a new one: from its failed or interrupted steps, or from the steps "
+        "given, reusing the results and ctx of what succeeded (409 when it still runs or has nothing to "
+        "retry)",
+        ExecuteReply,
+        201,
+        body=ex.RetryBody,
+        body_required=False,
+        errors=(400, 404, 409, 422),
     ),
     _control_route("cancel", "Cancel an execution: nothing new is scheduled, running steps stop"),
     _control_route("pause", "Pause an execution: running steps finish, nothing new starts"),
@@ -339,5 +408,12 @@ ROUTES: tuple[Route, ...] = (
     ),
     _viewer_route(
         "/ui/static/viewer.css", pages.stylesheet, "viewerStylesheet", "The viewer's stylesheet", "text/css"
+    ),
+    _viewer_route(
+        "/ui/static/vendor/dagre.min.js",
+        pages.dagre,
+        "viewerDagre",
+        "The graph layout library the viewer uses (@dagrejs/dagre, vendored, MIT)",
+        "text/javascript",
     ),
 )

@@ -7,9 +7,12 @@ intake has only its ``playbook.processed``). Nothing here writes.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import datetime
-from collections.abc import AsyncGenerator, Mapping
+import json
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Literal, cast
 
 import msgspec
@@ -67,6 +70,25 @@ class _Head(msgspec.Struct):
     last_seq: int = 0
     events_applied: int = 0
     paused: bool = False
+    started_at: str | None = None
+    finished_at: str | None = None
+    retry_of: str | None = None
+
+
+def _between(start: str | None, end: str | None) -> float | None:
+    a = _parse_iso(start)
+    b = _parse_iso(end)
+    return None if a is None or b is None else round(max((b - a).total_seconds(), 0.0), 3)
+
+
+def _parse_iso(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
 def summarize(
@@ -89,6 +111,10 @@ def summarize(
         last_seq=state.last_seq,
         events_applied=state.events_applied,
         updated_at=updated_at,
+        started_at=state.started_at,
+        finished_at=state.finished_at,
+        duration_s=_between(state.started_at, state.finished_at),
+        retry_of=state.retry_of,
     )
 
 
@@ -297,12 +323,16 @@ class Inspector:
         )
 
     async def executions(self, query: ListExecutions) -> ExecutionList:
-        """Snapshots (overlaid with the live projections), newest update first, filtered and paged."""
+        """Snapshots (overlaid with the live projections), newest update (or start) first, filtered and
+        paged by offset or by cursor."""
         check_page(query.offset, query.limit)
         if query.status is not None and query.status not in STATUSES:
             raise QueryError(f"'status' must be one of {', '.join(STATUSES)}, not {query.status!r}")
+        if query.order not in ORDERS:
+            raise QueryError(f"'order' must be one of {', '.join(ORDERS)}, not {query.order!r}")
         since = _parse_time(query.since, "since")
         until = _parse_time(query.until, "until")
+        after = _parse_cursor(query.cursor) if query.cursor is not None else None
         rows: dict[str, tuple[str, ExecutionSummary]] = {}
         kv = await self._bucket()
         async for entry in scan.entries(kv):  # to the end (nats-py's watchall may end before the first)
@@ -317,13 +347,18 @@ class Inspector:
             # When it last changed; cached from its snapshot and not changed since: the snapshot's time.
             changed = self._changed_at(eid) or (rows[eid][0] if eid in rows else None) or None
             rows[eid] = (changed or "", summarize(state, "live", changed))
-        items = [s for _, s in sorted(rows.values(), key=lambda r: r[0], reverse=True)]
+        items = [s for _, s in rows.values()]
         if query.status == "paused":
             items = [s for s in items if s.paused]
         elif query.status is not None:
             items = [s for s in items if s.status == query.status]
         if query.playbook is not None:
             items = [s for s in items if query.playbook in (s.path, s.name)]
+        if query.q:
+            needle = query.q.lower()
+            items = [s for s in items if needle in s.execution_id.lower()]
+        if query.retry_of is not None:
+            items = [s for s in items if s.retry_of == query.retry_of]
         if since is not None or until is not None:
             kept = []
             for s in items:
@@ -332,5 +367,47 @@ class Inspector:
                     continue
                 kept.append(s)
             items = kept
-        page = items[query.offset : query.offset + query.limit]
-        return ExecutionList(items=page, total=len(items), offset=query.offset, limit=query.limit)
+        key = _sort_key(query.order)
+        items.sort(key=key, reverse=True)
+        if after is not None:
+            start = next((i for i, s in enumerate(items) if key(s) < after), len(items))
+        else:
+            start = query.offset
+        page = items[start : start + query.limit]
+        more = start + query.limit < len(items)
+        return ExecutionList(
+            items=page,
+            total=len(items),
+            offset=start,
+            limit=query.limit,
+            next_cursor=_cursor(key(page[-1])) if page and more else None,
+        )
+
+
+ORDERS = ("updated", "started")
+"""How the list is sorted (newest first): by the last update, or by the start."""
+
+_SortKey = tuple[str, str]
+
+
+def _sort_key(order: str) -> Callable[[ExecutionSummary], _SortKey]:
+    """The list's order, newest first when sorted in reverse; the id breaks ties, so every row has a place
+    of its own and a cursor names one. Times are UTC ISO strings of one format: they sort as text."""
+    if order == "started":
+        return lambda s: (s.started_at or "", s.execution_id)
+    return lambda s: (s.updated_at or "", s.execution_id)
+
+
+def _cursor(key: _SortKey) -> str:
+    """An opaque cursor for the row with this sort key: the page after it starts at the next row."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def _parse_cursor(cursor: str) -> _SortKey:
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, binascii.Error):
+        raw = None
+    if not (isinstance(raw, list) and len(raw) == 2 and all(isinstance(v, str) for v in raw)):
+        raise QueryError("'cursor' is not one this API gave (pass a page's next_cursor as it is)")
+    return raw[0], raw[1]

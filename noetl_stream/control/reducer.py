@@ -164,11 +164,16 @@ class Reducer:
         error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
         if state is None or event.name == E.EXECUTION_REQUESTED:  # its request: never started
             if state is None:
-                state = ExecutionState(execution_id=event.execution_id, file=event.entity_id or "<playbook>")
+                state = ExecutionState(
+                    execution_id=event.execution_id,
+                    file=event.entity_id or "<playbook>",
+                    started_at=event.timestamp or None,
+                )
             self._reject(state, fx, error)
         else:
             state.status = "failed"
             state.error = error
+            state.finished_at = event.timestamp or None
             summary = {"status": "failed", "error": error, "steps": dict(state.step_status)}
             for name, etype in ((E.WORKFLOW_FINISHED, "workflow"), (E.PLAYBOOK_PROCESSED, "playbook")):
                 fx.events.append(
@@ -224,7 +229,12 @@ class Reducer:
         raw = event.payload.get("request") or {}
         request, problem = _recorded_request(raw, eid)
         if problem is not None:  # not written by an intake (which checked it): a forged or corrupt record
-            state = ExecutionState(execution_id=eid, file="<playbook>", trace_id=event.trace_id)
+            state = ExecutionState(
+                execution_id=eid,
+                file="<playbook>",
+                trace_id=event.trace_id,
+                started_at=event.timestamp or None,
+            )
             self._reject(state, fx, {"kind": "bad_request", "message": problem})
             return state
         state = ExecutionState(
@@ -237,6 +247,8 @@ class Reducer:
             attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
             parent_iter=request.parent_iter if isinstance(request.parent_iter, dict) else None,
             pool=pool if isinstance(pool := event.payload.get("pool"), str) else None,
+            started_at=event.timestamp or None,
+            retry_of=request.resume.execution_id if request.resume is not None else None,
         )
         rejected = event.payload.get("rejected")
         if isinstance(rejected, dict):  # intake compiled it already: the rejection is written from here
@@ -315,6 +327,7 @@ class Reducer:
     def _reject(self, state: ExecutionState, fx: Effects, error: dict[str, Any]) -> None:
         state.status = "rejected"
         state.error = error
+        state.finished_at = state.started_at
         fx.events.extend(rejection_events(state.execution_id, state.file, error, state.trace_id))
 
 

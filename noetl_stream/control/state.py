@@ -124,6 +124,13 @@ class ExecutionState(msgspec.Struct):
     """Epoch seconds after which the execution fails with ``deadline_exceeded``."""
     fence: int = 0
     """The partition lease revision of the controller that wrote this snapshot (fencing token)."""
+    started_at: str | None = None
+    """When it was requested: the timestamp of its ``playbook.execution.requested``."""
+    finished_at: str | None = None
+    """When it ended: the timestamp of the event whose fold ended it (None while it runs)."""
+    retry_of: str | None = None
+    """The execution this one retries (its request's ``resume.execution_id``: ``noetl-stream retry``,
+    ``POST /api/executions/{id}/retry``)."""
 
     @property
     def terminal(self) -> bool:

@@ -814,6 +814,7 @@ class Run:
 
     def finish(self) -> None:
         s = self.state
+        s.finished_at = self.timestamp or None
         status = "success" if s.status == "success" else "error"
         last = s.return_step if s.return_step is not None else s.last_step
         result = s.results.get(last) if last else None

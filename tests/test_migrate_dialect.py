@@ -663,3 +663,45 @@ def test_migrated_names_in_a_block_scalar_keep_the_block() -> None:
         """
     )
     assert "code: |\n        # the item\n        result = {{ iter.n }}\n" in migrated(text)
+
+
+def test_output_in_an_arc_that_can_see_a_failure_stays_null_there() -> None:
+    # In a failed step's arcs output is null, where {{ <step> }} is undefined, or the result of the
+    # step's run before (a cycle): the step's name is written only where it reads the same.
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: python, code: "result = {'more': False}"}
+          next:
+            arcs:
+              - step: once
+                when: "{{ output.more }}"
+              - step: once
+                when: "{{ output is none }}"
+              - step: end
+                when: "{{ event.name == 'call.done' and output is none }}"
+              - step: end
+                args: {r: "{{ result }}"}
+        - step: once
+          tool: {kind: noop}
+        - step: page
+          tool: {kind: python, code: "result = {'more': False}"}
+          next:
+            arcs:
+              - step: page
+                when: "{{ output.more }}"
+              - step: end
+        - step: end
+          tool: {kind: noop}
+        """
+    )
+    out = steps(migrated(text))
+    assert [a.get("when", a.get("args")) for a in out["start"]["next"]["arcs"]] == [
+        "{{ start.more }}",
+        "{{ (none if event.name == 'step.failed' else start) is none }}",
+        "{{ event.name == 'step.done' and start is none }}",
+        {"r": "{{ start }}"},
+    ]
+    assert out["page"]["next"]["arcs"][0]["when"] == (
+        "{{ (none if event.name == 'step.failed' else page).more }}"
+    )

@@ -28,14 +28,25 @@ from noetl_stream.dsl.checks import _site, _step_name, _strings, _who
 from noetl_stream.dsl.diagnostics import Diagnostic, Path
 from noetl_stream.dsl.kinds import kind_info
 from noetl_stream.dsl.model import Playbook
-from noetl_stream.dsl.names import Namespace, Place, dialect_spellings
+from noetl_stream.dsl.names import RESULT_NAMES, Namespace, Place, dialect_spellings
 from noetl_stream.dsl.origins import Origins
-from noetl_stream.dsl.rewrite import Rewrite, Untranslatable, rewrite_chains, rewrite_text
+from noetl_stream.dsl.rewrite import (
+    ChainRewrite,
+    Rewrite,
+    SplitError,
+    Untranslatable,
+    rewrite_chains,
+    rewrite_text,
+    split_event,
+)
 from noetl_stream.dsl.source import SourceMap
 from noetl_stream.dsl.templates import attribute_reads, undeclared_names
 from noetl_stream.dsl.toolforms import HTTP_TIMEOUTS, SCRIPT_KINDS
+from noetl_stream.events import LOOP_DONE, STEP_DONE, STEP_FAILED
 
 CODE = "dialect"
+SUCCESS = frozenset({STEP_DONE, LOOP_DONE})
+"""The boundaries a step's arcs see when it succeeds."""
 REFUSED = "migrate"
 
 ERROR_FIELDS: dict[str, tuple[str, str]] = {
@@ -226,6 +237,7 @@ class Respell:
                 labels_by_index[i] = frozenset({t.name for t in step.tasks}) | (
                     {"input"} if step.input is not None else frozenset()
                 )
+        again = _reentered(playbook)
         for root in ("workflow", "workbook", "workload"):
             for path, text in list(_strings(data.get(root), (root,))):
                 owner = _step_name(path, data)
@@ -241,17 +253,60 @@ class Respell:
                 spellings, _ = dialect_spellings(undeclared_names(text), attribute_reads(text), place, ns)
                 if not spellings:
                     continue
-                rw = Rewrite(
-                    names={k: v for s in spellings for k, v in s.names},
-                    attrs={k: v for s in spellings for k, v in s.attrs},
+                names = {k: v for s in spellings for k, v in s.names}
+                results = {n: names.pop(n) for n in RESULT_NAMES if n in names}
+                new = rewrite_text(
+                    text, Rewrite(names=names, attrs={k: v for s in spellings for k, v in s.attrs})
                 )
-                new = rewrite_text(text, rw)
+                for name, step_name in results.items():  # (in an arc: the step's result)
+                    new = rewrite_chains(new, name, self._arc_result(path, step_name, again))
                 if new == text:
                     continue  # (a spelling the rewrite does not reach, ctx['k']: migrate refuses it)
                 _put(data, path, new)
                 who = _who(path, data)
                 for s in spellings:
                     self.warn(smap, path, f"{who}: {s.message}")
+
+    def _arc_result(self, path: Path, step: str, again: set[str]) -> ChainRewrite:
+        """How ``output``/``result`` in the arc at `path` is spelled: the step's name where that reads
+        the same. In a failed step's arcs they are null, while ``{{ <step> }}`` is undefined (the step
+        has no result) or, in a step that ran before (a cycle), its last result: there, where the arc
+        can see the failure (its ``when`` does not exclude it), a read of the value itself (``is
+        none``, a filter, a comparison), or any read in a step run again, is spelled
+        ``none if event.name == 'step.failed' else <step>``."""
+        arc = self.data["workflow"][path[1]]["next"]["arcs"][path[4]]
+        when = arc.get("when") if isinstance(arc, dict) else None
+        try:
+            tested = split_event(when).events if isinstance(arc, dict) and "when" in arc else SUCCESS
+        except SplitError:
+            tested = None
+        sees_failure = tested is None or not tested <= SUCCESS
+        guarded = f"none if event.name == '{STEP_FAILED}' else {step}"
+
+        def spell(attrs: tuple[str, ...], compared: Callable[[int], bool]) -> tuple[str, int]:
+            if not sees_failure or (attrs and step not in again):
+                return step, 0
+            return guarded, 0
+
+        return spell
+
+
+def _reentered(playbook: Playbook) -> set[str]:
+    """The steps an arc path leads back to (a cycle): they may hold a result from an earlier run."""
+    nxt = {s.name: [a.step for a in s.next.arcs] if s.next is not None else [] for s in playbook.workflow}
+    out: set[str] = set()
+    for start in nxt:
+        seen: set[str] = set()
+        todo = list(nxt[start])
+        while todo:
+            name = todo.pop()
+            if name == start:
+                out.add(start)
+                break
+            if name not in seen:
+                seen.add(name)
+                todo.extend(nxt.get(name, ()))
+    return out
 
 
 def _put(data: Any, path: Path, value: Any) -> None:

@@ -1,13 +1,152 @@
-"""Playbooks the viewer tests run: a loop, a retried task and a failure routed to a handler; a gate."""
+"""What the viewer tests share: a headless Chromium driven by chromedriver (`Browser`), and the playbooks
+they run: a loop, a retried task and a failure routed to a handler; a gate."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from apiserver import Api
 from helpers import playbook
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+WAIT_S = 30.0
+
+# Without the background-networking switches Chromium stalls on a network that reaches nothing.
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--no-proxy-server",
+    "--window-size=1500,1100",
+)
+
+NODES_JS = (
+    "return Array.from(document.querySelectorAll('#graph g.node'), n => [n.dataset.step, n.dataset.status])"
+)
+
+
+class Browser:
+    """One Chromium with a fresh profile, driven by chromedriver."""
+
+    def __init__(self, profile: Path) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = str(CHROMIUM)
+        for flag in (*FLAGS, f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        self.driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+        self.driver.set_page_load_timeout(WAIT_S)
+
+    def open(self, url: str) -> None:
+        self.driver.get(url)
+
+    def js(self, script: str, *args: Any) -> Any:
+        return self.driver.execute_script(script, *args)
+
+    def wait(self, what: str, check: Callable[[], Any]) -> Any:
+        from selenium.common.exceptions import TimeoutException
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        try:
+            return WebDriverWait(self.driver, WAIT_S, poll_frequency=0.05).until(lambda _: check())
+        except TimeoutException:
+            raise AssertionError(f"the page never showed {what}; graph nodes: {self.nodes()}") from None
+
+    def nodes(self) -> dict[str, str]:
+        return dict(self.js(NODES_JS) or [])
+
+    def body(self, key: str) -> str | None:
+        return self.js("return document.body.dataset[arguments[0]] ?? null", key)  # type: ignore[no-any-return]
+
+    def text(self, selector: str) -> str | None:
+        return self.js("const e = document.querySelector(arguments[0]); return e && e.textContent", selector)  # type: ignore[no-any-return]
+
+    def errors(self) -> list[str]:
+        """Severe console entries (script errors, refused loads, CSP violations) since the last call."""
+        return [e["message"] for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / name
+        height = self.js("return Math.max(document.body.scrollHeight, 800)")
+        self.driver.set_window_size(1500, min(int(height) + 40, 4000))
+        assert self.driver.save_screenshot(str(path)), path
+        return path
+
+    def window_shot(self, path: Path) -> Path:
+        """A screenshot of the window as it is (its size unchanged), to `path`."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        assert self.driver.save_screenshot(str(path)), path
+        return path
+
+    def click(self, selector: str) -> None:
+        """A real click (the driver's: pointer events, a focus) on the element `selector` names."""
+        from selenium.webdriver.common.by import By
+
+        self.driver.find_element(By.CSS_SELECTOR, selector).click()
+
+    def click_at(self, selector: str, at: tuple[int, int]) -> None:
+        """A real click on `selector`, `at` pixels from its middle."""
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.by import By
+
+        element = self.driver.find_element(By.CSS_SELECTOR, selector)
+        ActionChains(self.driver).move_to_element_with_offset(element, *at).click().perform()
+
+    def drag(self, selector: str, dx: int, dy: int, at: tuple[int, int] = (0, 0)) -> None:
+        """Press on `selector` (`at`: pixels from its middle), move by (dx, dy), release: the pointer
+        events of a drag."""
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.by import By
+
+        element = self.driver.find_element(By.CSS_SELECTOR, selector)
+        chain = ActionChains(self.driver).move_to_element_with_offset(element, *at)
+        chain.click_and_hold().move_by_offset(dx, dy).release().perform()
+
+    def quit(self) -> None:
+        self.driver.quit()
+
+
+@contextlib.asynccontextmanager
+async def open_browser() -> AsyncIterator[Browser]:
+    """A Chromium with a fresh profile (the test fails, naming the packages, when it is not installed)."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.fail(
+            f"the viewer tests need Debian's chromium and chromium-driver ({', '.join(missing)} missing): "
+            "run `make chromium` (apt-get install chromium chromium-driver)"
+        )
+    with tempfile.TemporaryDirectory(prefix="noetl-chromium-") as profile:
+        b = await asyncio.to_thread(Browser, Path(profile))
+        try:
+            yield b
+        finally:
+            await asyncio.to_thread(b.quit)
+
+
+def call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a (synchronous) browser call in a thread, so the event loop keeps serving the API."""
+    return asyncio.to_thread(fn, *args)
 
 
 def pipeline_book(exec_: str = "local") -> str:

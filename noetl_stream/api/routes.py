@@ -391,8 +391,15 @@ ROUTES: tuple[Route, ...] = (
         "/ui",
         pages.list_page,
         "viewerExecutions",
-        "The execution viewer: the list of executions (a static page; its data calls need the token)",
+        "The execution viewer: the list of executions (a static page; its data calls need the token). "
+        "Its filters are in the address, so a filtered list can be linked to",
         "text/html",
+        params=(  # read by the page's script, which ignores a value it does not know
+            Param("status", description="Execution status (as listExecutions takes it)"),
+            Param("playbook", description="Playbook metadata.path or metadata.name"),
+            Param("q", description="Execution id text"),
+            Param("limit", description="Rows per page: 10, 25, 50, 100 or 200"),
+        ),
     ),
     _viewer_route(
         "/ui/executions/{execution_id}",

@@ -1,8 +1,11 @@
-// The noetl-stream execution viewer: plain browser JavaScript, no build step, no third-party code.
+// The noetl-stream execution viewer: plain browser JavaScript, no build step. The one third-party file is
+// the graph layout library, vendored as it is published (vendor/dagre.min.js, see vendor/README.md).
 //
-// /ui                      the list of executions        (GET /api/executions)
-// /ui/executions/{id}      the step graph and timeline   (GET /api/executions/{id}/graph, and
-//                          GET /api/executions/{id}/events?follow=1 read as server-sent events)
+// /ui                      the list of executions        (GET /api/executions, paged by cursor)
+// /ui/executions/{id}      the step graph, the step panel, the controls and the timeline
+//                          (GET /api/executions/{id}/graph, .../steps/{step}, .../result, and
+//                          GET /api/executions/{id}/events?follow=1 read as server-sent events;
+//                          POST .../cancel, .../pause, .../resume, .../retry)
 //
 // Every data call carries "Authorization: Bearer <token>". The token comes from the URL fragment
 // (#token=...), which is removed from the address bar at once, or from the page's form, and is kept in
@@ -14,11 +17,16 @@
   const TOKEN_KEY = "noetl-viewer-token";
   const TERMINAL = new Set(["success", "failed", "cancelled", "rejected"]);
   const STATUSES = ["pending", "running", "paused", "success", "failed", "cancelled", "rejected"];
+  const PAGE_SIZES = [10, 25, 50, 100, 200];
   const NODE_W = 196;
   const NODE_H = 68;
   const COL_GAP = 84;
   const ROW_GAP = 30;
   const PAD = 24;
+  const MIN_SCALE = 0.02;
+  const MAX_SCALE = 4;
+  const READABLE = 0.6; // the smallest scale a graph opens at: below it, it opens at the start, not fitted
+  const ITERATIONS_PAGE = 50;
   const SVG_NS = "http://www.w3.org/2000/svg";
 
   class AuthError extends Error {}
@@ -33,7 +41,7 @@
       else if (key === "on") for (const [ev, fn] of Object.entries(value)) node.addEventListener(ev, fn);
       else node.setAttribute(key, String(value));
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       node.append(typeof child === "string" ? doc.createTextNode(child) : child);
     }
@@ -44,8 +52,9 @@
   const s = (tag, attrs, ...children) =>
     build(document, (t) => document.createElementNS(SVG_NS, t), tag, attrs, children);
   const byId = (id) => document.getElementById(id);
-  const fill = (node, ...children) => node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  const fill = (node, ...children) => node.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+  const enc = encodeURIComponent;
 
   // -- the token and the API -----------------------------------------------------------------------
 
@@ -56,6 +65,17 @@
       sessionStorage.setItem(TOKEN_KEY, given);
       history.replaceState(null, "", location.pathname + location.search);
     }
+  }
+
+  async function refusal(resp) {
+    let detail = "HTTP " + resp.status;
+    try {
+      const body = await resp.json();
+      detail = body.detail || body.error || detail;
+    } catch (_) {
+      // not JSON: keep the status
+    }
+    return detail;
   }
 
   async function api(path, accept = "application/json") {
@@ -69,20 +89,30 @@
       sessionStorage.removeItem(TOKEN_KEY);
       throw new AuthError("the server refused the token");
     }
-    if (!resp.ok) {
-      let detail = "HTTP " + resp.status;
-      try {
-        const body = await resp.json();
-        detail = body.detail || body.error || detail;
-      } catch (_) {
-        // not JSON: keep the status
-      }
-      throw new Error(detail);
-    }
+    if (!resp.ok) throw new Error(await refusal(resp));
     return resp;
   }
 
   const apiJson = async (path) => (await api(path)).json();
+
+  // An operator's action: the API's answer as it is, a refusal included (shown, never thrown).
+  async function apiSend(path, body) {
+    const token = sessionStorage.getItem(TOKEN_KEY) || "";
+    let resp;
+    try {
+      resp = await fetch("/api" + path, {
+        method: "POST",
+        headers: { Authorization: "Bearer " + token, Accept: "application/json", "Content-Type": "application/json" },
+        body: JSON.stringify(body || {}),
+        cache: "no-store",
+      });
+    } catch (err) {
+      return { ok: false, status: 0, detail: String(err && err.message ? err.message : err) };
+    }
+    if (resp.ok) return { ok: true, status: resp.status, body: await resp.json() };
+    const detail = resp.status === 401 ? "the server refused the token" : await refusal(resp);
+    return { ok: false, status: resp.status, detail };
+  }
 
   function showLogin(message) {
     document.body.dataset.view = "login";
@@ -110,8 +140,12 @@
     if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "";
     if (seconds < 1) return Math.round(seconds * 1000) + " ms";
     if (seconds < 60) return seconds.toFixed(1) + " s";
-    const m = Math.floor(seconds / 60);
-    return m + " m " + Math.round(seconds - m * 60) + " s";
+    if (seconds < 3600) {
+      const m = Math.floor(seconds / 60);
+      return m + " m " + Math.round(seconds - m * 60) + " s";
+    }
+    const hrs = Math.floor(seconds / 3600);
+    return hrs + " h " + Math.round((seconds - hrs * 3600) / 60) + " m";
   }
 
   function clock(iso) {
@@ -120,6 +154,14 @@
     const d = new Date(t);
     const pad = (n, w = 2) => String(n).padStart(w, "0");
     return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+  }
+
+  function when(iso) {
+    const t = parseTime(iso);
+    if (Number.isNaN(t)) return "";
+    const d = new Date(t);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
   }
 
   function elapsed(fromIso) {
@@ -135,58 +177,229 @@
     byId("crumbs").replaceChildren(...items.map((item) => h("span", { class: "crumb" }, item)));
   }
 
+  function executionLink(id, text) {
+    return h("a", { href: "/ui/executions/" + enc(id), "data-execution-link": id, text: text || id });
+  }
+
+  function errorText(e) {
+    if (!e) return "";
+    const message = e.message || "";
+    const kind = e.kind || "error";
+    return message.startsWith(kind) ? message : `${kind}: ${message}`;
+  }
+
+  const isRef = (v) => v !== null && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1 && v.$ref && typeof v.$ref === "object";
+
+  function refsIn(value, out = []) {
+    if (isRef(value)) out.push(value.$ref);
+    else if (Array.isArray(value)) value.forEach((v) => refsIn(v, out));
+    else if (value && typeof value === "object") Object.values(value).forEach((v) => refsIn(v, out));
+    return out;
+  }
+
+  function bytes(n) {
+    if (typeof n !== "number") return "";
+    if (n < 1024) return n + " B";
+    if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
+    return (n / 1024 / 1024).toFixed(1) + " MiB";
+  }
+
+  const MAX_SHOWN = 2 * 1024 * 1024; // characters of a value shown; the rest is cut
+
+  // A JSON value as text, with a button per value stored by reference that fetches and shows it.
+  function jsonBlock(value, cls) {
+    const text = JSON.stringify(value, null, 2);
+    const shown = text === undefined ? "null" : text.length > MAX_SHOWN ? text.slice(0, MAX_SHOWN) + "\n… (" + text.length + " characters)" : text;
+    const block = h("div", { class: "json " + (cls || "") }, h("pre", { text: shown }));
+    for (const ref of refsIn(value)) block.append(storedRef(ref));
+    return block;
+  }
+
+  const fetched = new Map(); // stored values fetched in this page, by key: shown again on a re-render
+
+  function storedRef(ref) {
+    const out = h("div", { class: "stored-value" });
+    const shown = (got) => fill(out, h("span", { class: "muted", text: `stored value ${ref.key} (${bytes(got.size)})` }), jsonBlock(got.value, "fetched"));
+    if (fetched.has(ref.key)) {
+      shown(fetched.get(ref.key));
+      return out;
+    }
+    const button = h("button", {
+      type: "button",
+      class: "fetch-stored",
+      "data-key": ref.key,
+      text: "Fetch stored value",
+      on: {
+        click: async () => {
+          button.disabled = true;
+          const owner = String(ref.key || "").split("/")[0];
+          const query = `key=${enc(ref.key)}` + (ref.checksum ? `&checksum=${enc(ref.checksum)}` : "");
+          try {
+            const got = await apiJson(`/executions/${enc(owner)}/result?${query}`);
+            fetched.set(ref.key, got);
+            shown(got);
+          } catch (err) {
+            if (err instanceof AuthError) return onError(err);
+            button.disabled = false;
+            out.append(h("p", { class: "error-text", text: String(err.message || err) }));
+          }
+        },
+      },
+    });
+    fill(out, h("span", { class: "muted", text: `stored by reference: ${ref.key} (${bytes(ref.size)}) ` }), button);
+    return out;
+  }
+
+  function errorBlock(error) {
+    if (!error) return null;
+    return h("div", { class: "error-box" },
+      h("p", { class: "error-text", text: errorText(error) }),
+      error.task ? h("p", { class: "muted", text: "task: " + error.task }) : null,
+      error.traceback ? h("pre", { class: "traceback", text: error.traceback }) : null,
+    );
+  }
+
+  function section(title, ...content) {
+    const items = content.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
+    if (!items.length) return null;
+    return h("section", { class: "detail-section", "data-section": title.toLowerCase() }, h("h3", { text: title }), items);
+  }
+
+  function field(label, value) {
+    if (value === null || value === undefined || value === "") return null;
+    return [h("dt", { text: label }), h("dd", { text: String(value) })];
+  }
+
   // -- the list of executions ----------------------------------------------------------------------
 
   async function listView() {
     document.title = "noetl-stream · executions";
     crumbs("executions");
-    const filter = h(
-      "select",
-      { id: "status-filter", "aria-label": "status" },
+    const params = new URLSearchParams(location.search);
+    const state = {
+      cursors: [null], // the cursor of each page seen so far (page k starts after cursors[k])
+      page: 0,
+      limit: PAGE_SIZES.includes(Number(params.get("limit"))) ? Number(params.get("limit")) : 50,
+      playbooks: new Set(),
+    };
+    const status = h("select", { id: "status-filter", "aria-label": "status" },
       h("option", { value: "", text: "every status" }),
-      STATUSES.map((st) => h("option", { value: st, text: st })),
-    );
-    const table = h(
-      "table",
-      { id: "executions", class: "grid" },
-      h(
-        "thead",
-        {},
-        h("tr", {}, ["execution", "playbook", "status", "steps", "updated"].map((c) => h("th", { text: c }))),
-      ),
-      h("tbody"),
-    );
+      STATUSES.map((st) => h("option", { value: st, text: st })));
+    status.value = STATUSES.includes(params.get("status")) ? params.get("status") : "";
+    const playbook = h("input", { id: "playbook-filter", type: "search", list: "playbooks", placeholder: "playbook path or name", "aria-label": "playbook", autocomplete: "off" });
+    playbook.value = params.get("playbook") || "";
+    const known = h("datalist", { id: "playbooks" });
+    const search = h("input", { id: "search", type: "search", placeholder: "execution id", "aria-label": "search by execution id", autocomplete: "off" });
+    search.value = params.get("q") || "";
+    const size = h("select", { id: "page-size", "aria-label": "rows per page" },
+      PAGE_SIZES.map((n) => h("option", { value: String(n), text: `${n} per page` })));
+    size.value = String(state.limit);
+    const prev = h("button", { type: "button", id: "prev-page", text: "‹ Newer" });
+    const next = h("button", { type: "button", id: "next-page", text: "Older ›" });
     const count = h("span", { id: "count", class: "muted" });
+    const table = h("table", { id: "executions", class: "grid" },
+      h("thead", {}, h("tr", {}, ["execution", "playbook", "status", "started", "duration", "steps", "retry"].map((c) => h("th", { text: c })))),
+      h("tbody"));
     byId("app").replaceChildren(
-      h("div", { class: "toolbar" }, h("h1", { text: "Executions" }), filter, count),
+      h("div", { class: "toolbar" }, h("h1", { text: "Executions" }), search, status, playbook, known, size),
       table,
+      h("div", { class: "toolbar pager" }, prev, count, next),
     );
 
+    const query = () => {
+      const q = new URLSearchParams({ order: "started", limit: String(state.limit) });
+      if (status.value) q.set("status", status.value);
+      if (playbook.value.trim()) q.set("playbook", playbook.value.trim());
+      if (search.value.trim()) q.set("q", search.value.trim());
+      const cursor = state.cursors[state.page];
+      if (cursor) q.set("cursor", cursor);
+      return q;
+    };
+    const remember = () => {
+      const q = new URLSearchParams();
+      for (const key of ["status", "playbook", "q"]) {
+        const v = { status: status.value, playbook: playbook.value.trim(), q: search.value.trim() }[key];
+        if (v) q.set(key, v);
+      }
+      if (state.limit !== 50) q.set("limit", String(state.limit));
+      const text = q.toString();
+      history.replaceState(null, "", location.pathname + (text ? "?" + text : ""));
+    };
+
+    const row = (item) => {
+      const steps = Object.values(item.steps || {});
+      const tally = {};
+      for (const st of steps) tally[st] = (tally[st] || 0) + 1;
+      const summary = Object.entries(tally).map(([k, v]) => `${v} ${k}`).join(", ");
+      const took = item.duration_s ?? (item.status === "running" ? elapsed(item.started_at) : null);
+      const retries = byOriginal[item.execution_id] || [];
+      if (item.path || item.name) state.playbooks.add(item.path || item.name);
+      return h("tr", { "data-execution-id": item.execution_id, "data-status": item.status },
+        h("td", {}, executionLink(item.execution_id)),
+        h("td", { class: "playbook", text: item.path || item.name || item.file || "" }),
+        h("td", {}, badge(item.status), item.paused ? h("span", { class: "badge paused", text: "paused" }) : null),
+        h("td", { class: "muted started", title: item.started_at || "", text: when(item.started_at) }),
+        h("td", { class: "num duration", text: duration(took) }),
+        h("td", { class: "muted", text: summary }),
+        h("td", { class: "retry-links" },
+          item.retry_of ? h("span", { class: "retry-of" }, "retry of ", executionLink(item.retry_of, item.retry_of.slice(0, 8) + "…")) : null,
+          retries.length ? h("span", { class: "retried-by" }, "retried by ", retries.map((r, i) => [i ? ", " : "", executionLink(r, r.slice(0, 8) + "…")])) : null,
+        ),
+      );
+    };
+    let byOriginal = {};
+
+    let loading = 0;
     const load = async () => {
-      const query = filter.value ? "&status=" + encodeURIComponent(filter.value) : "";
-      const page = await apiJson("/executions?limit=200" + query);
-      const rows = page.items.map((item) => {
-        const steps = Object.values(item.steps || {});
-        const tally = {};
-        for (const st of steps) tally[st] = (tally[st] || 0) + 1;
-        const summary = Object.entries(tally)
-          .map(([k, v]) => `${v} ${k}`)
-          .join(", ");
-        return h(
-          "tr",
-          { "data-execution-id": item.execution_id, "data-status": item.status },
-          h("td", {}, h("a", { href: "/ui/executions/" + encodeURIComponent(item.execution_id), text: item.execution_id })),
-          h("td", { text: item.path || item.name || item.file || "" }),
-          h("td", {}, badge(item.status), item.paused ? h("span", { class: "badge paused", text: "paused" }) : null),
-          h("td", { class: "muted", text: summary }),
-          h("td", { class: "muted", text: item.updated_at ? new Date(item.updated_at).toLocaleString() : "" }),
-        );
-      });
-      table.tBodies[0].replaceChildren(...rows);
-      count.textContent = `${page.items.length} of ${page.total}`;
+      const mine = ++loading;
+      const page = await apiJson("/executions?" + query().toString());
+      if (mine !== loading) return; // a newer request (another filter) answers instead
+      byOriginal = {};
+      for (const item of page.items) if (item.retry_of) (byOriginal[item.retry_of] = byOriginal[item.retry_of] || []).push(item.execution_id);
+      table.tBodies[0].replaceChildren(...page.items.map(row));
+      if (!page.items.length) table.tBodies[0].append(h("tr", { class: "empty" }, h("td", { colspan: 7, class: "muted", text: "No execution matches." })));
+      state.cursors[state.page + 1] = page.next_cursor || null;
+      const first = page.offset + 1;
+      const last = page.offset + page.items.length;
+      count.textContent = page.items.length ? `${first}–${last} of ${page.total}` : `0 of ${page.total}`;
+      prev.disabled = state.page === 0;
+      next.disabled = !page.next_cursor;
+      fill(known, [...state.playbooks].sort().map((p) => h("option", { value: p })));
+      document.body.dataset.page = String(state.page + 1);
+      document.body.dataset.total = String(page.total);
       document.body.dataset.loaded = "true";
     };
-    filter.addEventListener("change", () => load().catch(onError));
+    const reload = () => {
+      state.cursors = [null];
+      state.page = 0;
+      remember();
+      document.body.dataset.loaded = "false";
+      load().catch(onError);
+    };
+    let typing = null;
+    const onType = () => {
+      clearTimeout(typing);
+      typing = setTimeout(reload, 250);
+    };
+    status.addEventListener("change", reload);
+    playbook.addEventListener("input", onType);
+    search.addEventListener("input", onType);
+    size.addEventListener("change", () => {
+      state.limit = Number(size.value);
+      reload();
+    });
+    next.addEventListener("click", () => {
+      if (!state.cursors[state.page + 1]) return;
+      state.page += 1;
+      document.body.dataset.loaded = "false";
+      load().catch(onError);
+    });
+    prev.addEventListener("click", () => {
+      if (state.page === 0) return;
+      state.page -= 1;
+      document.body.dataset.loaded = "false";
+      load().catch(onError);
+    });
     document.body.dataset.view = "list";
     await load();
     setInterval(() => {
@@ -194,9 +407,269 @@
     }, 5000);
   }
 
-  // -- one execution -------------------------------------------------------------------------------
+  // -- one execution: layout -----------------------------------------------------------------------
 
-  const view = { id: "", graph: null, selected: null, t0: null, events: 0 };
+  const view = {
+    id: "",
+    graph: null,
+    selected: null,
+    t0: null,
+    events: 0,
+    layout: null, // {key, at: {step: {x, y}}, arcs: [points per arc], width, height}
+    zoom: { k: 1, x: 0, y: 0 },
+    placed: false, // the first view of the graph was chosen (fit, or the start at a readable scale)
+    detail: null,
+    detailRun: null,
+    iterationPage: 0,
+    openIteration: null,
+  };
+
+  function layoutKey(g) {
+    return g.steps.map((st) => st.name).join("\u0000") + "\u0001" + g.arcs.map((a) => a.source + ">" + a.target).join("\u0000");
+  }
+
+  // Positions of the steps and the arcs' routes: dagre's layered layout when it is there, else the
+  // server's layers (`layer`, `order`), as before.
+  function computeLayout(g) {
+    const lib = window.dagre;
+    if (lib && lib.graphlib && lib.layout) {
+      try {
+        const dg = new lib.graphlib.Graph({ multigraph: true });
+        dg.setGraph({ rankdir: "LR", nodesep: ROW_GAP, ranksep: COL_GAP, edgesep: 12, marginx: PAD, marginy: PAD });
+        dg.setDefaultEdgeLabel(() => ({}));
+        for (const st of g.steps) dg.setNode(st.name, { width: NODE_W, height: NODE_H });
+        g.arcs.forEach((arc, i) => {
+          if (dg.hasNode(arc.source) && dg.hasNode(arc.target)) dg.setEdge(arc.source, arc.target, { minlen: 1 }, "a" + i);
+        });
+        lib.layout(dg);
+        const at = {};
+        for (const st of g.steps) {
+          const n = dg.node(st.name);
+          at[st.name] = { x: n.x - NODE_W / 2, y: n.y - NODE_H / 2 };
+        }
+        const routes = g.arcs.map((arc, i) => {
+          const e = dg.edge({ v: arc.source, w: arc.target, name: "a" + i });
+          return e && e.points ? e.points : null;
+        });
+        const info = dg.graph();
+        return { key: layoutKey(g), at, routes, width: info.width || 0, height: info.height || 0, engine: "dagre" };
+      } catch (err) {
+        console.warn("dagre layout failed, using the server's layers", err);
+      }
+    }
+    const at = {};
+    let cols = 0;
+    let rows = 0;
+    for (const st of g.steps) {
+      at[st.name] = { x: PAD + st.layer * (NODE_W + COL_GAP), y: PAD + st.order * (NODE_H + ROW_GAP) };
+      cols = Math.max(cols, st.layer + 1);
+      rows = Math.max(rows, st.order + 1);
+    }
+    const width = PAD * 2 + cols * NODE_W + Math.max(0, cols - 1) * COL_GAP;
+    const height = PAD * 2 + rows * NODE_H + Math.max(0, rows - 1) * ROW_GAP + ROW_GAP + 20;
+    return { key: layoutKey(g), at, routes: g.arcs.map(() => null), width, height, engine: "layers" };
+  }
+
+  function routePath(points) {
+    if (points.length < 2) return null;
+    let d = `M ${points[0].x} ${points[0].y}`;
+    if (points.length === 2) return d + ` L ${points[1].x} ${points[1].y}`;
+    for (let i = 1; i < points.length - 1; i++) {
+      const p = points[i];
+      const q = points[i + 1];
+      const mx = i === points.length - 2 ? q.x : (p.x + q.x) / 2;
+      const my = i === points.length - 2 ? q.y : (p.y + q.y) / 2;
+      d += ` Q ${p.x} ${p.y}, ${mx} ${my}`;
+    }
+    return d;
+  }
+
+  function arcPath(arc, i, layout) {
+    const route = layout.routes[i];
+    if (route) return routePath(route);
+    const a = layout.at[arc.source];
+    const b = layout.at[arc.target];
+    if (!a || !b) return null;
+    if (!arc.back && b.x > a.x) {
+      const x1 = a.x + NODE_W;
+      const y1 = a.y + NODE_H / 2;
+      const x2 = b.x;
+      const y2 = b.y + NODE_H / 2;
+      const dx = Math.max(30, (x2 - x1) / 2);
+      return `M ${x1} ${y1} C ${x1 + dx} ${y1}, ${x2 - dx} ${y2}, ${x2} ${y2}`;
+    }
+    const x1 = a.x + NODE_W / 2 + 12;
+    const y1 = a.y + NODE_H;
+    const x2 = b.x + NODE_W / 2 - 12;
+    const y2 = b.y + NODE_H;
+    const dip = Math.max(y1, y2) + ROW_GAP + 14;
+    return `M ${x1} ${y1} C ${x1} ${dip}, ${x2} ${dip}, ${x2} ${y2}`;
+  }
+
+  // -- one execution: zoom and pan -----------------------------------------------------------------
+
+  function applyZoom() {
+    const vp = byId("viewport");
+    const z = view.zoom;
+    if (vp) vp.setAttribute("transform", `translate(${z.x} ${z.y}) scale(${z.k})`);
+    const svg = byId("graph");
+    if (svg) svg.dataset.scale = z.k.toFixed(4);
+    const level = byId("zoom-level");
+    if (level) level.textContent = Math.round(z.k * 100) + "%";
+    updateMinimap();
+  }
+
+  // -- one execution: the overview (the whole graph, small, with the part in view outlined) ---------
+
+  function buildMinimap(g, L) {
+    const mini = byId("minimap");
+    if (!mini) return;
+    mini.setAttribute("viewBox", `0 0 ${L.width} ${L.height}`);
+    const boxes = g.steps.map((st) => {
+      const p = L.at[st.name];
+      return s("rect", { x: p.x, y: p.y, width: NODE_W, height: NODE_H, rx: 10, "data-step": st.name });
+    });
+    fill(mini, s("g", {}, boxes), s("rect", { id: "minimap-view", class: "minimap-view", rx: 6 }));
+    view.miniBoxes = boxes;
+  }
+
+  function updateMinimap() {
+    const mini = byId("minimap");
+    const L = view.layout;
+    const frame = byId("minimap-view");
+    if (!mini || !L || !frame) return;
+    const z = view.zoom;
+    const { w, h: hh } = viewportSize();
+    const x = -z.x / z.k;
+    const y = -z.y / z.k;
+    const vw = w / z.k;
+    const vh = hh / z.k;
+    frame.setAttribute("x", String(Math.max(0, x)));
+    frame.setAttribute("y", String(Math.max(0, y)));
+    frame.setAttribute("width", String(Math.max(0, Math.min(L.width, x + vw) - Math.max(0, x))));
+    frame.setAttribute("height", String(Math.max(0, Math.min(L.height, y + vh) - Math.max(0, y))));
+    // shown only while part of the graph is out of view
+    mini.hidden = x <= 0.5 && y <= 0.5 && x + vw >= L.width - 0.5 && y + vh >= L.height - 0.5;
+    mini.dataset.hidden = String(mini.hidden);
+  }
+
+  // A press (or a drag) on the overview brings that part of the graph to the middle of the view.
+  function wireMinimap(mini) {
+    let pressed = null;
+    const centreAt = (e) => {
+      const ctm = mini.getScreenCTM();
+      if (!ctm) return;
+      const pt = new DOMPoint(e.clientX, e.clientY).matrixTransform(ctm.inverse());
+      const { w, h: hh } = viewportSize();
+      view.zoom.x = w / 2 - pt.x * view.zoom.k;
+      view.zoom.y = hh / 2 - pt.y * view.zoom.k;
+      applyZoom();
+    };
+    mini.addEventListener("pointerdown", (e) => {
+      e.stopPropagation();
+      pressed = e.pointerId;
+      mini.setPointerCapture(e.pointerId);
+      centreAt(e);
+    });
+    mini.addEventListener("pointermove", (e) => pressed === e.pointerId && centreAt(e));
+    const end = (e) => {
+      if (pressed === e.pointerId) pressed = null;
+    };
+    mini.addEventListener("pointerup", end);
+    mini.addEventListener("pointercancel", end);
+  }
+
+  function zoomAt(factor, cx, cy) {
+    const z = view.zoom;
+    const k = Math.min(MAX_SCALE, Math.max(MIN_SCALE, z.k * factor));
+    // keep the graph point under (cx, cy) where it is
+    z.x = cx - ((cx - z.x) * k) / z.k;
+    z.y = cy - ((cy - z.y) * k) / z.k;
+    z.k = k;
+    applyZoom();
+  }
+
+  function viewportSize() {
+    const svg = byId("graph");
+    const r = svg ? svg.getBoundingClientRect() : { width: 800, height: 500 };
+    return { w: r.width || 800, h: r.height || 500 };
+  }
+
+  function fit() {
+    const L = view.layout;
+    if (!L) return;
+    const { w, h: hh } = viewportSize();
+    const k = Math.min(MAX_SCALE, Math.max(MIN_SCALE, Math.min(w / L.width, hh / L.height, 1.25)));
+    view.zoom = { k, x: (w - L.width * k) / 2, y: (hh - L.height * k) / 2 };
+    applyZoom();
+  }
+
+  // Show `name`'s box at scale `k`: the first step at the left edge, any other in the middle.
+  function focus(name, k) {
+    const L = view.layout;
+    const p = L && L.at[name];
+    if (!p) return;
+    const { w, h: hh } = viewportSize();
+    const first = view.graph.steps[0] && view.graph.steps[0].name === name;
+    const x = first ? PAD - p.x * k : w / 2 - (p.x + NODE_W / 2) * k;
+    view.zoom = { k, x, y: hh / 2 - (p.y + NODE_H / 2) * k };
+    applyZoom();
+  }
+
+  // The first view: the whole graph when it stays readable; else the start (or the step that runs or
+  // failed) at a readable scale, the rest a drag or a "fit" away.
+  function placeFirst() {
+    const L = view.layout;
+    const { w, h: hh } = viewportSize();
+    const k = Math.min(w / L.width, hh / L.height, 1);
+    if (k >= READABLE) {
+      fit();
+    } else {
+      const g = view.graph;
+      const busy = g.steps.find((st) => st.status === "running" || st.status === "scheduled") || g.steps.find((st) => st.status === "failed");
+      focus((busy || g.steps[0]).name, 0.9);
+    }
+    view.placed = true;
+  }
+
+  function wireZoom(svg) {
+    svg.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const r = svg.getBoundingClientRect();
+      const factor = Math.exp(-e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.0015));
+      zoomAt(factor, e.clientX - r.left, e.clientY - r.top);
+    }, { passive: false });
+    let drag = null;
+    svg.addEventListener("pointerdown", (e) => {
+      if (e.button !== 0 || e.target.closest("g.node")) return;
+      drag = { x: e.clientX, y: e.clientY, zx: view.zoom.x, zy: view.zoom.y, id: e.pointerId };
+      svg.setPointerCapture(e.pointerId);
+      svg.classList.add("dragging");
+    });
+    svg.addEventListener("pointermove", (e) => {
+      if (!drag || e.pointerId !== drag.id) return;
+      view.zoom.x = drag.zx + (e.clientX - drag.x);
+      view.zoom.y = drag.zy + (e.clientY - drag.y);
+      applyZoom();
+    });
+    const end = (e) => {
+      if (!drag || e.pointerId !== drag.id) return;
+      drag = null;
+      svg.classList.remove("dragging");
+    };
+    svg.addEventListener("pointerup", end);
+    svg.addEventListener("pointercancel", end);
+    svg.addEventListener("keydown", (e) => {
+      const { w, h: hh } = viewportSize();
+      if (e.key === "+" || e.key === "=") zoomAt(1.25, w / 2, hh / 2);
+      else if (e.key === "-") zoomAt(0.8, w / 2, hh / 2);
+      else if (e.key === "0") fit();
+      else return;
+      e.preventDefault();
+    });
+  }
+
+  // -- one execution: the graph --------------------------------------------------------------------
 
   function nodeLines(step) {
     const running = step.status === "running" || step.status === "scheduled";
@@ -217,90 +690,31 @@
     return { status, extra };
   }
 
-  function arcPath(arc, at) {
-    const a = at[arc.source];
-    const b = at[arc.target];
-    if (!a || !b) return null;
-    if (!arc.back && b.x > a.x) {
-      const x1 = a.x + NODE_W;
-      const y1 = a.y + NODE_H / 2;
-      const x2 = b.x;
-      const y2 = b.y + NODE_H / 2;
-      const dx = Math.max(30, (x2 - x1) / 2);
-      return `M ${x1} ${y1} C ${x1 + dx} ${y1}, ${x2 - dx} ${y2}, ${x2} ${y2}`;
-    }
-    // a back edge (or an arc to the same column): below the boxes
-    const x1 = a.x + NODE_W / 2 + 12;
-    const y1 = a.y + NODE_H;
-    const x2 = b.x + NODE_W / 2 - 12;
-    const y2 = b.y + NODE_H;
-    const dip = Math.max(y1, y2) + ROW_GAP + 14;
-    return `M ${x1} ${y1} C ${x1} ${dip}, ${x2} ${dip}, ${x2} ${y2}`;
-  }
-
-  function renderGraph() {
-    const g = view.graph;
-    const root = byId("graph");
-    if (!g || !root) return;
-    const at = {};
-    let cols = 0;
-    let rows = 0;
-    for (const step of g.steps) {
-      at[step.name] = { x: PAD + step.layer * (NODE_W + COL_GAP), y: PAD + step.order * (NODE_H + ROW_GAP) };
-      cols = Math.max(cols, step.layer + 1);
-      rows = Math.max(rows, step.order + 1);
-    }
-    const hasBack = g.arcs.some((a) => a.back || (at[a.target] && at[a.source] && at[a.target].x <= at[a.source].x));
-    const width = PAD * 2 + cols * NODE_W + Math.max(0, cols - 1) * COL_GAP;
-    const height = PAD * 2 + rows * NODE_H + Math.max(0, rows - 1) * ROW_GAP + (hasBack ? ROW_GAP + 20 : 0);
-    root.setAttribute("viewBox", `0 0 ${width} ${height}`);
-    root.setAttribute("width", String(width));
-    root.setAttribute("height", String(height));
-
-    const marker = (id) =>
-      s("marker", { id, viewBox: "0 0 10 10", refX: "10", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" },
-        s("path", { d: "M 0 0 L 10 5 L 0 10 z" }));
-    const defs = s("defs", {}, marker("arrow"), marker("arrow-taken"));
-    const arcs = g.arcs.map((arc) => {
-      const d = arcPath(arc, at);
+  // The graph's elements are made once per layout and updated in place afterwards: a node under the
+  // pointer stays the same element across refreshes, so a click on it is never lost.
+  function buildGraph(vp, g, L) {
+    const arcs = g.arcs.map((arc, i) => {
+      const d = arcPath(arc, i, L);
       if (!d) return null;
-      const cls = ["arc", arc.taken ? "taken" : "", arc.when ? "conditional" : "", arc.back ? "back" : ""];
-      const title = `${arc.source} → ${arc.target}` + (arc.when ? `\nwhen: ${arc.when}` : "") + `\nfired ${arc.taken}×`;
-      return s("path", {
-        d,
-        class: cls.filter(Boolean).join(" "),
-        "data-source": arc.source,
-        "data-target": arc.target,
-        "data-taken": arc.taken,
-        "marker-end": arc.taken ? "url(#arrow-taken)" : "url(#arrow)",
-      }, s("title", { text: title }));
+      return s("path", { d, "data-source": arc.source, "data-target": arc.target }, s("title"));
     });
     const nodes = g.steps.map((step) => {
-      const { status, extra } = nodeLines(step);
-      const p = at[step.name];
+      const p = L.at[step.name];
       const parts = [
         s("rect", { class: "box", width: NODE_W, height: NODE_H, rx: 8 }),
         s("rect", { class: "stripe", width: 6, height: NODE_H, rx: 3 }),
         s("text", { class: "name", x: 16, y: 22, text: step.name.length > 24 ? step.name.slice(0, 23) + "…" : step.name }),
-        s("text", { class: "state", x: 16, y: 40, text: status }),
-        s("text", { class: step.loop ? "extra loop-progress" : "extra", x: 16, y: 57, text: extra }),
+        s("text", { class: "state", x: 16, y: 40 }),
+        s("text", { class: step.loop ? "extra loop-progress" : "extra", x: 16, y: 57 }),
+        step.loop ? s("rect", { class: "bar", x: 16, y: NODE_H - 6, width: NODE_W - 32, height: 3, rx: 1.5 }) : null,
+        step.loop ? s("rect", { class: "bar-fill", x: 16, y: NODE_H - 6, width: 0, height: 3, rx: 1.5 }) : null,
+        s("title"),
       ];
-      if (step.loop) {
-        const lp = step.loop;
-        const total = lp.total || Math.max(lp.started, lp.done + lp.failed) || 0;
-        const frac = total ? Math.min(1, (lp.done + lp.failed) / total) : 0;
-        parts.push(s("rect", { class: "bar", x: 16, y: NODE_H - 6, width: NODE_W - 32, height: 3, rx: 1.5 }));
-        parts.push(s("rect", { class: "bar-fill", x: 16, y: NODE_H - 6, width: (NODE_W - 32) * frac, height: 3, rx: 1.5 }));
-      }
-      const tip = [step.name, `status: ${step.status}`, step.error ? "error: " + errorText(step.error) : ""];
-      parts.push(s("title", { text: tip.filter(Boolean).join("\n") }));
       return s("g", {
-        class: "node status-" + step.status + (view.selected === step.name ? " selected" : ""),
         transform: `translate(${p.x} ${p.y})`,
         tabindex: "0",
         role: "button",
         "data-step": step.name,
-        "data-status": step.status,
         "data-kind": step.kind,
         on: {
           click: () => select(step.name),
@@ -308,18 +722,228 @@
         },
       }, parts);
     });
-    fill(root, defs, s("g", { class: "arcs" }, arcs), s("g", { class: "nodes" }, nodes));
+    fill(vp, s("g", { class: "arcs" }, arcs), s("g", { class: "nodes" }, nodes));
+    view.elements = { arcs, nodes };
+    buildMinimap(g, L);
   }
+
+  function renderGraph() {
+    const g = view.graph;
+    const vp = byId("viewport");
+    if (!g || !vp) return;
+    if (!view.layout || view.layout.key !== layoutKey(g) || !view.elements) {
+      view.layout = computeLayout(g);
+      byId("graph").dataset.layout = view.layout.engine;
+      view.placed = false;
+      buildGraph(vp, g, view.layout);
+    }
+    const { arcs, nodes } = view.elements;
+    g.arcs.forEach((arc, i) => {
+      const path = arcs[i];
+      if (!path) return;
+      const cls = ["arc", arc.taken ? "taken" : "", arc.when ? "conditional" : "", arc.back ? "back" : ""];
+      path.setAttribute("class", cls.filter(Boolean).join(" "));
+      path.setAttribute("marker-end", arc.taken ? "url(#arrow-taken)" : "url(#arrow)");
+      path.dataset.taken = String(arc.taken);
+      path.firstChild.textContent = `${arc.source} → ${arc.target}` + (arc.when ? `\nwhen: ${arc.when}` : "") + `\nfired ${arc.taken}×`;
+    });
+    g.steps.forEach((step, i) => {
+      const node = nodes[i];
+      const { status, extra } = nodeLines(step);
+      node.setAttribute("class", "node status-" + step.status + (view.selected === step.name ? " selected" : ""));
+      node.dataset.status = step.status;
+      node.querySelector("text.state").textContent = status;
+      node.querySelector("text.extra").textContent = extra;
+      if (step.loop) {
+        const lp = step.loop;
+        const total = lp.total || Math.max(lp.started, lp.done + lp.failed) || 0;
+        const frac = total ? Math.min(1, (lp.done + lp.failed) / total) : 0;
+        node.querySelector("rect.bar-fill").setAttribute("width", String((NODE_W - 32) * frac));
+      }
+      const tip = [step.name, `status: ${step.status}`, step.error ? "error: " + errorText(step.error) : ""];
+      node.lastChild.textContent = tip.filter(Boolean).join("\n");
+      if (view.miniBoxes && view.miniBoxes[i]) view.miniBoxes[i].setAttribute("class", "mini status-" + step.status);
+    });
+    if (!view.placed) placeFirst();
+  }
+
+  // -- one execution: the step panel ---------------------------------------------------------------
 
   function select(name) {
     view.selected = view.selected === name ? null : name;
+    view.detail = null;
+    view.detailText = "";
+    view.detailRun = null;
+    view.iterationPage = 0;
+    view.openIteration = null;
+    view.openTasks = new Set();
     renderGraph();
+    renderDetails();
+    if (view.selected) loadDetail().catch(onError);
+  }
+
+  async function loadDetail() {
+    const name = view.selected;
+    if (!name) return;
+    const path = `/executions/${enc(view.id)}/steps/${enc(name)}?offset=${view.iterationPage * ITERATIONS_PAGE}&limit=${ITERATIONS_PAGE}`;
+    const detail = await apiJson(path);
+    if (view.selected !== name) return;
+    const text = JSON.stringify(detail);
+    if (view.detail && view.detailText === text) return; // nothing new: the panel stays as it is
+    view.detail = detail;
+    view.detailText = text;
     renderDetails();
   }
 
-  function field(label, value) {
-    if (value === null || value === undefined || value === "") return null;
-    return [h("dt", { text: label }), h("dd", { text: String(value) })];
+  // The detail again when the step changed (coalesced: at most one request in flight).
+  const detailRefresher = { busy: false, again: false };
+  async function refreshDetail() {
+    if (!view.selected) return;
+    if (detailRefresher.busy) {
+      detailRefresher.again = true;
+      return;
+    }
+    detailRefresher.busy = true;
+    try {
+      await loadDetail();
+    } finally {
+      detailRefresher.busy = false;
+      if (detailRefresher.again) {
+        detailRefresher.again = false;
+        refreshDetail().catch(onError);
+      }
+    }
+  }
+
+  function taskRunRow(tr) {
+    const open = view.openTasks && view.openTasks.has(tr.task_run_id);
+    const more = h("tr", { class: "task-more", hidden: !open },
+      h("td", { colspan: 5 }, taskRunBody(tr)));
+    const toggle = () => {
+      more.hidden = !more.hidden;
+      if (!view.openTasks) view.openTasks = new Set();
+      if (more.hidden) view.openTasks.delete(tr.task_run_id);
+      else view.openTasks.add(tr.task_run_id);
+    };
+    const row = h("tr", {
+      class: "task-run status-" + tr.status,
+      "data-task": tr.task,
+      "data-attempt": tr.attempt,
+      title: "show the args, result and error",
+      on: { click: toggle },
+    },
+      h("td", { text: tr.task }),
+      h("td", { class: "num", text: String(tr.attempt) }),
+      h("td", {}, badge(tr.status)),
+      h("td", { class: "num", text: duration(tr.duration_s) }),
+      h("td", { class: "muted", text: tr.do || "" }),
+    );
+    return [row, more];
+  }
+
+  function taskRunBody(tr) {
+    return h("div", { class: "task-body" },
+      h("dl", {}, field("kind", tr.kind), field("worker", tr.worker), field("started", clock(tr.started_at)), field("finished", clock(tr.finished_at))),
+      tr.args !== null && tr.args !== undefined
+        ? section("Inputs", jsonBlock(tr.args, "args"))
+        : tr.args_bytes ? section("Inputs", h("p", { class: "muted", text: tr.args_bytes > 0 ? `args of ${bytes(tr.args_bytes)}: too large to record` : "args that are no JSON: not recorded" })) : null,
+      tr.status === "ok" ? section("Result", jsonBlock(tr.result, "result")) : null,
+      section("Error", errorBlock(tr.error)),
+      tr.output && (tr.output.stdout || tr.output.stderr)
+        ? section("Output", tr.output.stdout ? h("pre", { class: "stdout", text: tr.output.stdout }) : null, tr.output.stderr ? h("pre", { class: "stderr", text: tr.output.stderr }) : null)
+        : null,
+    );
+  }
+
+  function taskRunsTable(runs) {
+    if (!runs || !runs.length) return null;
+    return h("table", { class: "grid compact task-runs" },
+      h("thead", {}, h("tr", {}, ["task", "attempt", "status", "took", "then"].map((c) => h("th", { text: c })))),
+      h("tbody", {}, runs.map(taskRunRow)));
+  }
+
+  function iterationsBlock(run) {
+    if (!run.iterations_total) return null;
+    const pages = Math.max(1, Math.ceil(run.iterations_total / ITERATIONS_PAGE));
+    const rows = run.iterations.map((it) =>
+      h("tr", {
+        class: "iteration status-" + it.status + (view.openIteration === it.index ? " open" : ""),
+        "data-index": it.index,
+        "data-status": it.status,
+        title: "open this iteration",
+        on: {
+          click: () => {
+            view.openIteration = view.openIteration === it.index ? null : it.index;
+            renderDetails();
+          },
+        },
+      },
+        h("td", { class: "num", text: "#" + it.index }),
+        h("td", {}, badge(it.status)),
+        h("td", { class: "num", text: duration(it.duration_s) }),
+        h("td", { class: "muted", text: it.worker || "" }),
+      ));
+    const open = run.iterations.find((it) => it.index === view.openIteration);
+    const pager = pages > 1
+      ? h("div", { class: "toolbar pager" },
+        h("button", { type: "button", id: "iterations-prev", disabled: view.iterationPage === 0 ? "disabled" : null, text: "‹", on: { click: () => { view.iterationPage -= 1; loadDetail().catch(onError); } } }),
+        h("span", { class: "muted", text: `page ${view.iterationPage + 1} of ${pages}` }),
+        h("button", { type: "button", id: "iterations-next", disabled: view.iterationPage + 1 >= pages ? "disabled" : null, text: "›", on: { click: () => { view.iterationPage += 1; loadDetail().catch(onError); } } }))
+      : null;
+    return [
+      h("table", { class: "grid compact iterations", id: "iterations" },
+        h("thead", {}, h("tr", {}, ["#", "status", "took", "worker"].map((c) => h("th", { text: c })))),
+        h("tbody", {}, rows)),
+      pager,
+      open
+        ? h("div", { class: "iteration-detail", id: "iteration-detail", "data-index": open.index },
+          h("h4", { text: `Iteration #${open.index}` }),
+          h("dl", {}, field("status", open.status), field("worker", open.worker), field("started", clock(open.started_at)), field("finished", clock(open.finished_at)), field("duration", duration(open.duration_s))),
+          open.tasks.length && open.tasks.some((t) => t.args !== null && t.args !== undefined)
+            ? section("Inputs", open.tasks.filter((t) => t.args !== null && t.args !== undefined).map((t) => [h("p", { class: "muted", text: `${t.task} (attempt ${t.attempt})` }), jsonBlock(t.args, "args")]))
+            : null,
+          open.status === "ok" ? section("Result", jsonBlock(open.result, "result")) : null,
+          section("Error", errorBlock(open.error)),
+          section("Task runs", taskRunsTable(open.tasks)))
+        : null,
+    ];
+  }
+
+  function runBlock(detail, run) {
+    const attempts = run.tasks.length;
+    const retried = run.tasks.filter((t) => t.do === "retry").length;
+    const hasArgs = run.args && Object.keys(run.args).length;
+    const declared = (detail.declared || []).filter((t) => t.args !== null && t.args !== undefined);
+    const lastArgs = {};
+    for (const t of run.tasks) if (t.args !== null && t.args !== undefined) lastArgs[t.task] = t.args;
+    const inputs = [
+      hasArgs ? [h("p", { class: "muted", text: "scheduled with (arc args)" }), jsonBlock(run.args, "args")] : null,
+      Object.entries(lastArgs).map(([task, args]) => [h("p", { class: "muted", text: `${task} ran with` }), jsonBlock(args, "args")]),
+      !Object.keys(lastArgs).length && declared.length
+        ? declared.map((t) => [h("p", { class: "muted", text: `${t.name} declares (templates)` }), jsonBlock(t.args, "declared")])
+        : null,
+    ];
+    return h("div", { class: "run", "data-run": run.step_run_id },
+      h("h3", { text: "Run " + run.step_run_id }),
+      h("dl", { id: "run-details" },
+        field("status", run.status),
+        field("worker", run.worker),
+        field("pool", run.pool),
+        field("scheduled", clock(run.scheduled_at)),
+        field("started", clock(run.started_at)),
+        field("finished", clock(run.finished_at)),
+        field("duration", duration(run.duration_s ?? (run.started_at && !run.finished_at ? elapsed(run.started_at) : null))),
+        field("task runs", attempts || null),
+        field("retries", retried || null),
+        run.loop ? field("iterations", `${run.loop.done ?? 0} done, ${run.loop.failed ?? 0} failed, total ${run.loop.total ?? "?"}`) : null,
+        field("skipped", run.reason),
+      ),
+      section("Inputs", inputs),
+      run.status === "ok" ? section("Result", jsonBlock(run.result, "result")) : null,
+      section("Error", errorBlock(run.error)),
+      section("Task runs", taskRunsTable(run.tasks)),
+      section("Iterations", iterationsBlock(run)),
+    );
   }
 
   function renderDetails() {
@@ -337,32 +961,118 @@
           field("duration", duration(g.finished_at ? g.duration_s : elapsed(g.started_at))),
           field("steps", g.steps.length),
           field("events", g.events),
-          field("error", g.error && (g.error.message ? errorText(g.error) : JSON.stringify(g.error))),
         ),
-        h("p", { class: "muted", text: "Select a step for its details." }),
+        section("Error", errorBlock(g.error)),
+        h("p", { class: "muted", text: "Select a step for its inputs, result, error and task runs." }),
       );
       return;
     }
+    const d = view.detail;
+    const runs = d ? d.runs : [];
+    const run = runs.find((r) => r.step_run_id === view.detailRun) || runs[runs.length - 1];
     const lp = step.loop;
+    const retryHere = h("button", {
+      type: "button",
+      id: "retry-from-step",
+      class: "action",
+      "data-step": step.name,
+      disabled: TERMINAL.has(g.status) ? null : "disabled",
+      title: TERMINAL.has(g.status) ? `start a new execution from ${step.name}, reusing what succeeded before it` : "the execution has to end first",
+      text: "Retry from this step",
+      on: { click: () => act("retry", { from_steps: [step.name] }) },
+    });
     fill(box,
-      h("h2", { text: step.name }),
+      h("div", { class: "panel-head" }, h("h2", { text: step.name }), h("button", { type: "button", class: "close", title: "close", text: "×", on: { click: () => select(step.name) } })),
       step.desc ? h("p", { class: "muted", text: step.desc }) : null,
       h("dl", { id: "step-details", "data-step": step.name },
         field("status", step.status),
         field("kind", step.kind + (lp ? ` (${lp.mode}, ${lp.exec})` : "")),
         field("tasks", step.tasks.join(", ")),
         field("runs", step.runs),
-        field("scheduled", clock(step.scheduled_at)),
-        field("started", clock(step.started_at)),
-        field("finished", clock(step.finished_at)),
         field("duration", duration(step.duration_s)),
-        field("task runs", step.task_runs || null), // none written: one plain run (--task-events informative)
         field("retries", step.retries),
         lp ? field("iterations", `${lp.done} done, ${lp.failed} failed, ${lp.started} started, total ${lp.total ?? "?"}`) : null,
         field("error", step.error && errorText(step.error)),
         field("line", step.line || null),
       ),
+      h("div", { class: "actions" }, retryHere),
+      runs.length > 1
+        ? h("div", { class: "runs-picker" }, h("span", { class: "muted", text: "run: " }),
+          runs.map((r, i) => h("button", {
+            type: "button",
+            class: "run-pick" + (r === run ? " current" : ""),
+            text: String(i + 1),
+            title: r.step_run_id,
+            on: { click: () => { view.detailRun = r.step_run_id; renderDetails(); } },
+          })))
+        : null,
+      !d ? h("p", { class: "muted", text: "loading…" }) : run ? runBlock(d, run) : h("p", { class: "muted", id: "no-run", text: step.status === "ok" ? "Not run in this execution (its result was reused from the execution retried)." : "Not run." }),
     );
+    box.dataset.loaded = d ? "true" : "false";
+  }
+
+  // -- one execution: controls ---------------------------------------------------------------------
+
+  const CONFIRM = { cancel: "Confirm cancel" };
+  const armed = { action: null, timer: null };
+
+  async function act(action, body) {
+    const outcome = byId("action-outcome");
+    if (CONFIRM[action] && armed.action !== action) {
+      armed.action = action;
+      clearTimeout(armed.timer);
+      armed.timer = setTimeout(() => { armed.action = null; renderControls(); }, 5000);
+      renderControls();
+      return;
+    }
+    armed.action = null;
+    clearTimeout(armed.timer);
+    outcome.dataset.state = "pending";
+    fill(outcome, `${action}…`);
+    const res = await apiSend(`/executions/${enc(view.id)}/${action}`, body);
+    outcome.dataset.state = res.ok ? "ok" : "refused";
+    outcome.dataset.action = action;
+    outcome.dataset.status = String(res.status);
+    if (!res.ok) {
+      fill(outcome, h("span", { class: "error-text", text: `${action} refused (HTTP ${res.status}): ${res.detail}` }));
+    } else if (action === "retry") {
+      const id = res.body.execution_id;
+      fill(outcome, "retry started: ", executionLink(id));
+      loadRetries().catch(() => {});
+    } else {
+      fill(outcome, `${action}: accepted (${res.body.accepted})`);
+    }
+    renderControls();
+    if (res.ok) scheduleRefresh(100);
+  }
+
+  function renderControls() {
+    const box = byId("controls");
+    const g = view.graph;
+    if (!box || !g) return;
+    const ended = TERMINAL.has(g.status);
+    const button = (action, label, enabled, title) => h("button", {
+      type: "button",
+      class: "action" + (armed.action === action ? " armed" : ""),
+      id: "action-" + action,
+      "data-action": action,
+      disabled: enabled ? null : "disabled",
+      title,
+      text: armed.action === action ? CONFIRM[action] : label,
+      on: { click: () => act(action, action === "cancel" ? { reason: "cancelled from the viewer" } : {}) },
+    });
+    fill(box,
+      button("cancel", "Cancel", !ended, "stop it: nothing new is scheduled, running steps stop"),
+      button("pause", "Pause", !ended && !g.paused, "running steps finish, nothing new starts"),
+      button("resume", "Resume", !ended && g.paused, "go on from where it paused"),
+      button("retry", "Retry", ended, "a new execution from the failed or interrupted steps, reusing what succeeded"),
+    );
+  }
+
+  async function loadRetries() {
+    const page = await apiJson(`/executions?retry_of=${enc(view.id)}&order=started&limit=20`);
+    view.retries = page.items.map((i) => i.execution_id);
+    renderSummary();
   }
 
   function renderSummary() {
@@ -370,6 +1080,7 @@
     const box = byId("summary");
     if (!g || !box) return;
     document.body.dataset.executionStatus = g.status;
+    const retries = view.retries || [];
     fill(box,
       h("h1", { text: g.name || view.id }),
       badge(g.status),
@@ -377,14 +1088,24 @@
       h("span", { class: "muted", text: g.path ? g.path + " · " : "" }),
       h("code", { class: "muted", text: view.id }),
       h("span", { class: "muted", text: " · " + duration(g.finished_at ? g.duration_s : elapsed(g.started_at)) }),
+      g.retry_of ? h("span", { class: "retry-of" }, " · retry of ", executionLink(g.retry_of)) : null,
+      retries.length ? h("span", { class: "retried-by" }, " · retried by ", retries.map((r, i) => [i ? ", " : "", executionLink(r)])) : null,
     );
   }
 
   async function refreshGraph() {
-    view.graph = await apiJson(`/executions/${encodeURIComponent(view.id)}/graph`);
+    const before = view.graph ? view.graph.last_seq : -1;
+    const wasEnded = view.graph && TERMINAL.has(view.graph.status);
+    view.graph = await apiJson(`/executions/${enc(view.id)}/graph`);
     renderSummary();
     renderGraph();
-    renderDetails();
+    renderControls();
+    // The panel changes only with the execution (it keeps what was opened or fetched in it otherwise).
+    if (view.graph.last_seq !== before) {
+      if (view.selected) refreshDetail().catch(onError);
+      else renderDetails();
+    }
+    if (TERMINAL.has(view.graph.status) && !wasEnded) loadRetries().catch(() => {});
     document.body.dataset.graphSeq = String(view.graph.last_seq);
   }
 
@@ -413,12 +1134,7 @@
     }, delay);
   }
 
-  function errorText(e) {
-    if (!e) return "";
-    const message = e.message || "";
-    const kind = e.kind || "error";
-    return message.startsWith(kind) ? message : `${kind}: ${message}`;
-  }
+  // -- one execution: the timeline -----------------------------------------------------------------
 
   function describe(ev) {
     const p = ev.payload || {};
@@ -503,7 +1219,7 @@
     while (!finished) {
       try {
         const from = afterK === Infinity ? after : shownUpTo; // a message shown in part comes again
-        const path = `/executions/${encodeURIComponent(view.id)}/events?follow=1` + (from ? `&after=${from}` : "");
+        const path = `/executions/${enc(view.id)}/events?follow=1` + (from ? `&after=${from}` : "");
         const resp = await api(path, "text/event-stream");
         const reader = resp.body.getReader();
         const decoder = new TextDecoder();
@@ -564,10 +1280,30 @@
     view.id = id;
     document.title = "noetl-stream · " + id;
     crumbs(h("a", { href: "/ui", text: "executions" }), id);
+    const marker = (mid) =>
+      s("marker", { id: mid, viewBox: "0 0 10 10", refX: "10", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" },
+        s("path", { d: "M 0 0 L 10 5 L 0 10 z" }));
+    const svg = s("svg", { id: "graph", role: "img", "aria-label": "step graph", tabindex: "0" },
+      s("defs", {}, marker("arrow"), marker("arrow-taken")),
+      s("g", { id: "viewport" }));
+    const zoomButton = (id_, label, title, fn) => h("button", { type: "button", id: id_, title, text: label, on: { click: fn } });
+    const centre = () => {
+      const { w, h: hh } = viewportSize();
+      return [w / 2, hh / 2];
+    };
     byId("app").replaceChildren(
       h("section", { id: "summary", class: "summary" }),
+      h("div", { class: "toolbar controls-bar" }, h("div", { id: "controls", class: "actions" }), h("span", { id: "action-outcome", class: "outcome", "aria-live": "polite" })),
       h("div", { class: "columns" },
-        h("div", { class: "graph-wrap" }, s("svg", { id: "graph", role: "img", "aria-label": "step graph" })),
+        h("div", { class: "graph-wrap", id: "graph-wrap" },
+          h("div", { class: "zoom-bar" },
+            zoomButton("zoom-in", "+", "zoom in (+, or the wheel)", () => zoomAt(1.25, ...centre())),
+            zoomButton("zoom-out", "−", "zoom out (-, or the wheel)", () => zoomAt(0.8, ...centre())),
+            zoomButton("zoom-fit", "Fit", "the whole graph (0)", fit),
+            zoomButton("zoom-reset", "100%", "actual size", () => { const [cx, cy] = centre(); zoomAt(1 / view.zoom.k, cx, cy); }),
+            h("span", { id: "zoom-level", class: "muted" })),
+          svg,
+          s("svg", { id: "minimap", class: "minimap", role: "img", "aria-label": "overview of the graph", preserveAspectRatio: "xMidYMid meet" })),
         h("aside", { id: "details", class: "panel" }),
       ),
       h("section", { class: "timeline" },
@@ -578,6 +1314,8 @@
         ),
       ),
     );
+    wireZoom(svg);
+    wireMinimap(byId("minimap"));
     document.body.dataset.view = "execution";
     await refreshGraph();
     setInterval(() => {

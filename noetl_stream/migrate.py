@@ -2,13 +2,14 @@
 (000/004, 002) and those of NoETL's deployed dialect (noetl.io/v2 as NoETL's users write it).
 
 The legacy translation (``dsl/legacy``), then the dialect's (``dsl/dialect``: ``set:``, the policy
-shorthands, ``call.done``; ``dsl/respell``: ``output`` in policies, the names templates read, NoETL's
-task keys) give canonical data and, for every node, the authored node it came from. The output is
-built from the authored ruamel round-trip tree where it can: comments, key order, quoting and flow or
-block style of what stays are kept (a rewritten template keeps its quoting); what a translation
-generated is written in block style. The result must compile without extensions and without a
-``dialect`` warning, else nothing is written: a form with no canonical spelling (an arc's ``set:``) is
-an error that says so.
+shorthands, ``call.done``; ``dsl/arcsets``: an arc's ``set:``; ``dsl/respell``: ``output`` in
+policies, the names templates read, NoETL's task keys) give canonical data and, for every node, the
+authored node it came from. The output is built from the authored ruamel round-trip tree where it can:
+comments, key order, quoting and flow or block style of what stays are kept (a rewritten template
+keeps its quoting); what a translation generated is written in block style. The result must compile without extensions and without a
+``dialect`` warning, else nothing is written: a form with no canonical spelling is an error that says
+so (an arc's ``set:``, which v10 has no form of, where ``dsl/arcsets`` cannot write it the same as
+``set_ctx`` in its step's task policy).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ruamel.yaml.scalarstring import (
     SingleQuotedScalarString,
 )
 
-from noetl_stream.dsl import compile_playbook, dialect, legacy, respell
+from noetl_stream.dsl import arcsets, compile_playbook, dialect, legacy, respell
 from noetl_stream.dsl.canonical import styled
 from noetl_stream.dsl.compiler import compile_data
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError
@@ -131,6 +132,11 @@ def _dialect(own: Any, origins: Origins, smap: SourceMap, diagnostics: list[Diag
         return Migration(None, tuple(diagnostics))
     fix = respell.Respell(own, origins, smap)
     fix.task_keys()
+    blocked: dict[int, str] = {}
+    for i, step in enumerate(workflow if isinstance(workflow, list) else []):
+        why = arcsets.move(step, origins) if isinstance(step, dict) else None
+        if why is not None:
+            blocked[i] = why
     fix.policies()
     compiled = compile_data(copy.deepcopy(own), origins.source_map(own, smap))
     if compiled.playbook is None:
@@ -140,12 +146,13 @@ def _dialect(own: Any, origins: Origins, smap: SourceMap, diagnostics: list[Diag
     fix.names(compiled.playbook)
     now = origins.source_map(own, smap)
     for path, who in respell.arc_sets(own):
+        why = blocked.get(int(path[1]), "")
         fix.refuse(
             now,
             path,
             f"{who}: 'set:' on an arc has no canonical v10 form (the controller writes its keys to ctx when "
-            "the arc is taken; nothing in v10 does): write them with set_ctx in a task policy of the step, "
-            "or in a step after the arc",
+            "the arc is taken; nothing in v10 does), and migrate writes it as set_ctx in the step's task "
+            f"policy only where that is the same, not here: {why}",
             at_key=True,
         )
     diagnostics += fix.diagnostics

@@ -56,10 +56,7 @@ CHILDREN = sorted(p for p in HERE.glob("*.yaml") if is_child(p))
 
 # Known gaps: playbook -> the first failure seen (tests/conformance/GAPS.md has them by cause).
 RUN_GAPS: dict[str, str] = {}
-MIGRATE_GAPS: dict[str, str] = {
-    "release_gate_set_keys": "migrate writes nothing: an arc's set: has no canonical v10 form (MIG-3)",
-    "repo_cursor_arc_set": "migrate writes nothing: an arc's set: has no canonical v10 form (MIG-3)",
-}
+MIGRATE_GAPS: dict[str, str] = {}
 
 
 def _cases(gaps: dict[str, str]) -> list[Any]:

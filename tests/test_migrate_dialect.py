@@ -5,10 +5,11 @@ a canonical spelling is an error and nothing is written."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import pytest
-from helpers import playbook
+from helpers import playbook, run
 from legacy_support import yaml
 from test_migrate import noetl
 
@@ -18,6 +19,7 @@ from noetl_stream.dsl.respell import envelope
 from noetl_stream.dsl.rewrite import Untranslatable, rewrite_chains
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.dsl.views import result_view
+from noetl_stream.local import Runtime
 from noetl_stream.migrate import migrate_text
 
 
@@ -328,31 +330,123 @@ def test_a_task_set_names_what_later_tasks_read_in_iter() -> None:
     assert start["tool"][1]["result"] == "{{ iter.n + 1 }}"
 
 
-def test_an_arc_set_has_no_canonical_form_and_nothing_is_written(tmp_path: Any) -> None:
-    text = playbook(
-        """
-        - step: start
-          tool: {kind: noop}
-          next:
-            arcs:
-              - step: end
-                set: {ctx.gate: open}
-        - step: end
-          tool: {kind: noop}
-        """
-    )
+ROUTED = playbook(
+    """
+    - step: start
+      tool: {kind: python, input: {x: "{{ workload.x }}"}, code: "result = {'x': x}"}
+      set: {ctx.seen: "{{ output.x }}"}
+      next:
+        arcs:
+          - step: one
+            when: "{{ output.x == 1 }}"
+          - step: two
+            when: "{{ event.name == 'call.done' and output.x == 2 }}"
+            set: {picked: two, ctx.n: "{{ output.x * 10 }}"}
+          - step: other
+            set: {picked: other}
+    - step: one
+      tool: {kind: noop, result: "{{ [ctx.picked | default('-'), ctx.n | default('-'), ctx.seen] }}"}
+    - step: two
+      tool: {kind: noop, result: "{{ [ctx.picked | default('-'), ctx.n | default('-'), ctx.seen] }}"}
+    - step: other
+      tool: {kind: noop, result: "{{ [ctx.picked | default('-'), ctx.n | default('-'), ctx.seen] }}"}
+    """,
+    workload={"x": 1},
+)
+
+
+def test_an_arc_set_is_set_ctx_on_the_rules_taken_when_the_arc_is() -> None:
+    start = steps(migrated(ROUTED))["start"]
+    assert [a.get("when") for a in start["next"]["arcs"]] == [
+        "{{ start.x == 1 }}",
+        "{{ event.name == 'step.done' and start.x == 2 }}",
+        None,
+    ]
+    assert all("set" not in a for a in start["next"]["arcs"])
+    assert rules(start) == [
+        {
+            "when": "{{ outcome.status == 'ok' and not (outcome.result.x == 1) and outcome.result.x == 2 }}",
+            "then": {
+                "do": "continue",
+                "set_ctx": {
+                    "seen": "{{ outcome.result.x }}",
+                    "picked": "two",
+                    "n": "{{ outcome.result.x * 10 }}",
+                },
+            },
+        },
+        {
+            "when": "{{ outcome.status == 'ok' and not (outcome.result.x == 1) }}",
+            "then": {"do": "continue", "set_ctx": {"seen": "{{ outcome.result.x }}", "picked": "other"}},
+        },
+        {
+            "when": "{{ outcome.status == 'ok' }}",
+            "then": {"do": "continue", "set_ctx": {"seen": "{{ outcome.result.x }}"}},
+        },
+    ]
+
+
+@pytest.mark.parametrize(("x", "expected"), [(1, ["-", "-", 1]), (2, ["two", 20, 2]), (3, ["other", "-", 3])])
+async def test_a_moved_arc_set_writes_what_the_controller_wrote(
+    runtime: Runtime, x: int, expected: list[Any]
+) -> None:
+    before = await run(runtime, ROUTED, {"x": x})
+    after = await run(runtime, migrated(ROUTED), {"x": x})
+    assert (before.summary.status, before.summary.result) == ("success", expected)
+    assert (after.summary.status, after.summary.result) == ("success", expected)
+
+
+@pytest.mark.parametrize(
+    ("arcs", "why"),
+    [
+        (
+            "loop: {in: [1], iterator: i}\nnext: {arcs: [{step: end, set: {k: 1}}]}",
+            "the step has a loop (its arcs see the loop's end, which no task sees)",
+        ),
+        (
+            "next: {arcs: [{step: end, when: \"{{ event.name == 'call.error' }}\", set: {k: 1}}]}",
+            "arc 1 is taken on the step's failure, where its rules write nothing",
+        ),
+        (
+            'next: {arcs: [{step: end, when: "{{ ctx.k is not defined }}", set: {k: 1}}]}',
+            "arc 1 may be taken on the step's failure (its condition does not exclude it), where its rules "
+            "write nothing",
+        ),
+        (
+            'set: {k: 2}\nnext: {arcs: [{step: end, set: {j: "{{ ctx.k }}"}}]}',
+            "arc 1's condition or set: reads 'k', which the step's own rules write in the same block (the "
+            "controller reads it after that write, a rule before it)",
+        ),
+        (
+            'next: {arcs: [{step: end, when: "{{ output.n and ctx.k }}", set: {k: 1}}]}',
+            "arc 1's condition or args read 'k', which an arc's set: writes (the controller reads it before "
+            "that write, and would read it after)",
+        ),
+        (
+            "next: {spec: {mode: inclusive}, arcs: [{step: end, set: {k: 1}}, {step: end, set: {j: 1}}]}",
+            "the router is 'inclusive' and several arcs have a 'set:' (they may be taken together)",
+        ),
+        (
+            'next: {arcs: [{step: end, when: "{{ output.n }}", set: {k: "{{ event.result }}"}}]}',
+            "arc 1's set: value reads 'event', which a task policy does not see as an arc does",
+        ),
+    ],
+)
+def test_an_arc_set_that_a_rule_would_not_write_the_same_is_refused(
+    arcs: str, why: str, tmp_path: Any
+) -> None:
+    step = "- step: start\n  tool: {kind: python, code: \"result = {'n': 1}\"}\n"
+    text = playbook(step + textwrap.indent(arcs, "  ") + "\n- step: end\n  tool: {kind: noop}\n")
     migration = migrate_text(text, "arc.yaml")
     assert migration.text is None
-    assert [d.format() for d in migration.errors] == [
-        "arc.yaml:10:11: step 'start' arc 'end': 'set:' on an arc has no canonical v10 form (the controller "
-        "writes its keys to ctx when the arc is taken; nothing in v10 does): write them with set_ctx in a "
-        "task policy of the step, or in a step after the arc (at workflow[0].next.arcs[0].set)"
-    ]
+    error = migration.errors[0]
+    assert error.message.startswith("step 'start' arc 'end': 'set:' on an arc has no canonical v10 form")
+    assert error.message.endswith(f"only where that is the same, not here: {why}")
     source, out = tmp_path / "arc.yaml", tmp_path / "out.yaml"
     source.write_text(text)
     proc = noetl("migrate", str(source), "-o", str(out))
     assert proc.returncode == 2
-    assert "'set:' on an arc has no canonical v10 form" in proc.stderr
+    assert why in proc.stderr
     assert not out.exists() and source.read_text() == text
 
 

@@ -600,6 +600,14 @@ def split_event(when: Any) -> EventSplit:
     return EventSplit(events, text)
 
 
+def conjuncts(expr: str) -> list[str]:
+    """The parts of an expression joined by a top-level ``and`` (the expression alone when none is)."""
+    tokens = tokenize(template(expr))
+    if tokens is None:
+        return [expr]
+    return [join(part).strip() for part in _split([t for t in tokens if t.code], "and")]
+
+
 def _names_event(part: list[Tok], k: int) -> bool:
     return _is_reference(part, k)
 

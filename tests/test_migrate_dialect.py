@@ -386,6 +386,27 @@ def test_an_arc_set_is_set_ctx_on_the_rules_taken_when_the_arc_is() -> None:
     ]
 
 
+def test_an_arc_set_whose_condition_excludes_the_failure_boundary_is_moved() -> None:
+    text = playbook(
+        """
+        - step: start
+          tool: {kind: python, code: "result = {'n': 1}"}
+          next:
+            arcs:
+              - step: end
+                when: "{{ event.name != 'step.failed' and output.n > 0 }}"
+                set: {k: "{{ output.n }}"}
+        - step: end
+          tool: {kind: noop, result: "{{ ctx.k }}"}
+        """
+    )
+    start = steps(migrated(text))["start"]
+    assert rules(start)[0] == {
+        "when": "{{ outcome.status == 'ok' and outcome.result.n > 0 }}",
+        "then": {"do": "continue", "set_ctx": {"k": "{{ outcome.result.n }}"}},
+    }
+
+
 @pytest.mark.parametrize(("x", "expected"), [(1, ["-", "-", 1]), (2, ["two", 20, 2]), (3, ["other", "-", 3])])
 async def test_a_moved_arc_set_writes_what_the_controller_wrote(
     runtime: Runtime, x: int, expected: list[Any]

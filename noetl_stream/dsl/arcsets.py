@@ -16,8 +16,8 @@ That is the same as the controller's write when:
 * the step has no loop and has tasks (a looped step's arcs see the loop's end, which no task sees; a
   step without tasks would become one a worker runs, with another result);
 * no arc with a ``set:`` can be taken on the step's failure (its condition tests the success boundary,
-  or has a part that reads only ``output``/``result`` and is false or fails when they are null, as in a
-  failed step's arcs), since a failed step's rules write nothing;
+  or has a part that reads only ``output``/``result`` and ``event.name``/``event.status`` and is false
+  or fails on a failed step's, where the result is null), since a failed step's rules write nothing;
 * the arcs' conditions, up to the last one with a ``set:``, and the ``set:`` values read the step's
   result (``output``, ``result``, its name; one task: a pipeline's result reads its tasks' fields and
   labels, which a policy's ``outcome.result`` does not), ctx, the workload and other steps' results,
@@ -40,17 +40,19 @@ from noetl_stream.dsl import dialect
 from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.rewrite import (
+    EventSplit,
     Rewrite,
     SplitError,
     as_expression,
     conjuncts,
+    inner,
     reads,
     rewrite_chains,
     rewrite_value,
     split_event,
     template,
 )
-from noetl_stream.dsl.templates import RenderError, evaluate_when
+from noetl_stream.dsl.templates import RenderError, attribute_reads, evaluate_when
 from noetl_stream.events import STEP_DONE, STEP_FAILED
 
 FAILURES = frozenset({STEP_FAILED, "step.exit"})
@@ -58,6 +60,12 @@ ARC_ONLY = frozenset({"event", "args", "iter", "outcome", "_prev", "_task", "_at
 """Names of the arc's scope a task policy does not read the same way (``event`` but for its name and
 status, handled before the check)."""
 RESULT = "outcome.result"
+FAILED_SCOPE: dict[str, Any] = {
+    "output": None,
+    "result": None,
+    "event": {"name": STEP_FAILED, "status": "error"},
+}
+"""What a failed step's arcs read as its result and (in part) its boundary."""
 
 
 class Blocked(Exception):
@@ -109,7 +117,7 @@ def _plan(step: dict[str, Any], arcs: list[dict[str, Any]]) -> list[Write]:
     conditions: list[str | None] = []
     for i, arc in enumerate(arcs[: setting[-1] + 1]):
         cond = _on_success(arc)
-        conditions.append(None if cond is None else side.expression(cond, f"arc {i + 1}'s condition"))
+        conditions.append(cond if cond is None else side.expression(cond, f"arc {i + 1}'s condition"))
         if "set" in arc:
             _never_on_failure(arc, i)
     written: set[str] = set()
@@ -146,9 +154,21 @@ class _PolicySide:
             attrs={("event", "name"): repr(STEP_DONE), ("event", "status"): "'success'"},
         )
 
-    def expression(self, expr: str, what: str) -> str:
+    def expression(self, expr: str, what: str) -> str | None:
+        """The condition `expr` as the policy reads it, its parts that are true on the success boundary
+        (``event.name != 'step.failed'``) left out; None when a part is false there."""
         out = self.value(template(expr), what)
-        return as_expression(out) or expr
+        parts: list[str] = []
+        for part in conjuncts(as_expression(out) or expr):
+            if reads(template(part)):
+                parts.append(part)
+                continue
+            try:
+                if not evaluate_when(template(part), {}):
+                    return None
+            except RenderError:
+                parts.append(part)
+        return dialect._and(*parts) or "true"
 
     def value(self, value: Any, what: str) -> Any:
         found = reads(value)
@@ -175,33 +195,39 @@ def _on_success(arc: dict[str, Any]) -> str | None:
     when = arc["when"]
     if isinstance(when, bool):
         return "true" if when else None
-    try:
-        split = split_event(when)
-    except SplitError as exc:
-        raise Blocked(f"an arc's condition cannot be read: {exc}") from None
+    split = _split(when)
     if split.events is not None and STEP_DONE not in split.events:
         return None
     return split.rest or "true"
+
+
+def _split(when: Any) -> EventSplit:
+    """The event names a condition requires and the rest of it (all of it, with its ``event.name``
+    tests, when they are not parts of their own)."""
+    try:
+        return split_event(when)
+    except SplitError:
+        expr = inner(when)
+        if expr is None:
+            raise Blocked("an arc's condition is not one expression") from None
+        return EventSplit(None, expr)
 
 
 def _never_on_failure(arc: dict[str, Any], i: int) -> None:
     """An arc with a ``set:`` the router may take on the step's failure: its write cannot be a rule's."""
     if "when" not in arc:
         return
-    when = arc["when"]
-    try:
-        split = split_event(when)
-    except SplitError:
-        split = None
-    if split is not None and split.events is not None:
+    split = _split(arc["when"])
+    if split.events is not None:
         if split.events & FAILURES:
             raise Blocked(f"arc {i + 1} is taken on the step's failure, where its rules write nothing")
         return
-    expr = split.rest if split is not None else None
-    for part in conjuncts(expr) if expr else ():
-        if reads(template(part)) <= {"output", "result"}:
+    for part in conjuncts(split.rest) if split.rest else ():
+        text = template(part)
+        event = {k for n, k in attribute_reads(text) if n == "event"}
+        if reads(text) <= FAILED_SCOPE.keys() and event <= FAILED_SCOPE["event"].keys():
             try:
-                if not evaluate_when(template(part), {"output": None, "result": None}):
+                if not evaluate_when(text, FAILED_SCOPE):
                     return
             except RenderError:
                 return  # (it fails on a failed step's null result: the arc is not taken)

@@ -601,11 +601,15 @@ def split_event(when: Any) -> EventSplit:
 
 
 def conjuncts(expr: str) -> list[str]:
-    """The parts of an expression joined by a top-level ``and`` (the expression alone when none is)."""
+    """The parts of an expression joined by a top-level ``and`` (the expression alone when none is, or
+    when a top-level ``or`` or ``if`` binds looser than its ``and``)."""
     tokens = tokenize(template(expr))
     if tokens is None:
         return [expr]
-    return [join(part).strip() for part in _split([t for t in tokens if t.code], "and")]
+    code = [t for t in tokens if t.code]
+    if any(len(_split(code, word)) > 1 for word in ("or", "if")):
+        return [expr]
+    return [join(part).strip() for part in _split(code, "and")]
 
 
 def _names_event(part: list[Tok], k: int) -> bool:

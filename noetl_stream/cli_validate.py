@@ -126,7 +126,7 @@ def migrate(file: Path, out: Path | None, in_place: bool, quiet: bool) -> None:
         click.echo(f"{file}: cannot read: {exc.strerror if isinstance(exc, OSError) else exc}", err=True)
         sys.exit(EXIT_INVALID)
     migration = migrate_text(text, str(file))
-    for d in migration.diagnostics:
+    for d in sorted(migration.diagnostics, key=lambda d: (d.line, d.col)):  # (in the order of the file)
         if d.severity == "error" or not quiet:
             click.echo(d.format(), err=True)
     if migration.text is None:

@@ -227,3 +227,25 @@ workflow:""",
         ("retry", "none", {"x": 1}, False),
         ("continue", "none", None, True),
     ]
+
+
+def test_output_in_a_policy_is_warned_about_when_it_is_the_playbooks_only_dialect_form() -> None:
+    text = playbook(
+        """
+        - step: start
+          tool:
+            kind: python
+            code: "result = 1"
+            spec:
+              policy:
+                rules:
+                  - when: "{{ output.status == 'error' }}"
+                    then: {do: fail}
+                  - else: {then: {do: continue}}
+        """
+    )
+    result = compile_playbook(text, "t.yaml")
+    assert result.playbook is not None and not result.errors
+    (warned,) = [d for d in result.diagnostics if d.code == "dialect"]
+    assert "'output' in a task policy is NoETL's envelope" in warned.message
+    assert warned.path == "workflow[0].tool.spec.policy.rules[0].when"

@@ -87,15 +87,20 @@ def _tasks(step: dict[str, Any]) -> list[tuple[int | None, dict[str, Any], Path]
 
 
 def has_dialect(data: Any) -> bool:
+    """Whether `data` uses a form `normalize` rewrites or warns about (a rule reading ``output`` too)."""
     workflow = data.get("workflow") if isinstance(data, dict) else None
     for step in workflow if isinstance(workflow, list) else []:
         if isinstance(step, dict):
             if "set" in step or any("set" in arc or _call_names(arc.get("when")) for arc in _arcs(step)):
                 return True
             for _, body, _ in _tasks(step):
-                if "set" in body or "input" in body or any(_then_forms(r) for r in _rules(body)):
+                if "set" in body or "input" in body or any(_rule_forms(r) for r in _rules(body)):
                     return True
-    return any(_then_forms(r) for _, _, body in _workbook(data) for r in _rules(body))
+    return any(_rule_forms(r) for _, _, body in _workbook(data) for r in _rules(body))
+
+
+def _rule_forms(rule: dict[str, Any]) -> bool:
+    return _then_forms(rule) or _reads_output(rule, ()) is not None
 
 
 def _arcs(step: dict[str, Any]) -> list[dict[str, Any]]:

@@ -400,6 +400,7 @@ ROUTES: tuple[Route, ...] = (
             Param("q", description="Execution id text"),
             Param("limit", description="Rows per page: 10, 25, 50, 100 or 200"),
         ),
+        errors=(400,),  # another query parameter
     ),
     _viewer_route(
         "/ui/executions/{execution_id}",

@@ -101,6 +101,8 @@ class ExecutionSummary(msgspec.Struct, omit_defaults=True):
     """From ``started_at`` to ``finished_at`` (absent while it runs)."""
     retry_of: str | None = None
     """The execution this one retries."""
+    retried_by: list[str] = []
+    """The executions that retry this one, newest start first (set by the list, which reads them all)."""
 
 
 class ListExecutions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

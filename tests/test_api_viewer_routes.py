@@ -152,6 +152,8 @@ async def test_retry_over_http_links_the_retry_and_its_original(runtime: Runtime
         assert summary["retry_of"] == failed and summary["started_at"] and summary["finished_at"]
         retries = await api.json("GET", "/api/executions", params={"retry_of": failed})
         assert sorted(i["execution_id"] for i in retries["items"]) == sorted([retry, again])
+        (original,) = (await api.json("GET", "/api/executions", params={"q": failed}))["items"]
+        assert original["retried_by"] == [again, retry]  # newest start first
         assert "retry_of" not in await api.json("GET", f"/api/executions/{failed}")
 
         gate = tmp_path / "gate"

@@ -348,6 +348,14 @@ class Inspector:
             changed = self._changed_at(eid) or (rows[eid][0] if eid in rows else None) or None
             rows[eid] = (changed or "", summarize(state, "live", changed))
         items = [s for _, s in rows.values()]
+        retries: dict[str, list[ExecutionSummary]] = {}
+        for s in items:
+            if s.retry_of is not None:
+                retries.setdefault(s.retry_of, []).append(s)
+        for s in items:
+            if s.execution_id in retries:
+                newest = sorted(retries[s.execution_id], key=_sort_key("started"), reverse=True)
+                s.retried_by = [r.execution_id for r in newest]
         if query.status == "paused":
             items = [s for s in items if s.paused]
         elif query.status is not None:

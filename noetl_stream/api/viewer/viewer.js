@@ -332,7 +332,7 @@
       for (const st of steps) tally[st] = (tally[st] || 0) + 1;
       const summary = Object.entries(tally).map(([k, v]) => `${v} ${k}`).join(", ");
       const took = item.duration_s ?? (item.status === "running" ? elapsed(item.started_at) : null);
-      const retries = byOriginal[item.execution_id] || [];
+      const retries = item.retried_by || [];
       if (item.path || item.name) state.playbooks.add(item.path || item.name);
       return h("tr", { "data-execution-id": item.execution_id, "data-status": item.status },
         h("td", {}, executionLink(item.execution_id)),
@@ -347,15 +347,12 @@
         ),
       );
     };
-    let byOriginal = {};
 
     let loading = 0;
     const load = async () => {
       const mine = ++loading;
       const page = await apiJson("/executions?" + query().toString());
       if (mine !== loading) return; // a newer request (another filter) answers instead
-      byOriginal = {};
-      for (const item of page.items) if (item.retry_of) (byOriginal[item.retry_of] = byOriginal[item.retry_of] || []).push(item.execution_id);
       table.tBodies[0].replaceChildren(...page.items.map(row));
       if (!page.items.length) table.tBodies[0].append(h("tr", { class: "empty" }, h("td", { colspan: 7, class: "muted", text: "No execution matches." })));
       state.cursors[state.page + 1] = page.next_cursor || null;

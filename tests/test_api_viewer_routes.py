@@ -225,3 +225,17 @@ async def test_the_list_has_times_search_and_cursor_paging_through_thousands(run
         bad = await api.json("GET", "/api/executions", 400, params={"cursor": "not-a-cursor"})
         assert bad["error"] == "bad_request"
         await api.json("GET", "/api/executions", 400, params={"order": "sideways"})
+
+
+async def test_a_distributed_loop_lists_its_iterations_from_every_worker(runtime: Runtime) -> None:
+    async with serve(runtime) as api:
+        execution_id = await start(api, pipeline_book("distributed"))
+        await ended(api, execution_id)
+        each = await api.json("GET", f"/api/executions/{execution_id}/steps/each")
+        (run,) = each["runs"]
+        assert run["iterations_total"] == 5 and run["loop"]["done"] == 4 and run["loop"]["failed"] == 1
+        its = {it["index"]: it for it in run["iterations"]}
+        assert [its[i]["status"] for i in range(5)] == ["ok", "ok", "failed", "ok", "ok"]
+        assert all(its[i]["worker"] for i in range(5))
+        assert [its[i]["tasks"][0]["args"] for i in range(5)] == [{"x": x} for x in (1, 2, 0, 3, 4)]
+        assert its[4]["result"] == 3 and "ZeroDivisionError" in its[2]["error"]["traceback"]

@@ -545,9 +545,10 @@
     frame.setAttribute("y", String(Math.max(0, y)));
     frame.setAttribute("width", String(Math.max(0, Math.min(L.width, x + vw) - Math.max(0, x))));
     frame.setAttribute("height", String(Math.max(0, Math.min(L.height, y + vh) - Math.max(0, y))));
-    // shown only while part of the graph is out of view
-    mini.hidden = x <= 0.5 && y <= 0.5 && x + vw >= L.width - 0.5 && y + vh >= L.height - 0.5;
-    mini.dataset.hidden = String(mini.hidden);
+    // shown only while part of the graph is out of view (an SVG element has no `hidden` property)
+    const whole = x <= 0.5 && y <= 0.5 && x + vw >= L.width - 0.5 && y + vh >= L.height - 0.5;
+    if (whole) mini.setAttribute("hidden", "");
+    else mini.removeAttribute("hidden");
   }
 
   // A press (or a drag) on the overview brings that part of the graph to the middle of the view.
@@ -1043,27 +1044,38 @@
     if (res.ok) scheduleRefresh(100);
   }
 
+  // The buttons are made once and updated in place (a refresh never replaces one under the pointer).
+  const ACTIONS = [
+    ["cancel", "Cancel", "stop it: nothing new is scheduled, running steps stop"],
+    ["pause", "Pause", "running steps finish, nothing new starts"],
+    ["resume", "Resume", "go on from where it paused"],
+    ["retry", "Retry", "a new execution from the failed or interrupted steps, reusing what succeeded"],
+  ];
+
   function renderControls() {
     const box = byId("controls");
     const g = view.graph;
     if (!box || !g) return;
+    if (!box.childElementCount) {
+      fill(box, ACTIONS.map(([action, label, title]) => h("button", {
+        type: "button",
+        class: "action",
+        id: "action-" + action,
+        "data-action": action,
+        "data-label": label,
+        title,
+        text: label,
+        on: { click: () => act(action, action === "cancel" ? { reason: "cancelled from the viewer" } : {}) },
+      })));
+    }
     const ended = TERMINAL.has(g.status);
-    const button = (action, label, enabled, title) => h("button", {
-      type: "button",
-      class: "action" + (armed.action === action ? " armed" : ""),
-      id: "action-" + action,
-      "data-action": action,
-      disabled: enabled ? null : "disabled",
-      title,
-      text: armed.action === action ? CONFIRM[action] : label,
-      on: { click: () => act(action, action === "cancel" ? { reason: "cancelled from the viewer" } : {}) },
-    });
-    fill(box,
-      button("cancel", "Cancel", !ended, "stop it: nothing new is scheduled, running steps stop"),
-      button("pause", "Pause", !ended && !g.paused, "running steps finish, nothing new starts"),
-      button("resume", "Resume", !ended && g.paused, "go on from where it paused"),
-      button("retry", "Retry", ended, "a new execution from the failed or interrupted steps, reusing what succeeded"),
-    );
+    const enabled = { cancel: !ended, pause: !ended && !g.paused, resume: !ended && g.paused, retry: ended };
+    for (const button of box.querySelectorAll("button.action")) {
+      const action = button.dataset.action;
+      button.disabled = !enabled[action];
+      button.classList.toggle("armed", armed.action === action);
+      button.textContent = armed.action === action ? CONFIRM[action] : button.dataset.label;
+    }
   }
 
   async function loadRetries() {
@@ -1313,6 +1325,7 @@
     );
     wireZoom(svg);
     wireMinimap(byId("minimap"));
+    window.addEventListener("resize", updateMinimap);
     document.body.dataset.view = "execution";
     await refreshGraph();
     setInterval(() => {

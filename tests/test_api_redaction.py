@@ -80,6 +80,8 @@ async def test_no_route_returns_a_keychain_value(nats_server: EmbeddedNats, topo
             f"/api/executions/{execution_id}",
             f"/api/executions/{execution_id}/events?limit=1000",
             f"/api/executions/{execution_id}/ctx",
+            f"/api/executions/{execution_id}/graph",
+            f"/api/executions/{execution_id}/steps/start",  # the args the tasks ran with, masked
             "/api/catalog",
             "/api/catalog/playbook?path=tests/leaky",
             "/metrics",
@@ -113,6 +115,8 @@ async def test_no_route_returns_a_keychain_value(nats_server: EmbeddedNats, topo
     ctx = json.loads(got[f"/api/executions/{execution_id}/ctx"])
     assert ctx["ctx"] == {"seen": "Bearer ***"}
     assert "could not call with ***" in everything
+    (run,) = json.loads(got[f"/api/executions/{execution_id}/steps/start"])["runs"]
+    assert [t["args"] for t in run["tasks"]] == [{"token": "***", "password": "***"}, {"token": "***"}]
     assert len(streamed) > 5
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import random
 import socket
 import textwrap
 import uuid
@@ -306,6 +307,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago, below the
+    kernel's ephemeral range, so a `free_port()` elsewhere (the kernel's pick) does not take the next."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 30_000 - count)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 def credentials(entries: Mapping[str, Mapping[str, Any]]) -> Callable[[str], Awaitable[dict[str, Any]]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from helpers import free_port, playbook
+from helpers import free_port, free_ports, playbook
 from nats.js import JetStreamContext
 from procs import Processes, provisioned
 from prometheus_client.parser import text_string_to_metric_families
@@ -112,7 +112,7 @@ async def test_a_worker_counts_its_task_runs_by_kind_and_status(
 
 
 async def test_each_process_of_a_supervised_worker_serves_its_own_port(procs: Processes) -> None:
-    port = free_port()
+    port = free_ports(2)
     procs.worker("sv", processes=2, metrics=f"127.0.0.1:{port}")
     async with aiohttp.ClientSession() as http:
         first, second = await scrape(http, port, procs.logs()), await scrape(http, port + 1, procs.logs())

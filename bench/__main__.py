@@ -31,12 +31,12 @@ from bench import api, footprint, raw, runtime, scale, tools
 from bench.reference import js_limits_concurrent_steps_per_s
 from bench.services import HttpServer, PgServer
 from noetl_stream.dataplane.worker import CLOCK_SKEW_S
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 API_CONCURRENCY = 16
 INFORMATIVE_PREFIX = "noetlinf"

@@ -46,7 +46,7 @@ def side() -> None:  # pragma: no cover - a child process of `main`
 
     from bench import raw, runtime
     from noetl_stream.dataplane import worker
-    from noetl_stream.embedded import EmbeddedNats
+    from noetl_stream.jetstream.embedded import EmbeddedNats
     from noetl_stream.local import local_runtime
     from noetl_stream.logs import configure
     from noetl_stream.loop import run_event_loop

@@ -34,12 +34,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bench.runtime import chain_playbook
-from noetl_stream import events as E
 from noetl_stream.api import ApiServer
 from noetl_stream.client import Completions
+from noetl_stream.jetstream.connection import connect
 from noetl_stream.local import Runtime
-from noetl_stream.natsconn import connect
-from noetl_stream.wire import ExecutionRequest, encode, new_execution_id
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import ExecutionRequest, encode, new_execution_id
 
 __all__ = ["ApiBench", "api_bench"]
 
@@ -172,7 +172,7 @@ def ratios(out: dict[str, object]) -> None:
 
 
 def main() -> None:
-    from noetl_stream.embedded import EmbeddedNats
+    from noetl_stream.jetstream.embedded import EmbeddedNats
     from noetl_stream.local import local_runtime
     from noetl_stream.logs import configure
     from noetl_stream.loop import run_event_loop

@@ -28,8 +28,8 @@ from nats.aio.msg import Msg
 from bench import raw
 from bench.runtime import Runtime, chain_playbook
 from noetl_stream.client import Completions, request_for, submit
-from noetl_stream.natsconn import connect
-from noetl_stream.wire import new_execution_id
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.protocol.wire import new_execution_id
 
 __all__ = ["PURPOSE", "footprint"]
 
@@ -194,7 +194,7 @@ def table(fp: dict[str, Any]) -> str:
 
 
 async def _main() -> None:  # pragma: no cover - manual entry point
-    from noetl_stream.embedded import EmbeddedNats
+    from noetl_stream.jetstream.embedded import EmbeddedNats
     from noetl_stream.local import local_runtime
 
     with EmbeddedNats() as server:

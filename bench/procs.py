@@ -34,8 +34,8 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js.errors import NoKeysError
 
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.protocol.subjects import Topology
 
 __all__ = ["Deployment", "Memory", "Proc", "cpu_s", "rss"]
 

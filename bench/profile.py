@@ -80,8 +80,8 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("receive and parse (nats-py)", ("Client._read_loop", "Subscription._wait_for_msgs", "Parser.parse")),
     ("message metadata (reply subject)", ("Msg.metadata",)),
     ("JSON decode (msgspec)", ("decode_event", "decode_command")),
-    ("JSON encode (msgspec)", ("encode (noetl_stream/wire.py)",)),
-    ("subjects (names, partition)", ("noetl_stream/subjects.py",)),
+    ("JSON encode (msgspec)", ("encode (noetl_stream/protocol/wire.py)",)),
+    ("subjects (names, partition)", ("noetl_stream/protocol/subjects.py",)),
     ("snapshots", ("SnapshotWriter.after_fold", "SnapshotWriter.write")),
     ("intake (requests)", ("noetl_stream/control/intake.py",)),
     ("reducer (decisions)", ("Reducer.apply",)),
@@ -91,7 +91,7 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("worker: tool pipeline", ("run_pipeline",)),
     ("worker: events, timers, bookkeeping", ("noetl_stream/dataplane/worker.py",)),
-    ("consumer (ContinuousPuller)", ("noetl_stream/puller.py",)),
+    ("consumer (ContinuousPuller)", ("noetl_stream/jetstream/puller.py",)),
 )
 """Where a sample goes: the first bucket (in this order) one of whose markers is in the innermost frame
 that has any marker; samples with none go to their leaf's area (mostly the event loop itself)."""
@@ -270,7 +270,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    from noetl_stream.embedded import EmbeddedNats
+    from noetl_stream.jetstream.embedded import EmbeddedNats
     from noetl_stream.logs import configure
     from noetl_stream.loop import run_event_loop
 

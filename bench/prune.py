@@ -36,13 +36,13 @@ from collections import Counter
 from typing import Any
 
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision, stream_names
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode, event_id, now_iso
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, encode, event_id, now_iso
 
 __all__ = ["main", "populate"]
 

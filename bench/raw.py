@@ -27,10 +27,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
-from noetl_stream.natsconn import connect
-from noetl_stream.puller import ContinuousPuller
 
 __all__ = ["envelope_bytes", "raw_concurrent_steps_per_s", "raw_seq_steps_per_s"]
 

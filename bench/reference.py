@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from noetl_stream.embedded import find_nats_server
+from noetl_stream.jetstream.embedded import find_nats_server
 
 __all__ = ["JS_LIMITS", "js_limits_concurrent_steps_per_s"]
 

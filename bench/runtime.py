@@ -10,7 +10,7 @@ from typing import Protocol
 from nats.aio.client import Client as NATS
 
 from noetl_stream.client import Completions, request_for, submit
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 class Runtime(Protocol):

@@ -204,7 +204,7 @@ async def scaling(
 
 
 async def _main(quick: bool) -> None:  # pragma: no cover - manual entry point
-    from noetl_stream.embedded import EmbeddedNats
+    from noetl_stream.jetstream.embedded import EmbeddedNats
 
     def say(s: str) -> None:
         print(s, flush=True)

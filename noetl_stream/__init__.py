@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from noetl_stream.client import Completions, RunSummary, follow, request_for, submit
     from noetl_stream.dsl.compiler import CompileResult, compile_playbook
-    from noetl_stream.embedded import EmbeddedNats
+    from noetl_stream.jetstream.embedded import EmbeddedNats
     from noetl_stream.local import Runtime, local_runtime
-    from noetl_stream.subjects import Topology
+    from noetl_stream.protocol.subjects import Topology
 
 __version__ = "0.1.0"
 
 _HOMES = {
     "CompileResult": "noetl_stream.dsl.compiler",
     "Completions": "noetl_stream.client",
-    "EmbeddedNats": "noetl_stream.embedded",
+    "EmbeddedNats": "noetl_stream.jetstream.embedded",
     "RunSummary": "noetl_stream.client",
     "Runtime": "noetl_stream.local",
-    "Topology": "noetl_stream.subjects",
+    "Topology": "noetl_stream.protocol.subjects",
     "compile_playbook": "noetl_stream.dsl.compiler",
     "follow": "noetl_stream.client",
     "local_runtime": "noetl_stream.local",

@@ -18,7 +18,7 @@ import msgspec
 
 from noetl_stream import __version__
 from noetl_stream.errors import ConfigurationError, NoetlError
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 T = TypeVar("T")
 
@@ -131,7 +131,7 @@ def _topology(prefix: str, **overrides: Any) -> Topology:
     (and `overrides` from command-line options, which win)."""
     import os
 
-    from noetl_stream.subjects import TopologyError
+    from noetl_stream.protocol.subjects import TopologyError
 
     settings: dict[str, Any] = {}
     for env, (field, cast) in TOPOLOGY_ENV.items():
@@ -261,7 +261,7 @@ def _check_event_loop() -> None:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    from noetl_stream.natsconn import redact_urls
+    from noetl_stream.jetstream.connection import redact_urls
 
     click.echo(f"error: {redact_urls(message)}", err=True)
     sys.exit(code)
@@ -325,11 +325,11 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
     import nats.errors
     import structlog
 
-    from noetl_stream.natsconn import connect, refusal
+    from noetl_stream.jetstream.connection import connect, refusal
 
     connected = False
     last_error: list[str] = []
-    log = structlog.get_logger("noetl_stream.natsconn").bind(nats_client=name)
+    log = structlog.get_logger("noetl_stream.jetstream.connection").bind(nats_client=name)
     wait_s = _connect_wait_s()
 
     async def on_error(e: Exception) -> None:

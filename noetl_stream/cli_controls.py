@@ -21,7 +21,7 @@ from noetl_stream.cli import (
 
 
 def _control(action: str, execution_id: str, reason: str | None, nats_url: str, prefix: str) -> None:
-    from noetl_stream.natsconn import refusal
+    from noetl_stream.jetstream.connection import refusal
 
     topology = _topology(prefix)
 

@@ -24,7 +24,7 @@ from noetl_stream.cli import (
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
-    from noetl_stream.wire import Event
+    from noetl_stream.protocol.wire import Event
 
 
 @main.command()
@@ -44,7 +44,7 @@ def status(execution_id: str, as_json: bool, as_tree: bool, nats_url: str, prefi
     Exit 1 if there is no such execution."""
     from noetl_stream.client import Tracker
     from noetl_stream.kv.history import read_events
-    from noetl_stream.subjects import SubjectError
+    from noetl_stream.protocol.subjects import SubjectError
 
     if as_json and as_tree:
         raise click.UsageError("--json and --tree cannot be used together")
@@ -174,10 +174,10 @@ def replay(
     execution_id: str, until: str | None, verify: bool, as_json: bool, nats_url: str, prefix: str
 ) -> None:
     """Rebuild an execution's state by folding its stored events with the controller's reducer."""
-    from noetl_stream import events as E
     from noetl_stream.control import replay as rp
     from noetl_stream.control.state import ExecutionState
     from noetl_stream.kv.history import read_events
+    from noetl_stream.protocol import events as E
 
     topology = _topology(prefix)
     until_seq = int(until) if until is not None and until.isascii() and until.isdigit() else None
@@ -269,7 +269,7 @@ def executions(
     """List executions from the controller's snapshots, newest update first: a table under a line of
     column names (--no-headers: without it), or the page as JSON."""
     from noetl_stream.control.inspect import Inspector, QueryError, check_page
-    from noetl_stream.operations import ListExecutions
+    from noetl_stream.protocol.operations import ListExecutions
 
     query = ListExecutions(status=status, playbook=playbook, since=since, limit=limit, offset=offset)
     topology = _topology(prefix)

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 import msgspec
 
-from noetl_stream import events as E
 from noetl_stream.cli import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -32,6 +31,7 @@ from noetl_stream.cli import (
     prefix_option,
 )
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.protocol import events as E
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from noetl_stream.local import Runtime
     from noetl_stream.logs import Hush
     from noetl_stream.progress import Progress
-    from noetl_stream.subjects import Topology
-    from noetl_stream.wire import Event
+    from noetl_stream.protocol.subjects import Topology
+    from noetl_stream.protocol.wire import Event
 
 
 def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, object]:
@@ -355,7 +355,7 @@ def _timed_out(execution_id: str, timeout: float, summary: RunSummary | None, as
 
 
 def _checked_pool(value: str | None) -> str | None:
-    from noetl_stream.subjects import SubjectError, check_new_id
+    from noetl_stream.protocol.subjects import SubjectError, check_new_id
 
     try:
         return None if value is None else check_new_id(value, "pool name")

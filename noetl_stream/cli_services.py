@@ -177,7 +177,7 @@ def worker(
         if metrics_at[1] + processes - 1 > 65535:
             raise click.BadParameter(f"{processes} processes need ports up to 65535", param_hint="--metrics")
     if processes > 1:
-        from noetl_stream.subjects import SubjectError, check_pool
+        from noetl_stream.protocol.subjects import SubjectError, check_pool
         from noetl_stream.supervisor import supervise_workers
 
         try:

@@ -15,13 +15,20 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from noetl_stream import events as E
-from noetl_stream.carried import decode_all
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.errors import NoetlError
-from noetl_stream.jspublish import publish_stored
-from noetl_stream.subjects import Topology, check_new_id
-from noetl_stream.wire import Event, ExecutionRequest, decode_event, encode, new_execution_id, request_msg_id
+from noetl_stream.jetstream.publish import publish_stored
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import decode_all
+from noetl_stream.protocol.subjects import Topology, check_new_id
+from noetl_stream.protocol.wire import (
+    Event,
+    ExecutionRequest,
+    decode_event,
+    encode,
+    new_execution_id,
+    request_msg_id,
+)
 
 
 class StepSummary(msgspec.Struct):

@@ -17,14 +17,14 @@ from noetl_stream.control.controller import Controller
 from noetl_stream.control.leases import default_controller_id
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey
 from noetl_stream.kv.provision import provision
 from noetl_stream.logs import configure_unless_configured
-from noetl_stream.natsconn import connect
 from noetl_stream.plugins import load_plugins
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 
 @dataclass

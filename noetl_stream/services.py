@@ -19,10 +19,10 @@ from noetl_stream.dataplane.metrics import WorkerMetrics
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.errors import ConfigurationError
+from noetl_stream.jetstream.connection import connect
 from noetl_stream.kv.keychain import Keychain
 from noetl_stream.kv.provision import ProvisionError, provision, provisioned_topology
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 log = structlog.get_logger(__name__)
 

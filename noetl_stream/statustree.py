@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from noetl_stream import events as E
 from noetl_stream.api.graph import ExecutionGraph, GraphStep
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Event
 from noetl_stream.timeline import duration_text
-from noetl_stream.wire import Event
 
 __all__ = ["error_text", "render_status", "step_attempts"]
 

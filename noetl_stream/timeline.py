@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from noetl_stream import events as E
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Event
 
 __all__ = ["Timeline", "duration_text"]
 

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from noetl_stream import events as E
+from noetl_stream.protocol import events as E
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from noetl_stream.wire import Command
+    from noetl_stream.protocol.wire import Command
 
 __all__ = ["StepTrace", "disable", "enable", "enabled_by_env", "setup_from_env", "step_run", "trace_ids"]
 

@@ -19,11 +19,11 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from noetl_stream.dataplane.tools.duckdbfiles import DIR_ENV
-from noetl_stream.embedded import EmbeddedCluster, EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedCluster, EmbeddedNats
 from noetl_stream.kv.provision import stream_names
-from noetl_stream.natsconn import connect
+from noetl_stream.protocol.subjects import Topology
 from noetl_stream.services import provision_at_start
-from noetl_stream.subjects import Topology
 
 if TYPE_CHECKING:
     from pgserver import PgServer

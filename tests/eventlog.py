@@ -15,14 +15,14 @@ from pathlib import Path
 import nats.errors
 from nats.js import JetStreamContext, api
 
-from noetl_stream import events as E
-from noetl_stream.carried import decode_all, subject_names
 from noetl_stream.control import replay
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import decode_all, subject_names
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 
 def any_execution(topology: Topology, name: str) -> str:
@@ -32,7 +32,7 @@ def any_execution(topology: Topology, name: str) -> str:
 
 async def count_by_execution(js: JetStreamContext, topology: Topology, name: str) -> dict[str, int]:
     """How many messages each execution has stored on the subject of event `name` (one server request):
-    its `name` events, but for those carried inside a boundary's message (noetl_stream/carried.py)."""
+    its `name` events, but for those carried inside a boundary's message (noetl_stream/protocol/carried.py)."""
     info = await js.stream_info(topology.events_stream, subjects_filter=any_execution(topology, name))
     out: dict[str, int] = {}
     for subject, n in (info.state.subjects or {}).items():

@@ -13,7 +13,7 @@ from helpers import playbook
 from nats.aio.client import Client as NATS
 
 from noetl_stream.client import request_for, submit
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 async def submit_many(

@@ -24,7 +24,7 @@ from typing import Self
 from nats.js import JetStreamContext
 
 from noetl_stream.kv.provision import provision
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"
 

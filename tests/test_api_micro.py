@@ -14,7 +14,7 @@ from helpers import playbook
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.control.endpoints import ENDPOINTS
 from noetl_stream.local import Runtime
-from noetl_stream.schemas import API_SCHEMAS, api_schema, render
+from noetl_stream.protocol.schemas import API_SCHEMAS, api_schema, render
 
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
@@ -40,7 +40,7 @@ async def ok(rt: Runtime, endpoint: str, body: Any, reply_type: str) -> dict[str
 def test_published_api_schemas_are_in_sync(name: str) -> None:
     published = (ROOT / "schemas" / "api" / f"{name}.schema.json").read_text(encoding="utf-8")
     assert published == render(api_schema(name)), (
-        f"schemas/api/{name}.schema.json is stale: run `python -m noetl_stream.schemas schemas`"
+        f"schemas/api/{name}.schema.json is stale: run `python -m noetl_stream.protocol.schemas schemas`"
     )
 
 

@@ -23,8 +23,8 @@ import pytest
 from helpers import free_port, playbook
 from test_cli_inspect import NOETL_STREAM
 
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.subjects import Topology
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.protocol.subjects import Topology
 
 TOKEN = "tok-stream"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

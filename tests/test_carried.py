@@ -1,4 +1,4 @@
-"""Worker events carried inside their boundary's message (noetl_stream/carried.py): what is carried and
+"""Worker events carried inside their boundary's message (noetl_stream/protocol/carried.py): what is carried and
 what is not, readers that take them out, forged carried records, and ``--task-events separate``."""
 
 from __future__ import annotations
@@ -11,16 +11,23 @@ from eventlog import count_by_execution, total
 from helpers import Run, playbook, run
 from structlog.testing import capture_logs
 
-from noetl_stream import events as E
-from noetl_stream.carried import CARRY_MAX_BYTES, MAX_CARRIED, carry, decode_all, expand, subject_names
 from noetl_stream.control.effects import server_event
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.command import MAX_EVENT_BYTES
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events, scan
 from noetl_stream.local import Runtime, local_runtime
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, decode_event, encode, event_id, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import (
+    CARRY_MAX_BYTES,
+    MAX_CARRIED,
+    carry,
+    decode_all,
+    expand,
+    subject_names,
+)
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, decode_event, encode, event_id, now_iso
 
 
 def event(name: str, execution_id: str = "e1", payload: dict[str, object] | None = None) -> Event:

@@ -28,18 +28,18 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control import children, groupcommit
 from noetl_stream.control.children import ChildWatch
 from noetl_stream.control.effects import server_event
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode, new_execution_id
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, encode, new_execution_id
 
 
 class Proxy:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_cli_run import HELLO, cli, noetl
 
-from noetl_stream.embedded import EmbeddedNats, find_nats_server
+from noetl_stream.jetstream.embedded import EmbeddedNats, find_nats_server
 from noetl_stream.local import Runtime
 
 

@@ -13,10 +13,10 @@ from helpers import playbook
 from procs import NOETL_STREAM, run_cli
 
 from noetl_stream.client import follow, request_for, submit
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import Runtime
+from noetl_stream.protocol.wire import Event, new_execution_id
 from noetl_stream.timeline import Timeline
-from noetl_stream.wire import Event, new_execution_id
 
 TEXT = playbook(
     """

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from helpers import free_port
 
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.subjects import Topology
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.protocol.subjects import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"

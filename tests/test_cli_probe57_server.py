@@ -14,13 +14,13 @@ from nats.js import JetStreamContext
 from test_cli_errors import one_error_line
 from test_cli_run import HELLO, cli, noetl
 
-from noetl_stream import events as E
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.keychain import generate_key
 from noetl_stream.kv.provision import provision
 from noetl_stream.local import Runtime, local_runtime
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 
 async def _line(stream: object, within_s: float = 30.0) -> str:

@@ -20,11 +20,11 @@ import pytest
 from helpers import playbook
 from nats.js.errors import NotFoundError
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import stream_names
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = sorted([*ROOT.glob("playbooks/*.yaml"), *ROOT.glob("playbooks/*.yml")])

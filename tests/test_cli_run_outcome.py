@@ -18,7 +18,7 @@ from helpers import playbook
 from test_cli_run import ROOT, cli, noetl
 
 from noetl_stream.client import follow
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import Runtime
 
 DURATION = r"(\d+ms|\d+\.\d\ds|\d+m\d\ds|\d+h\d\dm)"

@@ -18,7 +18,7 @@ from helpers import playbook
 from procs import NOETL_STREAM
 
 from noetl_stream.cli import main
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import Runtime
 from noetl_stream.timeline import Timeline, duration_text
 

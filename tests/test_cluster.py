@@ -27,11 +27,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import Processes, run_cli
 
-from noetl_stream import events as E
-from noetl_stream.embedded import EmbeddedCluster
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedCluster
 from noetl_stream.kv.provision import provision, stream_names
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 pytestmark = pytest.mark.cluster
 

@@ -26,16 +26,16 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StreamSource
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError
 
-from noetl_stream import jsstreams
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.jspublish import (
+from noetl_stream.jetstream import streams as jsstreams
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.publish import (
     WRITE_AT,
     Message,
     PubAck,
     Publisher,
     publisher,
 )
-from noetl_stream.natsconn import connect
 
 MESSAGE_TOO_LARGE = 10054
 """JetStream's error code for a message over the stream's maximum message size (its text is the server's)."""

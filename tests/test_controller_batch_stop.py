@@ -22,16 +22,16 @@ from helpers import playbook, requested, step_done
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control import groupcommit
 from noetl_stream.control.controller import Controller
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, encode
 
 TTL_S = 2.0
 GOOD = playbook("- step: start\n  tool: {kind: noop, result: 7}\n")

@@ -9,14 +9,14 @@ import msgspec
 from helpers import playbook
 from nats.aio.msg import Msg
 
-from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.dataplane.worker import Worker
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.local import Runtime, local_runtime
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 
 async def _request(rt: Runtime, action: str, body: dict[str, object]) -> tuple[dict[str, object], str | None]:
@@ -263,7 +263,7 @@ async def test_cancelling_a_parent_cancels_its_running_child(runtime: Runtime, t
 
 async def _child_requests(rt: Runtime, parent_id: str):  # type: ignore[no-untyped-def]
     """``playbook.execution.requested`` events whose request names ``parent_id`` as parent."""
-    from noetl_stream.wire import decode_event
+    from noetl_stream.protocol.wire import decode_event
 
     sub = await rt.nc.jetstream().subscribe(
         rt.topology.stored_any_execution_filter(E.EXECUTION_REQUESTED),

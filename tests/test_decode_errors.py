@@ -2,7 +2,7 @@
 
 msgspec 0.23 changed what it raises for invalid UTF-8 inside a JSON string (a ``DecodeError`` with its own
 text, where older releases raised ``UnicodeDecodeError``), and its messages change between releases. The
-project classifies a failure from the bytes themselves (`noetl_stream.decoding`): each case below is
+project classifies a failure from the bytes themselves (`noetl_stream.protocol.decoding`): each case below is
 decoded for real, and then explained again from an exception saying nothing, which must read the same.
 """
 
@@ -13,8 +13,8 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from noetl_stream.decoding import DecodingError, ShapeError, explain, shape_error
-from noetl_stream.wire import Event, ExecutionRequest, decode_event, decode_json, decode_request
+from noetl_stream.protocol.decoding import DecodingError, ShapeError, explain, shape_error
+from noetl_stream.protocol.wire import Event, ExecutionRequest, decode_event, decode_json, decode_request
 
 
 class Token(msgspec.Struct, forbid_unknown_fields=True):

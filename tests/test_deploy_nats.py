@@ -32,17 +32,17 @@ from nats.js.errors import NoKeysError, ObjectNotFoundError
 from procs import NOETL_STREAM, NoetlProcess, Processes, run_cli
 from ruamel.yaml import YAML
 
-from noetl_stream import events as E
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.kv.provision import consumer_configs, provision, stream_configs
 from noetl_stream.kv.results import ResultStore
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Checkpoint
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Checkpoint
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "nats"
 USERS = ("controller", "worker", "client", "admin", "sys")
@@ -188,7 +188,7 @@ def test_generator_follows_topology_settings(tmp_path: Path) -> None:
     acme = Topology(prefix="acme")
     subscribe = generate.permissions(acme)["controller"]["subscribe"]["allow"]
     assert {acme.any_execution_filter(n) for n in ("task.started", "task.done")} <= set(subscribe)
-    # ... and to the worker boundaries that may carry them (noetl_stream/carried.py)
+    # ... and to the worker boundaries that may carry them (noetl_stream/protocol/carried.py)
     assert {acme.any_execution_filter(n) for n in E.CARRIERS} <= set(subscribe)
     assert not any(s.startswith("noetl.") for s in subscribe)
 

@@ -26,8 +26,8 @@ from helm_support import (
 )
 
 from noetl_stream.cli import main as cli_main
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.natsconn import connect
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 
 
 def containers(values: dict[str, Any] | None, chart: helm.Chart) -> dict[str, dict[str, Any]]:
@@ -131,7 +131,7 @@ async def test_the_url_the_chart_builds_reaches_a_cluster_whose_first_node_is_do
 
 
 def test_creds_files_are_mounted_one_identity_per_pod(chart: helm.Chart) -> None:
-    """JWT/NKey auth: NOETL_NATS_CREDS (read by natsconn) names the pod's own .creds file, read-only."""
+    """JWT/NKey auth: NOETL_NATS_CREDS (read by jetstream.connection) names the pod's own .creds file, read-only."""
     values = {"nats": {"auth": {"enabled": False}, "credsSecret": "noetl-nats-creds"}}
     roles = {
         "Deployment/noetl-noetl-stream-controller": "controller",

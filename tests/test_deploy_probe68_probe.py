@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.natsconn import connect
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 
 PROBE = Path(__file__).resolve().parents[1] / "deploy" / "docker" / "noetl-probe"
 

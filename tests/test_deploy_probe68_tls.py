@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.natsconn import connect
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 
 
 def _name(common_name: str) -> x509.Name:

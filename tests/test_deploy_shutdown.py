@@ -24,12 +24,12 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import NoetlProcess, Processes, provisioned
 
-from noetl_stream import events as E
 from noetl_stream.client import request_for, submit
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 ACK_WAIT_S = 1.5
 

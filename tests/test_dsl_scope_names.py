@@ -17,7 +17,7 @@ from noetl_stream.dsl import RenderError, render_value
 from noetl_stream.dsl.scope import build_scope, iteration_names, job_of, render_workload
 from noetl_stream.dsl.templates import attribute_reads, json_inputs
 from noetl_stream.dsl.views import IterView, plain, result_meta
-from noetl_stream.jsonvalue import to_json
+from noetl_stream.protocol.jsonvalue import to_json
 
 EID = "0123456789abcdef0123456789abcdef"
 HTTP = {"status_code": 200, "headers": {}, "url": "http://x", "elapsed": 0.1, "data": {"items": [1, 2]}}

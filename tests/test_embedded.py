@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from noetl_stream.embedded import EmbeddedNats, EmbeddedNatsError, find_nats_server
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats, EmbeddedNatsError, find_nats_server
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 def test_finds_the_wheel_binary() -> None:
@@ -130,7 +130,7 @@ def test_startup_failure_reports_the_log(tmp_path: Path) -> None:
 
 _OWNER = """
 import sys, time
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 server = EmbeddedNats(sys.argv[1] if len(sys.argv) > 1 else None)
 server.start()
 print(server.pid, server._res.guard.pid, server.dir, flush=True)
@@ -211,7 +211,7 @@ def test_without_pidfds_the_guard_checks_the_start_time_before_signalling(
 ) -> None:
     """An old kernel or a seccomp filter refuses pidfd_open: the guard identifies the server by pid
     and start time, and a later process with that pid (another start time) is never signalled."""
-    from noetl_stream import _server_guard
+    from noetl_stream.jetstream import _server_guard
 
     def refused(pid: int, flags: int = 0) -> int:
         raise OSError(38, "Function not implemented")
@@ -238,7 +238,7 @@ def test_without_pidfds_the_guard_checks_the_start_time_before_signalling(
 def test_the_guard_exits_at_once_for_a_server_already_gone() -> None:
     child = subprocess.Popen(["true"])
     child.wait()
-    from noetl_stream import _server_guard
+    from noetl_stream.jetstream import _server_guard
 
     guard = subprocess.run(
         [sys.executable, "-I", "-S", _server_guard.__file__, str(child.pid)],
@@ -250,7 +250,7 @@ def test_the_guard_exits_at_once_for_a_server_already_gone() -> None:
 
 _FORKING_OWNER = """
 import os, sys, time
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 server = EmbeddedNats()
 server.start()
 later = EmbeddedNats()  # made before the fork, not started
@@ -322,7 +322,7 @@ def test_the_guard_holds_a_pidfd_opened_before_the_server_could_be_reaped() -> N
 
 _FORK_AND_EXIT = """
 import os, sys
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 with EmbeddedNats() as server:
     child = os.fork()
     if child == 0:
@@ -348,7 +348,7 @@ def test_a_forked_child_does_not_warn_about_the_parents_processes() -> None:
 
 _OWNER_OF_A_CRASHED_SERVER = """
 import os, signal, sys, time
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 server = EmbeddedNats()
 server.start()
 os.kill(server.pid, signal.SIGKILL)  # the server crashes; its owner does not notice before it dies too

@@ -54,13 +54,13 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import NoetlProcess, Processes, provisioned, replay_verify, run_cli
 
-from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 ACK_WAIT_S = 2.0
 LEASE_TTL_S = 3.0

@@ -21,9 +21,9 @@ from nats.js import JetStreamContext
 from pgserver import PgServer
 from procs import Processes, provisioned
 
-from noetl_stream import events as E
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.subjects import Topology
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 ROWS, FRAME, IN_FLIGHT = 120, 10, 2
 

@@ -6,7 +6,7 @@ caught only msgspec's errors. An execution request, an event or a command carryi
 handler at every delivery, for ever (``puller.handler_failed`` about once a second: the controller's
 consumers never give up), a command then failed the controller's poison handler for ever too, and the
 REST API and the ``noetl`` micro service answered a 500. Each is now refused once, with one log line
-saying why in our own words (`noetl_stream.decoding`), whatever msgspec's release says.
+saying why in our own words (`noetl_stream.protocol.decoding`), whatever msgspec's release says.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from helpers import playbook
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from noetl_stream import events as E
 from noetl_stream.client import follow
 from noetl_stream.kv.catalog import LATEST, encode_part
 from noetl_stream.local import Runtime
-from noetl_stream.wire import decode_command, decode_event, decode_request
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import decode_command, decode_event, decode_request
 
 GOOD = playbook(
     """

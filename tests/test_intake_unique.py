@@ -17,15 +17,15 @@ from helpers import requested as requested_event
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.client import follow, request_for
 from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.reducer import rejection_events
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, ExecutionRequest, derived_execution_id, encode
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, ExecutionRequest, derived_execution_id, encode
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 INVALID = playbook("- step: start\n  tool: {kind: noop}\n  retries: 3\n")

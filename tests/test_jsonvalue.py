@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from noetl_stream.jsonvalue import NotJSONError, to_json
-from noetl_stream.wire import encode
+from noetl_stream.protocol.jsonvalue import NotJSONError, to_json
+from noetl_stream.protocol.wire import encode
 
 
 class Name(str):

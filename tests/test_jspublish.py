@@ -1,4 +1,4 @@
-"""jspublish.Publisher's own publishes (`send`, `acked`, `publish`) against a real nats-server: acks
+"""jetstream.publish.Publisher's own publishes (`send`, `acked`, `publish`) against a real nats-server: acks
 matched to their publishes, errors, duplicates, publishes only onto a subject with no message yet, a
 closed connection, a server that freezes, dies and comes back. `Publisher.confirm` is in test_confirm.py,
 the Outbox on it in test_outbox.py."""
@@ -16,14 +16,14 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError
 
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.jspublish import (
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.publish import (
     EXPECTED_LAST_SUBJECT_SEQUENCE,
     WRONG_LAST_SEQUENCE,
     PubAck,
     publisher,
 )
-from noetl_stream.natsconn import connect
 
 
 async def test_many_acks_in_flight_each_matches_its_own_publish(

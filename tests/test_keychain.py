@@ -12,8 +12,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from noetl_stream.cli import main
-from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.errors import ConfigurationError
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import (
     KEY_ENV,
     KEY_FILE_ENV,
@@ -26,8 +27,7 @@ from noetl_stream.kv.keychain import (
     secret_values,
 )
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 PASSWORD = "s3cret-Pa55word!"
 

@@ -13,20 +13,20 @@ from helpers import playbook, requested, run
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control.keychaincheck import CHECK_RUN
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.resume import queued_command_ids, resume
 from noetl_stream.dataplane.command import CommandRun
 from noetl_stream.dataplane.worker import Worker
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.kv.provision import provision
 from noetl_stream.local import local_runtime
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, event_id, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, event_id, now_iso
 
 SECRET = "present-token-VALUE-7f3c91"
 

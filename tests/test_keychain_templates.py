@@ -8,10 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.local import local_runtime
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 SECRET = "s3cr3t-token-value"
 FILE_SECRET = "file-password-42"

@@ -22,8 +22,8 @@ from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.forget import forget_key
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Checkpoint
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Checkpoint
 
 
 @pytest.fixture

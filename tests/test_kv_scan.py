@@ -19,7 +19,7 @@ from nats.js.kv import KeyValue
 from noetl_stream.kv import scan
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.provision import provision
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 @pytest.fixture

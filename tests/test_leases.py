@@ -22,20 +22,20 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.groupcommit import Item
 from noetl_stream.control.leases import DuplicateControllerError, Leases
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.fastpath import ack_soon
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.natsconn import connect
-from noetl_stream.natsio import ack_soon
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, encode, now_iso
 
 TTL_S = 2.0
 

@@ -16,10 +16,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from noetl_stream.control.leases import DuplicateControllerError, Leases, LeaseValue
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 async def _noop(*_: Any) -> None:

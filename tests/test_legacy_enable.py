@@ -20,18 +20,18 @@ import pytest
 from httpserver import HttpServer
 from legacy_support import example_002
 
-from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, retry_request, submit
 from noetl_stream.control.intake import RequestError, parse_request
 from noetl_stream.control.replay import replay
 from noetl_stream.dataplane.worker import Worker
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.catalog import Catalog, CatalogError
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.local import local_runtime
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, ExecutionRequest, content_hash
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, ExecutionRequest, content_hash
 
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"
 HINT = "(enable legacy extensions to translate it)"
@@ -171,7 +171,7 @@ async def test_a_controller_with_the_setting_compiles_requests_and_registrations
 async def test_noetl_legacy_turns_the_setting_on_for_a_controller_process(
     nats_server: EmbeddedNats, topology: Topology, tmp_path: Path
 ) -> None:
-    from noetl_stream.natsconn import connect
+    from noetl_stream.jetstream.connection import connect
 
     nc = await connect(nats_server.url, name="pytest-legacy", connect_wait_s=10)
     await provision(nc.jetstream(), topology, ("default",))

@@ -17,10 +17,10 @@ from nats.js import JetStreamContext
 from procs import Processes
 
 from noetl_stream.client import follow, request_for, submit
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.logs import bound, configure
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 FAILING = playbook(
     """

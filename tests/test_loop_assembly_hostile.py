@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import msgspec
 
-from noetl_stream import events as E
 from noetl_stream.control.effects import LoopResults
 from noetl_stream.control.loopresults import assemble
 from noetl_stream.local import Runtime
-from noetl_stream.wire import Event, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Event, now_iso
 
 
 def iteration(index: int, result: object) -> bytes:

@@ -23,7 +23,6 @@ from helpers import JOURNAL_CODE, playbook, requested
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.control import groupcommit
 from noetl_stream.control.controller import Controller
@@ -33,15 +32,16 @@ from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.replay import verify
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dataplane.worker import Worker
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.history import read_events, scan
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.local import Runtime
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, now_iso
 
 # --- the reducer alone ----------------------------------------------------------------------------
 

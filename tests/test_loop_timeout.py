@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from helpers import playbook, requested, run
 
-from noetl_stream import events as E
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.local import Runtime
-from noetl_stream.wire import Command, Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Command, Event
 
 LOOP = """
     - step: start

@@ -8,10 +8,10 @@ from __future__ import annotations
 from helpers import event
 from prometheus_client import generate_latest
 
-from noetl_stream import events as E
 from noetl_stream.control.metrics import Metrics
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 
 def sample(m: Metrics, name: str, **labels: str) -> float:

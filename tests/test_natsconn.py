@@ -1,4 +1,4 @@
-"""natsconn helpers against a real server: delivery fields from the reply subject, inline subscriptions."""
+"""jetstream.connection helpers against a real server: delivery fields from the reply subject, inline subscriptions."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from nats.errors import MsgAlreadyAckdError, NotJSMessageError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.jspublish import publisher
-from noetl_stream.natsconn import connect
-from noetl_stream.natsio import (
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.fastpath import (
     UnsupportedClientError,
     ack,
     ack_soon,
@@ -31,6 +30,7 @@ from noetl_stream.natsio import (
     subscribe_inline,
     term_soon,
 )
+from noetl_stream.jetstream.publish import publisher
 
 Eventually = Callable[..., Awaitable[None]]
 
@@ -131,7 +131,7 @@ async def test_ack_settles_a_delivery_like_msg_ack(
 async def test_ack_soon_settles_a_pulled_delivery_once_without_awaiting(
     nc: NATS, js: JetStreamContext, stream: str, eventually: Callable[..., Awaitable[None]]
 ) -> None:
-    """`natsio.ack_soon` acks synchronously (the ack joins the outgoing buffer): the consumer has
+    """`jetstream.fastpath.ack_soon` acks synchronously (the ack joins the outgoing buffer): the consumer has
     nothing pending and redelivers nothing after its 1 s ack wait; a second ack raises."""
     await js.publish(f"{stream}.k", b"k")
     sub = await js.pull_subscribe(
@@ -163,7 +163,7 @@ async def test_ack_soon_settles_a_pulled_delivery_once_without_awaiting(
 async def test_nak_soon_redelivers_at_once_and_term_soon_never(
     nc: NATS, js: JetStreamContext, stream: str
 ) -> None:
-    """`natsio.nak_soon` hands a delivery back at once (long before its 30 s ack wait); `term_soon` ends it:
+    """`jetstream.fastpath.nak_soon` hands a delivery back at once (long before its 30 s ack wait); `term_soon` ends it:
     never delivered again, and the server says it was terminated (an ack would end it too, silently).
     Each settles the message once."""
     seq = (await js.publish(f"{stream}.n", b"n")).seq
@@ -217,7 +217,7 @@ async def test_a_server_that_never_answers_is_one_error_naming_the_last_reason_w
     without the URL's password."""
     import structlog
 
-    from noetl_stream.natsconn import connect
+    from noetl_stream.jetstream.connection import connect
 
     port = free_port()
     with structlog.testing.capture_logs() as logs, pytest.raises(ConnectionError) as raised:
@@ -235,7 +235,7 @@ async def test_waiting_for_a_server_without_a_limit_warns_once_per_distinct_erro
     debug."""
     import structlog
 
-    from noetl_stream.natsconn import connect
+    from noetl_stream.jetstream.connection import connect
 
     port = free_port()
     with structlog.testing.capture_logs() as logs, pytest.raises(TimeoutError):

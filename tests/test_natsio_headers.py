@@ -1,4 +1,4 @@
-"""The connection's header parser (`natsio.parse_header_lines`) reads every header block as nats-py's own does."""
+"""The connection's header parser (`jetstream.fastpath.parse_header_lines`) reads every header block as nats-py's own does."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream.natsio import parse_header_lines
+from noetl_stream.jetstream.fastpath import parse_header_lines
 
 _PIECES = st.sampled_from(
     [

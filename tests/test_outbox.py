@@ -17,18 +17,18 @@ from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError
 
 from noetl_stream.dsl import load_playbook
-from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.errors import StateConflictError
-from noetl_stream.jspublish import (
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.outbox import SENT_CONFIRM_EVERY, AlreadyStored, Outbox
+from noetl_stream.jetstream.publish import (
     WRITE_AT,
     WRONG_LAST_SEQUENCE,
     publisher,
 )
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.outbox import SENT_CONFIRM_EVERY, AlreadyStored, Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Command
 
 
 async def test_an_outbox_event_expected_new_raises_already_stored_without_a_retry(

@@ -35,15 +35,15 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NoKeysError
 from procs import Processes, replay_verify
 
-from noetl_stream import events as E
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.leases import DuplicateControllerError
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 TTL_S = 2.0
 

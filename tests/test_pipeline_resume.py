@@ -14,7 +14,7 @@ from noetl_stream.dsl.compiler import load_playbook
 from noetl_stream.dsl.model import Task
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.provision import provision
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 # Pages 1..5, one task run each (a backward jump per page: a checkpoint each time). Page 3 hangs until
 # the marker file exists: the first delivery dies there (cancelled, as a killed worker's run ends), the

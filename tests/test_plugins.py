@@ -10,10 +10,10 @@ import pytest
 from helpers import playbook
 
 from noetl_stream.dsl import compile_playbook
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import local_runtime
 from noetl_stream.plugins import load_plugins
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 PLUGIN = """
 from noetl_stream.dataplane.outcome import Outcome

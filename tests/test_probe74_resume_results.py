@@ -18,9 +18,9 @@ from helpers import playbook
 from nats.js import JetStreamContext
 from procs import Processes, provisioned, run_cli
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.results import is_ref
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 ACK_WAIT_S = 2.0
 

@@ -10,10 +10,10 @@ from helpers import playbook
 
 from noetl_stream.client import AttachmentError, collect_attachments, follow, request_for, submit
 from noetl_stream.control.intake import rebase_attachments
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import Runtime, local_runtime
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import ExecutionRequest, new_execution_id
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import ExecutionRequest, new_execution_id
 
 
 async def test_a_child_request_of_an_ended_parent_is_rejected_with_a_terminal_event(runtime: Runtime) -> None:

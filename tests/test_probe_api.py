@@ -10,10 +10,10 @@ import pytest
 from apiserver import serve
 from helpers import playbook
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.local import local_runtime
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 

@@ -10,12 +10,12 @@ import pytest
 from helpers import playbook
 from procs import run_cli, topology_env
 
-from noetl_stream import events as E
 from noetl_stream.client import follow, submit
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import Runtime
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import ExecutionRequest
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import ExecutionRequest
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 

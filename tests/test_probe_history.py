@@ -26,15 +26,15 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import Processes, provisioned, replay_verify, run_cli
 
-from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.local import Runtime
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 GARBAGE = b"{not an event"
 

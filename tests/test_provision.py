@@ -9,7 +9,6 @@ import pytest
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError
 
-from noetl_stream import events
 from noetl_stream.kv.forget import forget_key
 from noetl_stream.kv.provision import (
     ProvisionError,
@@ -20,7 +19,8 @@ from noetl_stream.kv.provision import (
     provision,
     stream_names,
 )
-from noetl_stream.subjects import SubjectError, Topology
+from noetl_stream.protocol import events
+from noetl_stream.protocol.subjects import SubjectError, Topology
 
 
 async def test_provision_twice_changes_nothing(js: JetStreamContext, topology: Topology) -> None:

@@ -24,14 +24,14 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import Processes
 
-from noetl_stream import events as E
 from noetl_stream.cli import main
 from noetl_stream.client import request_for, submit
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision, stream_names
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 from noetl_stream.services import provision_at_start
-from noetl_stream.subjects import Topology
 
 THIRTY_DAYS_S = 30 * 24 * 3600.0
 

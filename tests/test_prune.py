@@ -14,12 +14,12 @@ from nats.js.client import JetStreamContext
 from noetl_stream.cli import main
 from noetl_stream.control.prune import CONCURRENCY, SNAPSHOT_OBJECT_GRACE_S, _mtime, prune
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import encode
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import encode
 
 LATER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=2)
 """A `now` two hours ahead: every object written by the test is older than the default hour."""

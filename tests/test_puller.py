@@ -11,12 +11,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.fastpath import ack_soon
+from noetl_stream.jetstream.puller import ContinuousPuller, Handler
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.natsio import ack_soon
-from noetl_stream.puller import ContinuousPuller, Handler
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 POOL = "default"
 Eventually = Callable[..., Awaitable[None]]

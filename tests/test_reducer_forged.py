@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from helpers import playbook, requested
 
-from noetl_stream import events as E
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.wire import Event, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Event, now_iso
 
 TEXT = playbook(
     """

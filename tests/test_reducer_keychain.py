@@ -10,12 +10,12 @@ import msgspec
 import pytest
 from helpers import playbook, requested
 
-from noetl_stream import events as E
 from noetl_stream.control.keychaincheck import CHECK_FLAG, CHECK_RUN
 from noetl_stream.control.poison import failure_for
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.wire import Command, Event, control_event, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Command, Event, control_event, now_iso
 
 WORKFLOW = """
 - step: start

@@ -10,14 +10,14 @@ from __future__ import annotations
 from helpers import playbook, requested
 from nats.js import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.resume import queued_command_ids, resume
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, event_id, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, event_id, now_iso
 
 BOOK = playbook(
     """

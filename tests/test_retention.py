@@ -17,13 +17,13 @@ from nats.js.errors import NotFoundError
 from noetl_stream.client import Completions, request_for, submit
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.embedded import EmbeddedNats
 from noetl_stream.errors import StateConflictError
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import events_max_age_s, provision
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.local import local_runtime
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 TTL_HEADER = "Nats-TTL"
 HOUR = 3600.0

@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.kv.provision import provision
 from noetl_stream.local import Runtime
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 # --- admission ------------------------------------------------------------------------------------
 

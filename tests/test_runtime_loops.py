@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from helpers import JOURNAL_CODE, indent, journal, max_concurrency, playbook, run
 
-from noetl_stream import events as E
 from noetl_stream.api.graph import fold_graph
 from noetl_stream.control.replay import verify
 from noetl_stream.local import Runtime
+from noetl_stream.protocol import events as E
 from noetl_stream.timeline import Timeline
 
 EXECS = ["local", "distributed"]

@@ -22,12 +22,12 @@ from nats.aio.msg import Msg
 
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.dataplane.worker import Worker
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.local import Runtime, local_runtime
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, decode_event
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, decode_event
 
 Eventually = Callable[..., Awaitable[None]]
 

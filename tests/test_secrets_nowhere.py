@@ -14,11 +14,11 @@ from pathlib import Path
 import msgspec
 from procs import NOETL_STREAM, Processes
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 SECRET = "tok-7f3a9c1e5b2d8f46"
 

@@ -9,7 +9,7 @@ from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 def _big(eid: str, n: int, last_seq: int) -> ExecutionState:
@@ -80,7 +80,7 @@ async def test_inspection_reads_a_large_snapshot_through_its_pointer_and_skips_a
     snapshot; one above the KV limit is a pointer to its object (they raised on it, and the list left
     the execution out). A value that is not a snapshot is skipped, not a failure of the whole list."""
     from noetl_stream.control.inspect import Inspector
-    from noetl_stream.operations import ListExecutions
+    from noetl_stream.protocol.operations import ListExecutions
 
     await provision(js, topology)
     store = await SnapshotStore.open(js, topology, ExecutionState)

@@ -34,10 +34,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import Processes, replay_verify
 
-from noetl_stream import events as E
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 ACK_WAIT_S = 2.0
 CHAOS_S = 120.0  # kills go on while the run lasts, at most this long; then the survivors finish in peace

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from noetl_stream import events
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.subjects import (
+from noetl_stream.protocol import events
+from noetl_stream.protocol.subjects import (
     MAX_NEW_ID_LENGTH,
     MAX_TOKEN_LENGTH,
     SubjectError,

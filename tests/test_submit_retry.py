@@ -11,9 +11,9 @@ from helpers import LostAcks, own_connection
 
 from noetl_stream import client
 from noetl_stream.client import request_for, submit
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.jspublish import MSG_ID
-from noetl_stream.wire import decode_request, request_msg_id
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.jetstream.publish import MSG_ID
+from noetl_stream.protocol.wire import decode_request, request_msg_id
 
 TEXT = """apiVersion: noetl.io/v2
 kind: Playbook

@@ -20,10 +20,10 @@ from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools import TOOLS
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.postgres import run_postgres
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import local_runtime
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from pgserver import PgServer
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.postgres import run_postgres
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import local_runtime
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ from helpers import playbook, run
 from httpserver import HttpServer
 from pgserver import PgServer
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.local import local_runtime
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 ENV_TOKEN = "env-token-SECRET-5b2e9c"
 STORE_TOKEN = "store-token-OTHER-81d4a7"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from helpers import playbook, run
 
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.local import local_runtime
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 
 async def test_async_main_is_awaited(nats_server: EmbeddedNats, topology: Topology) -> None:

@@ -17,7 +17,7 @@ from opentelemetry.trace import StatusCode
 from noetl_stream import tracing
 from noetl_stream.client import follow, request_for, submit
 from noetl_stream.local import Runtime
-from noetl_stream.wire import Event
+from noetl_stream.protocol.wire import Event
 
 TEXT = playbook(
     """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from helpers import event
 
-from noetl_stream import events as E
 from noetl_stream.client import Tracker
+from noetl_stream.protocol import events as E
 
 
 def test_a_step_whose_command_waits_shows_as_scheduled_then_running() -> None:

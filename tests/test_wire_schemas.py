@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from noetl_stream.dsl import load_playbook
-from noetl_stream.schemas import WIRE_SCHEMAS, render, wire_schema
-from noetl_stream.wire import Command, Event, ExecutionRequest, decode_request
+from noetl_stream.protocol.schemas import WIRE_SCHEMAS, render, wire_schema
+from noetl_stream.protocol.wire import Command, Event, ExecutionRequest, decode_request
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -20,7 +20,7 @@ SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 def test_published_schema_is_in_sync(name: str) -> None:
     published = (SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8")
     assert published == render(wire_schema(name)), (
-        f"schemas/{name}.schema.json is stale: run `python -m noetl_stream.schemas schemas`"
+        f"schemas/{name}.schema.json is stale: run `python -m noetl_stream.protocol.schemas schemas`"
     )
 
 

@@ -18,9 +18,9 @@ from procs import Processes, provisioned
 from prometheus_client.parser import text_string_to_metric_families
 
 from noetl_stream.client import follow, request_for, submit
-from noetl_stream.embedded import EmbeddedNats
-from noetl_stream.natsconn import connect
-from noetl_stream.subjects import Topology
+from noetl_stream.jetstream.connection import connect
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.protocol.subjects import Topology
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

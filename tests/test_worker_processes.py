@@ -23,11 +23,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import NoetlProcess, Processes
 
-from noetl_stream import events as E
 from noetl_stream.client import request_for, submit
-from noetl_stream.embedded import EmbeddedNats
+from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 from noetl_stream.supervisor import Supervisor
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -30,10 +30,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from noetl_stream import events as E
-from noetl_stream.carried import subject_names
 from noetl_stream.kv.provision import consumer_configs, stream_configs, stream_names
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import subject_names
+from noetl_stream.protocol.subjects import Topology
 
 HERE = Path(__file__).resolve().parent
 ACCOUNT = "NOETL"
@@ -212,7 +212,7 @@ def permissions(topology: Topology) -> dict[str, dict[str, Any]]:
     ]
     # Core subscriptions of the controller: its task metrics (control/metrics.py, `Metrics.start`, with
     # the REST API on) follow the workers' task events of every execution as they are published, and
-    # the worker boundaries that may carry them (noetl_stream/carried.py).
+    # the worker boundaries that may carry them (noetl_stream/protocol/carried.py).
     task_metrics = [_any_execution(t, name) for name in sorted(subject_names((E.TASK_STARTED, E.TASK_DONE)))]
     # And the ends of executions, while it holds running children (control/children.py: a parent that
     # did not succeed has its running children cancelled).

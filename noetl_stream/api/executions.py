@@ -13,7 +13,6 @@ from aiohttp import web
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from noetl_stream import events as E
 from noetl_stream.api.http import (
     ApiError,
     Handler,
@@ -24,13 +23,20 @@ from noetl_stream.api.http import (
     read_json,
     reply,
 )
-from noetl_stream.carried import expand
 from noetl_stream.client import RetryError, check_from_steps, retry_request
 from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.control.intake import CONTROL_ENDPOINTS, RequestError, parse_request
 from noetl_stream.kv.results import ResultStore
-from noetl_stream.operations import MAX_PAGE, ControlRequest, ErrorReply, ExecuteReply, ListExecutions
-from noetl_stream.wire import decode_event, encode, new_execution_id
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import expand
+from noetl_stream.protocol.operations import (
+    MAX_PAGE,
+    ControlRequest,
+    ErrorReply,
+    ExecuteReply,
+    ListExecutions,
+)
+from noetl_stream.protocol.wire import decode_event, encode, new_execution_id
 
 T = TypeVar("T")
 

@@ -18,13 +18,13 @@ from typing import Any, Literal, cast
 import msgspec
 from aiohttp import web
 
-from noetl_stream import events as E
 from noetl_stream.api.http import ApiError, context, path_execution_id, reply
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.dsl.graph import build_graph
 from noetl_stream.dsl.model import Playbook, Step
 from noetl_stream.kv.history import read_events
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Event
 
 __all__ = ["ExecutionGraph", "GraphArc", "GraphStep", "LoopProgress", "execution_graph", "fold_graph"]
 

@@ -17,9 +17,9 @@ from noetl_stream.control.intake import Intake
 from noetl_stream.control.metrics import Metrics
 from noetl_stream.kv.catalog import Catalog
 from noetl_stream.kv.keychain import Keychain
-from noetl_stream.operations import ErrorReply
-from noetl_stream.subjects import SubjectError, Topology, check_token
-from noetl_stream.wire import decode_json
+from noetl_stream.protocol.operations import ErrorReply
+from noetl_stream.protocol.subjects import SubjectError, Topology, check_token
+from noetl_stream.protocol.wire import decode_json
 
 __all__ = [
     "CONTEXT",

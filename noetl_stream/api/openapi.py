@@ -16,7 +16,7 @@ from ruamel.yaml import YAML
 from noetl_stream import __version__
 from noetl_stream.api.http import JSON, Route
 from noetl_stream.api.routes import ROUTES
-from noetl_stream.operations import ErrorReply
+from noetl_stream.protocol.operations import ErrorReply
 
 __all__ = ["document", "render"]
 

@@ -7,7 +7,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream.api.http import ApiError, context, reply
 from noetl_stream.kv.provision import stream_names
-from noetl_stream.operations import HealthReply, ReadyReply
+from noetl_stream.protocol.operations import HealthReply, ReadyReply
 
 
 async def health(request: web.Request) -> web.StreamResponse:

@@ -10,7 +10,7 @@ from noetl_stream.control.endpoints import catalog_error
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv.catalog import CatalogConflictError, CatalogError, CatalogNotFoundError
 from noetl_stream.kv.keychain import CredentialNotFoundError, Keychain, check_name
-from noetl_stream.operations import (
+from noetl_stream.protocol.operations import (
     CatalogDeleted,
     CatalogList,
     CatalogPlaybook,
@@ -19,7 +19,7 @@ from noetl_stream.operations import (
     KeychainList,
     KeychainPut,
 )
-from noetl_stream.subjects import MAX_NEW_ID_LENGTH
+from noetl_stream.protocol.subjects import MAX_NEW_ID_LENGTH
 
 # -- catalog --------------------------------------------------------------------------------------
 

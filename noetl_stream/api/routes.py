@@ -11,7 +11,7 @@ from noetl_stream.api.graph import ExecutionGraph, execution_graph
 from noetl_stream.api.http import Handler, Param, Route
 from noetl_stream.api.steps import MAX_ITERATIONS_PAGE, StepDetail, step_detail
 from noetl_stream.control.inspect import STATUSES
-from noetl_stream.operations import (
+from noetl_stream.protocol.operations import (
     MAX_PAGE,
     CatalogDeleted,
     CatalogEntryInfo,
@@ -30,7 +30,7 @@ from noetl_stream.operations import (
     KeychainPut,
     ReadyReply,
 )
-from noetl_stream.wire import ExecutionRequest
+from noetl_stream.protocol.wire import ExecutionRequest
 
 __all__ = ["ROUTES"]
 

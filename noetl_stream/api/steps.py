@@ -17,11 +17,11 @@ from typing import Any, Literal, cast
 import msgspec
 from aiohttp import web
 
-from noetl_stream import events as E
 from noetl_stream.api.graph import _compile, _seconds
 from noetl_stream.api.http import ApiError, context, path_execution_id, query_int, reply
 from noetl_stream.kv.history import read_events
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Event
 
 __all__ = [
     "DeclaredTask",

@@ -16,7 +16,6 @@ import structlog
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream import events as E
 from noetl_stream.control.children import ChildWatch
 from noetl_stream.control.items import ItemsMissingError
 from noetl_stream.control.reducer import Reducer
@@ -24,8 +23,9 @@ from noetl_stream.control.resume import resume
 from noetl_stream.control.snapshotting import SnapshotWriter
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.results import ResultStore
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, decode_event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, decode_event
 
 log = structlog.get_logger(__name__)
 

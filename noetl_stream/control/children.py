@@ -36,15 +36,15 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from noetl_stream import events as E
 from noetl_stream.control.groupcommit import retry_delay
 from noetl_stream.control.indexwriter import IndexWriter
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.history import end_status, last_event
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import decode_event, parent_ended_cancel
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import decode_event, parent_ended_cancel
 
 log = structlog.get_logger(__name__)
 

@@ -35,14 +35,14 @@ from noetl_stream.control.reducer import (
 )
 from noetl_stream.control.snapshotting import RETENTION_REFRESH_S, SnapshotWriter
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
-from noetl_stream.puller import ContinuousPuller
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 log = structlog.get_logger(__name__)
 

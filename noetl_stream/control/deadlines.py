@@ -17,14 +17,14 @@ from typing import Any
 import structlog
 from nats.js.client import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control.effects import server_event
 from noetl_stream.control.groupcommit import retry_delay
 from noetl_stream.control.indexwriter import IndexWriter
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.deadlines import DeadlineIndex
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 log = structlog.get_logger(__name__)
 

@@ -6,10 +6,10 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from noetl_stream import events as E
 from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.vocabulary import LEGACY_HINT
-from noetl_stream.wire import (
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import (
     Command,
     Event,
     event_id,

@@ -25,7 +25,7 @@ from nats.micro.service import EndpointConfig, Service
 
 from noetl_stream.control.inspect import Inspector, QueryError
 from noetl_stream.kv.catalog import Catalog, CatalogConflictError, CatalogError, CatalogNotFoundError
-from noetl_stream.operations import (
+from noetl_stream.protocol.operations import (
     CatalogDeleted,
     CatalogList,
     CatalogListRequest,
@@ -37,8 +37,8 @@ from noetl_stream.operations import (
     ExecutionRef,
     ListExecutions,
 )
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import decode_json
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import decode_json
 
 __all__ = [
     "ENDPOINTS",

@@ -24,8 +24,8 @@ from nats.aio.msg import Msg
 
 from noetl_stream.control.groupcommit import GroupCommit, Item
 from noetl_stream.control.reducer import ITERATION_RESULTS, folds
-from noetl_stream.natsio import ack_soon, nak_soon, stream_seq, term_soon
-from noetl_stream.wire import decode_event
+from noetl_stream.jetstream.fastpath import ack_soon, nak_soon, stream_seq, term_soon
+from noetl_stream.protocol.wire import decode_event
 
 if TYPE_CHECKING:
     from noetl_stream.control.controller import Controller

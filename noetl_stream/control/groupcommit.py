@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 import msgspec
 import structlog
 
-from noetl_stream import events as E
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.reducer import Effects
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.jetstream.fastpath import ack_soon, num_delivered
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.results import is_ref
 from noetl_stream.logs import bound
-from noetl_stream.natsio import ack_soon, num_delivered
-from noetl_stream.outbox import Outbox
-from noetl_stream.wire import Command, Event, encode
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Command, Event, encode
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg

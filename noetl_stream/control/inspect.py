@@ -21,13 +21,13 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
-from noetl_stream import events as E
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv import scan
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.partindex import is_snapshot_key
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.operations import (
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.operations import (
     MAX_PAGE,
     CtxReply,
     EventRecord,
@@ -36,8 +36,8 @@ from noetl_stream.operations import (
     ExecutionSummary,
     ListExecutions,
 )
-from noetl_stream.subjects import Topology, check_token
-from noetl_stream.wire import decode_event
+from noetl_stream.protocol.subjects import Topology, check_token
+from noetl_stream.protocol.wire import decode_event
 
 __all__ = ["Inspector", "QueryError", "summarize"]
 

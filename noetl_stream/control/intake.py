@@ -37,7 +37,6 @@ from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service, ServiceConfig
 
 from noetl_stream import __version__
-from noetl_stream import events as E
 from noetl_stream.control.endpoints import (
     ApiError,
     QueryEndpoints,
@@ -56,14 +55,21 @@ from noetl_stream.control.reducer import (
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.errors import ConfigurationError, StateConflictError
+from noetl_stream.jetstream.fastpath import ack, stream_seq
+from noetl_stream.jetstream.outbox import AlreadyStored, Outbox
+from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.kv.history import end_status, last_event
-from noetl_stream.natsio import ack, stream_seq
-from noetl_stream.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
-from noetl_stream.outbox import AlreadyStored, Outbox
-from noetl_stream.puller import ContinuousPuller
-from noetl_stream.subjects import MAX_NEW_ID_LENGTH, SubjectError, Topology, check_new_id, check_token
-from noetl_stream.wire import (
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
+from noetl_stream.protocol.subjects import (
+    MAX_NEW_ID_LENGTH,
+    SubjectError,
+    Topology,
+    check_new_id,
+    check_token,
+)
+from noetl_stream.protocol.wire import (
     Event,
     ExecutionRequest,
     control_event,

@@ -20,7 +20,7 @@ from typing import Any
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.model import KeychainEntry, Step
-from noetl_stream.wire import Command, KeychainDecl, now_iso
+from noetl_stream.protocol.wire import Command, KeychainDecl, now_iso
 
 CHECK_RUN = "keychain-check"
 """The check's run id: its command's ``step_run_id`` (and id), and its answer's. Never a step run's,

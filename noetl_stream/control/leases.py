@@ -42,7 +42,7 @@ from nats.js.kv import KeyValue
 
 from noetl_stream.errors import ConfigurationError
 from noetl_stream.kv import scan
-from noetl_stream.subjects import Topology, check_token
+from noetl_stream.protocol.subjects import Topology, check_token
 
 log = structlog.get_logger(__name__)
 

@@ -20,12 +20,12 @@ import msgspec
 import structlog
 from nats.js.client import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control.effects import LoopResults
 from noetl_stream.kv.history import scan
 from noetl_stream.kv.results import ResultStore
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, encode, guarded
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, encode, guarded
 
 log = structlog.get_logger(__name__)
 

@@ -33,12 +33,12 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from noetl_stream import events as E
-from noetl_stream.carried import decode_all, subject_names
 from noetl_stream.control.reducer import PlanCache
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import decode_all, subject_names
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 

@@ -17,11 +17,11 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from noetl_stream import events as E
-from noetl_stream.outbox import Outbox
-from noetl_stream.puller import ContinuousPuller
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command, Event, decode_command, decode_json, event_id, now_iso
+from noetl_stream.jetstream.outbox import Outbox
+from noetl_stream.jetstream.puller import ContinuousPuller
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Command, Event, decode_command, decode_json, event_id, now_iso
 
 log = structlog.get_logger(__name__)
 

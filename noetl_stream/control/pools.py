@@ -21,7 +21,7 @@ import structlog
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 
-from noetl_stream import events as E
 from noetl_stream.control.effects import (
     Effects,
     _epoch,
@@ -27,12 +26,13 @@ from noetl_stream.control.keychaincheck import CHECK_FLAG, check_command
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.control.transitions import Run as _Run
-from noetl_stream.decoding import shape_error
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.scope import render_workload
 from noetl_stream.dsl.templates import RenderError
-from noetl_stream.wire import (
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.decoding import shape_error
+from noetl_stream.protocol.wire import (
     Event,
     ExecutionRequest,
     content_hash,

@@ -11,12 +11,12 @@ from typing import Any
 import msgspec
 from nats.js.client import JetStreamContext
 
-from noetl_stream import events as E
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
 
 
 async def replay(

@@ -20,16 +20,16 @@ from collections.abc import Callable
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream import events as E
 from noetl_stream.control.effects import Blob, LoopResults
 from noetl_stream.control.loopresults import complete, fit
 from noetl_stream.control.reducer import Reducer
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.jetstream.outbox import MSG_ID, Outbox
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.results import ResultStore
-from noetl_stream.outbox import MSG_ID, Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command, Event
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Command, Event
 
 _RUN_OVER = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED, E.KEYCHAIN_FAILED})
 """Server events that end a command's run (the poison handler writes them for a worker)."""

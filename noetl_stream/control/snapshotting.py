@@ -24,7 +24,7 @@ from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.provision import events_max_age_s
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 log = structlog.get_logger(__name__)
 

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from noetl_stream import events as E
 from noetl_stream.control.byref import guard
 from noetl_stream.control.effects import Blob, Effects, LoopResults, _epoch, _plain, server_event
 from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
@@ -19,7 +18,8 @@ from noetl_stream.dsl.policy import MAX_FAILED_REENTRIES, admit, route
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.dsl.views import result_meta
-from noetl_stream.wire import (
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import (
     Command,
     Event,
     Iteration,

@@ -21,7 +21,7 @@ import msgspec
 
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.results import REF, ResultStore, is_ref
-from noetl_stream.wire import Checkpoint
+from noetl_stream.protocol.wire import Checkpoint
 
 PREV = "_prev"
 """The object name of a large ``_prev`` (a reserved name: no task has it)."""

@@ -35,13 +35,13 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from noetl_stream import events as E
 from noetl_stream.errors import NoetlError
-from noetl_stream.jspublish import publish_stored
+from noetl_stream.jetstream.outbox import Outbox
+from noetl_stream.jetstream.publish import publish_stored
 from noetl_stream.kv.results import ResultStore
-from noetl_stream.outbox import Outbox
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import (
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import (
     Event,
     ExecutionRequest,
     control_event,

@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from noetl_stream import events as E
 from noetl_stream import tracing
-from noetl_stream.carried import carry
 from noetl_stream.dataplane.checkpoints import Checkpoints
 from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.cursor import run_cursor_loop, with_ref
@@ -30,12 +28,14 @@ from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Task
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.refs import may_hold_refs, resolve_refs
 from noetl_stream.kv.results import inline_limit, is_ref
-from noetl_stream.outbox import Outbox
-from noetl_stream.wire import Command, Event, encode, event_id, now_iso
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import carry
+from noetl_stream.protocol.wire import Command, Event, encode, event_id, now_iso
 
 if TYPE_CHECKING:
     from noetl_stream.dataplane.worker import Worker

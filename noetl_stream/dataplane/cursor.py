@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from noetl_stream import events as E
 from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, run_local_loop
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.pipeline import PipelineInput
@@ -33,7 +32,8 @@ from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.model import Loop, Step
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.history import read_events
-from noetl_stream.wire import Command
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Command
 
 if TYPE_CHECKING:
     from noetl_stream.dataplane.command import CommandRun

@@ -22,7 +22,7 @@ from typing import Any
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.errors import NoetlError
 from noetl_stream.kv.keychain import secret_strings
-from noetl_stream.wire import KeychainDecl
+from noetl_stream.protocol.wire import KeychainDecl
 
 
 class CredentialError(NoetlError):

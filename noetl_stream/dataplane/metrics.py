@@ -24,7 +24,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 __all__ = ["CONTENT_TYPE", "DURATION_BUCKETS", "WorkerMetrics", "runtime_collectors"]
 

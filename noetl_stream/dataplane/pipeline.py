@@ -28,9 +28,9 @@ from noetl_stream.dsl.policy import backoff_delay, decide
 from noetl_stream.dsl.scope import ITERATION_NAMES, iteration_names, layer_ctx
 from noetl_stream.dsl.templates import RenderError, json_inputs, render_value
 from noetl_stream.dsl.views import CtxView, IterView, plain, result_view
-from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 from noetl_stream.kv.keychain import Redactor, secret_strings
-from noetl_stream.wire import Checkpoint, now_iso
+from noetl_stream.protocol.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
+from noetl_stream.protocol.wire import Checkpoint, now_iso
 
 _ENCODE = msgspec.json.Encoder().encode
 

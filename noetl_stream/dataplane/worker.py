@@ -25,20 +25,20 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from noetl_stream import events as E
 from noetl_stream.dataplane.children import ChildRunner
 from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, TASK_EVENTS_SEPARATE, CommandRun
 from noetl_stream.dataplane.loops import HandedBack
 from noetl_stream.dataplane.metrics import WorkerMetrics
 from noetl_stream.dataplane.tools.base import WorkerServices
+from noetl_stream.jetstream.fastpath import ack_soon, num_delivered
+from noetl_stream.jetstream.outbox import Outbox
+from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.kv.history import end_status, last_event
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
-from noetl_stream.natsio import ack_soon, num_delivered
-from noetl_stream.outbox import Outbox
-from noetl_stream.puller import ContinuousPuller
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command, decode_command, decode_event, iso_at
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Command, decode_command, decode_event, iso_at
 
 log = structlog.get_logger(__name__)
 

@@ -53,7 +53,7 @@ from noetl_stream.dsl.rewrite import (
     template,
 )
 from noetl_stream.dsl.templates import RenderError, attribute_reads, evaluate_when
-from noetl_stream.events import STEP_DONE, STEP_FAILED
+from noetl_stream.protocol.events import STEP_DONE, STEP_FAILED
 
 FAILURES = frozenset({STEP_FAILED, "step.exit"})
 ARC_ONLY = frozenset({"event", "args", "iter", "outcome", "_prev", "_task", "_attempt", "keychain"})

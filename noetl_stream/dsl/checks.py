@@ -21,7 +21,7 @@ from noetl_stream.dsl.rewrite import (
     success_to_ok,
 )
 from noetl_stream.dsl.templates import attribute_reads, check_syntax, has_template, undeclared_names
-from noetl_stream.events import BOUNDARY_EVENTS, LEGACY_ALIASES, LOOP_DONE, STEP_DONE, STEP_FAILED
+from noetl_stream.protocol.events import BOUNDARY_EVENTS, LEGACY_ALIASES, LOOP_DONE, STEP_DONE, STEP_FAILED
 
 if TYPE_CHECKING:
     from noetl_stream.dsl.compiler import Compiler

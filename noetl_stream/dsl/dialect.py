@@ -50,7 +50,7 @@ from noetl_stream.dsl.rewrite import (
     template,
 )
 from noetl_stream.dsl.source import SourceMap
-from noetl_stream.events import LOOP_DONE, STEP_DONE, STEP_FAILED
+from noetl_stream.protocol.events import LOOP_DONE, STEP_DONE, STEP_FAILED
 
 SCOPES = {"ctx": "set_ctx", "iter": "set_iter"}
 STEP_SCOPE = "step"

@@ -42,7 +42,7 @@ from noetl_stream.dsl.rewrite import (
 from noetl_stream.dsl.source import SourceMap
 from noetl_stream.dsl.templates import attribute_reads, undeclared_names
 from noetl_stream.dsl.toolforms import HTTP_TIMEOUTS, SCRIPT_KINDS
-from noetl_stream.events import LOOP_DONE, STEP_DONE, STEP_FAILED
+from noetl_stream.protocol.events import LOOP_DONE, STEP_DONE, STEP_FAILED
 
 CODE = "dialect"
 SUCCESS = frozenset({STEP_DONE, LOOP_DONE})

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from jinja2 import TemplateSyntaxError
 
 from noetl_stream.dsl.templates import ENV, _single_expression, check_syntax, has_template, undeclared_names
-from noetl_stream.events import LEGACY_ALIASES
+from noetl_stream.protocol.events import LEGACY_ALIASES
 
 _CODE_OPEN = frozenset({"variable_begin", "block_begin"})
 _CODE_CLOSE = frozenset({"variable_end", "block_end"})

@@ -49,7 +49,7 @@ from noetl_stream.dsl.budget import (
 )
 from noetl_stream.dsl.views import VIEWS, plain
 from noetl_stream.errors import NoetlError
-from noetl_stream.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
+from noetl_stream.protocol.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 
 MAX_RENDER_DEPTH = 64
 

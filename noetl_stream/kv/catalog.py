@@ -30,9 +30,9 @@ from nats.js.object_store import ObjectStore
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.errors import NoetlError, StateConflictError
 from noetl_stream.kv import scan
-from noetl_stream.operations import CatalogEntryInfo
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import content_hash, decode_json
+from noetl_stream.protocol.operations import CatalogEntryInfo
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import content_hash, decode_json
 
 log = structlog.get_logger(__name__)
 

@@ -13,8 +13,8 @@ from nats.js.errors import KeyDeletedError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from noetl_stream.kv.forget import forget_key
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Checkpoint, guarded
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Checkpoint, guarded
 
 _decode = guarded(msgspec.json.Decoder(Checkpoint))
 _BUCKETS: dict[tuple[int, str], KeyValue] = {}

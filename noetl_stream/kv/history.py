@@ -14,12 +14,12 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream import events as E
-from noetl_stream.carried import expand, subject_names
 from noetl_stream.errors import NoetlError
-from noetl_stream.natsio import num_pending
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Event, decode_event
+from noetl_stream.jetstream.fastpath import num_pending
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import expand, subject_names
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Event, decode_event
 
 log = structlog.get_logger(__name__)
 

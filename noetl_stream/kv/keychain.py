@@ -41,8 +41,8 @@ from nats.js.kv import KeyValue
 
 from noetl_stream.errors import ConfigurationError, NoetlError
 from noetl_stream.kv import scan
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import decode_json
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import decode_json
 
 __all__ = [
     "KEY_ENV",

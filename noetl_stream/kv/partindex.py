@@ -17,7 +17,7 @@ from nats.js.kv import KeyValue
 
 from noetl_stream.kv import scan
 from noetl_stream.kv.forget import forget_key
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 __all__ = ["PartitionIndex", "is_snapshot_key"]
 

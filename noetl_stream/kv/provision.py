@@ -53,7 +53,7 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 from nats.js.manager import JetStreamManager
 
-from noetl_stream.subjects import Topology, TopologyError, check_pool
+from noetl_stream.protocol.subjects import Topology, TopologyError, check_pool
 
 __all__ = [
     "SETTINGS",

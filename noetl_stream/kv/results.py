@@ -28,7 +28,7 @@ from nats.js.object_store import (
 )
 
 from noetl_stream.errors import StoreMissingError
-from noetl_stream.subjects import Topology
+from noetl_stream.protocol.subjects import Topology
 
 REF = "$ref"
 DEFAULT_INLINE_LIMIT = 256 * 1024

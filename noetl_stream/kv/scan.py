@@ -32,7 +32,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from noetl_stream.natsio import num_pending
+from noetl_stream.jetstream.fastpath import num_pending
 
 __all__ = ["Entry", "ScanError", "direct_entries", "entries", "keys", "last_messages"]
 

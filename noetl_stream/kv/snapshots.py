@@ -28,15 +28,15 @@ from nats.js.kv import VALID_KEY_RE, KeyValue
 from nats.js.object_store import ObjectStore
 
 from noetl_stream.errors import StateConflictError, StoreMissingError
-from noetl_stream.jspublish import (
+from noetl_stream.jetstream.publish import (
     EXPECTED_LAST_SUBJECT_SEQUENCE,
     WRONG_LAST_SEQUENCE,
     WRONG_LAST_SEQUENCE_PENDING,
     publisher,
 )
 from noetl_stream.kv.results import purge_object
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import guarded
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import guarded
 
 S = TypeVar("S", bound=msgspec.Struct)
 MSG_TTL = "Nats-TTL"

@@ -33,7 +33,7 @@ from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext, seconds
 from noetl_stream.errors import StoreMissingError
 from noetl_stream.kv.results import ResultStore
-from noetl_stream.wire import ExecutionRequest, derived_execution_id
+from noetl_stream.protocol.wire import ExecutionRequest, derived_execution_id
 
 DEFAULT_TIMEOUT_S = 300.0
 """How long a task with ``return_step`` waits for its child when neither ``timeout`` nor

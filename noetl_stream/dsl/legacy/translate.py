@@ -21,7 +21,7 @@ from noetl_stream.dsl.rewrite import (
     tokenize,
 )
 from noetl_stream.dsl.source import SourceMap
-from noetl_stream.events import LEGACY_ALIASES
+from noetl_stream.protocol.events import LEGACY_ALIASES
 
 ROOT_METADATA = ("name", "path", "version", "description")
 

@@ -62,7 +62,7 @@ app.kubernetes.io/part-of: noetl-stream
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* JetStream names, as noetl_stream/subjects.py builds them */}}
+{{/* JetStream names, as noetl_stream/protocol/subjects.py builds them */}}
 {{- define "noetl-stream.commandsStream" -}}
 {{- printf "%s_COMMANDS" (upper .Values.prefix) }}
 {{- end }}

@@ -5,10 +5,10 @@ during one turn of the event loop (under load, the flushes of many handlers) go 
 end, or each `WRITE_AT` messages, and only the last message of the write bound for each stream asks for
 an ack. JetStream processes one connection's messages to one stream in order, so that ack says every
 message of the write bound for the stream was processed, and settles every caller's future
-(`jsacks.Group`). Processed is stored unless the stream refuses one message and stores the next: those
-streams (`jsstreams`) get one ack per message of a caller instead (`jsacks.AllOf`).
+(`acks.Group`). Processed is stored unless the stream refuses one message and stores the next: those
+streams (`streams`) get one ack per message of a caller instead (`acks.AllOf`).
 
-Also here: the bytes of a publish with a ``Nats-Msg-Id`` header, which `jspublish.Publisher` writes too.
+Also here: the bytes of a publish with a ``Nats-Msg-Id`` header, which `publish.Publisher` writes too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import weakref
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from noetl_stream.jsacks import Acks, AllOf, Group, PubAck, Settles
-from noetl_stream.jsstreams import StreamConfigs
-from noetl_stream.natsio import check_writable, write_soon
+from noetl_stream.jetstream.acks import Acks, AllOf, Group, PubAck, Settles
+from noetl_stream.jetstream.fastpath import check_writable, write_soon
+from noetl_stream.jetstream.streams import StreamConfigs
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MSG_ID", "WRITE_AT", "Confirms", "Message", "subject_bytes"]
 
@@ -79,7 +79,7 @@ class _Batch:
 
 
 class Confirms:
-    """The confirmed publishes of one connection (`jspublish.Publisher` adds single publishes to them)."""
+    """The confirmed publishes of one connection (`publish.Publisher` adds single publishes to them)."""
 
     def __init__(self, nc: NATS) -> None:
         self._nc_ref = weakref.ref(nc)  # the connection keeps its publisher: no strong ref back

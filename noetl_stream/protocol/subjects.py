@@ -17,8 +17,8 @@ from typing import Literal
 
 import msgspec
 
-from noetl_stream import events
 from noetl_stream.errors import ConfigurationError
+from noetl_stream.protocol import events
 
 __all__ = [
     "MAX_NEW_ID_LENGTH",

@@ -4,11 +4,11 @@ The outbox publishes every event and command with a ``Nats-Msg-Id`` and waits fo
 per flush. nats-py's ``publish_async`` costs, per call, a random token, a semaphore acquired through
 ``asyncio.wait_for``, a done-callback, a regex check per header and, per ack, ``json.loads`` into a
 dataclass (docs/performance.md, candidate 3). `Publisher` builds the ``HPUB`` line and its header as
-bytes and writes them into the connection's outgoing buffer as ``Client.publish`` does (`natsio.write`,
+bytes and writes them into the connection's outgoing buffer as ``Client.publish`` does (`fastpath.write`,
 after the same checks), so ordering with the connection's other publishes and buffering while
-reconnecting are nats-py's own; its acks are matched by a counter (`jsacks.Acks`), and a turn's
+reconnecting are nats-py's own; its acks are matched by a counter (`acks.Acks`), and a turn's
 confirms share one write and one ack per stream (`Publisher.confirm`; which streams may not:
-`jsstreams`).
+`streams`).
 
 A message can also be published on the condition that its subject holds no message yet (`send`'s
 ``expect_new``: the header ``Nats-Expected-Last-Subject-Sequence: 0``): an insert-if-absent without a
@@ -33,13 +33,13 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
-from noetl_stream.jsacks import (
+from noetl_stream.jetstream.acks import (
     DUPLICATE_IN_PROCESS,
     WRONG_LAST_SEQUENCE,
     WRONG_LAST_SEQUENCE_PENDING,
     PubAck,
 )
-from noetl_stream.jsconfirm import (
+from noetl_stream.jetstream.confirm import (
     DEFAULT_TIMEOUT_S,
     HEADER_LEN,
     HPUB,
@@ -50,7 +50,7 @@ from noetl_stream.jsconfirm import (
     Message,
     subject_bytes,
 )
-from noetl_stream.natsio import check_writable, require_client_internals, write
+from noetl_stream.jetstream.fastpath import check_writable, require_client_internals, write
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -266,7 +266,7 @@ def publisher(nc: NATS) -> Publisher:
     connection itself (it refers back to it weakly): every flush asks for it."""
     pub: Publisher | None = getattr(nc, _ATTR, None)
     if pub is None:
-        require_client_internals(nc)  # connections not made by natsconn.connect are checked here
+        require_client_internals(nc)  # connections not made by connection.connect are checked here
         pub = Publisher(nc)
         setattr(nc, _ATTR, pub)
     return pub

@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from noetl_stream.natsio import subscribe_inline
+from noetl_stream.jetstream.fastpath import subscribe_inline
 
 __all__ = ["ContinuousPuller", "Handler"]
 

@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from noetl_stream import events as E
-from noetl_stream.decoding import explain
 from noetl_stream.dsl.model import Step, Task
-from noetl_stream.jsonvalue import enc_hook
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.decoding import explain
+from noetl_stream.protocol.jsonvalue import enc_hook
 
 Source = Literal["server", "worker"]
 EntityType = Literal["playbook", "workflow", "step", "task", "loop", "next", "execution"]

@@ -1,7 +1,7 @@
 """JSON Schemas of the wire types and of the operator API's bodies, published in ``schemas/`` and
 ``schemas/api/`` (a test keeps them in sync).
 
-python -m noetl_stream.schemas schemas/
+python -m noetl_stream.protocol.schemas schemas/
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from noetl_stream import operations as ops
-from noetl_stream.wire import Command, Event, ExecutionRequest
+from noetl_stream.protocol import operations as ops
+from noetl_stream.protocol.wire import Command, Event, ExecutionRequest
 
 WIRE_SCHEMAS: dict[str, type[msgspec.Struct]] = {
     "request": ExecutionRequest,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from noetl_stream.wire import Event
+    from noetl_stream.protocol.wire import Event
 
 # --- server (control plane) -------------------------------------------------
 EXECUTION_REQUESTED: Final = "playbook.execution.requested"

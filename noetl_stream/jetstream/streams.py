@@ -1,6 +1,6 @@
 """Which streams may refuse one message of a connection and store a later one.
 
-`jspublish.Publisher.confirm` asks for one ack per stream per write: JetStream processes one
+`publish.Publisher.confirm` asks for one ack per stream per write: JetStream processes one
 connection's messages to one stream in order, so the ack of the last message proves the earlier ones
 were processed. Processed is stored unless the stream refuses one message on its own and stores the
 next, which only per-message limits do. `StreamConfigs` looks at a stream's configuration (one
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import msgspec
 from nats.aio.client import Client as NATS
 
-from noetl_stream.jsacks import ApiError
+from noetl_stream.jetstream.acks import ApiError
 
 __all__ = ["RECHECK_S", "RETRY_S", "StreamConfigs", "may_refuse_one"]
 

@@ -1,7 +1,7 @@
 """Request and reply bodies of the operator API: the ``noetl`` micro service and the REST edge.
 
 Both speak these msgspec Structs as JSON; ``schemas/api/*.schema.json`` and the components of
-``schemas/openapi.yaml`` are generated from them (``python -m noetl_stream.schemas schemas/``).
+``schemas/openapi.yaml`` are generated from them (``python -m noetl_stream.protocol.schemas schemas/``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from noetl_stream.wire import Event
+from noetl_stream.protocol.wire import Event
 
 __all__ = [
     "CatalogDeleted",

@@ -46,10 +46,10 @@ log = structlog.get_logger(__name__)
 _CONNECTED = NATS.CONNECTED
 
 
-# --- the nats-py internals this module and jspublish.py use ----------------------------------------
+# --- the nats-py internals this module and jetstream/publish.py use ----------------------------------------
 # The hot path writes protocol bytes into nats-py's outgoing buffer, acks without a coroutine and gets
 # messages through a subscription's future (`write`, `write_soon`, `ack_soon`, `subscribe_inline`,
-# `jspublish.Publisher`). These names are private to nats-py: pyproject.toml pins the minor version
+# `publish.Publisher`). These names are private to nats-py: pyproject.toml pins the minor version
 # they were written against, and every connection is checked once for these names, so a different
 # nats-py missing one fails at start instead of misbehaving under load. What names cannot show (that a
 # subscription's future is handed each message, that writes join the flusher's buffer) is pinned by

@@ -4,7 +4,7 @@ A handler collects its effects, then ``flush()`` publishes them in order and wai
 for the acks that prove they are stored, before the handler settles its input.
 
 The flushes of one turn of the event loop (under load, many handlers' flushes) go out
-in one write at the end of the turn (`jspublish.Publisher.confirm`), and only the
+in one write at the end of the turn (`publish.Publisher.confirm`), and only the
 LAST event and the LAST command of that write ask for a JetStream ack; the others are
 plain publishes on the same connection. JetStream ingests one connection's messages
 to one stream in order, so the ack of the last message to a stream confirms the ones
@@ -45,7 +45,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 from noetl_stream.errors import StateConflictError
-from noetl_stream.jspublish import (
+from noetl_stream.jetstream.publish import (
     DUPLICATE_IN_PROCESS,
     MSG_ID,
     WRONG_LAST_SEQUENCE,
@@ -53,8 +53,8 @@ from noetl_stream.jspublish import (
     PubAck,
     publisher,
 )
-from noetl_stream.subjects import Topology
-from noetl_stream.wire import Command, Event, encode
+from noetl_stream.protocol.subjects import Topology
+from noetl_stream.protocol.wire import Command, Event, encode
 
 __all__ = ["MSG_ID", "AlreadyStored", "Outbox"]
 

@@ -3,7 +3,7 @@
 nats-py's ``publish_async`` makes a random token per call (``secrets.token_hex``: a ``getrandom``
 syscall) and decodes each ack with ``json.loads`` into a dataclass. `Acks` gives each acked publish the
 reply subject ``<prefix><n>`` (one inbox subscription per connection, handed each ack as nats-py parses
-it: `natsio.subscribe_inline`), decodes acks with msgspec, and keeps one timer per connection for the
+it: `fastpath.subscribe_inline`), decodes acks with msgspec, and keeps one timer per connection for the
 deadlines instead of one per publish. An API error in an ack (``{"error": {...}}``) fails its future
 at once (nats-py's ``publish_async`` left it to the timeout), and so does a lost connection
 (`fail_all`): the acks of a lost connection never come.
@@ -31,8 +31,8 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from noetl_stream.decoding import explain
-from noetl_stream.natsio import subscribe_inline
+from noetl_stream.jetstream.fastpath import subscribe_inline
+from noetl_stream.protocol.decoding import explain
 
 __all__ = [
     "DUPLICATE_IN_PROCESS",

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 import msgspec
 import structlog
 
-from noetl_stream import events as E
-from noetl_stream.wire import Event, decode_event, encode
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.wire import Event, decode_event, encode
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,7 @@ import structlog
 from nats.aio.client import Client as NATS
 
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.natsio import UnsupportedClientError, require_client_internals
+from noetl_stream.jetstream.fastpath import UnsupportedClientError, require_client_internals
 
 __all__ = ["connect", "nats_tls_context", "redact_urls", "refusal"]
 

@@ -17,7 +17,7 @@ from helm_support import (
     render,
 )
 
-from noetl_stream.cli import TOPOLOGY_ENV
+from noetl_stream.cli.common import TOPOLOGY_ENV
 
 # --- NATS and keychain wiring ---------------------------------------------------------------------------
 

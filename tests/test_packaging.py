@@ -26,7 +26,7 @@ def test_the_wheel_ships_py_typed(tmp_path: Path) -> None:
         recorded = {line.split(",")[0] for line in built.read(record).decode().splitlines()}
     assert "noetl_stream/py.typed" in names
     assert "noetl_stream/py.typed" in recorded  # installed, and uninstalled, with the rest
-    assert "noetl_stream/__init__.py" in names and "noetl_stream/cli.py" in names
+    assert "noetl_stream/__init__.py" in names and "noetl_stream/cli/main.py" in names
     # the viewer's pages and its vendored layout library (with its license), served from the package
     viewer = "noetl_stream/api/viewer/"
     for asset in ("index.html", "viewer.js", "viewer.css", "vendor/dagre.min.js", "vendor/LICENSE.dagre"):

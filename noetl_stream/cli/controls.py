@@ -8,22 +8,22 @@ from typing import Any
 import click
 import msgspec
 
-from noetl_stream.cli import (
-    _REFUSED,
+from noetl_stream.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
-    _topology,
-    _with_nats,
-    main,
+    REFUSED,
     nats_option,
     prefix_option,
+    topology_for,
+    with_nats,
 )
+from noetl_stream.cli.main import main
 
 
 def _control(action: str, execution_id: str, reason: str | None, nats_url: str, prefix: str) -> None:
     from noetl_stream.jetstream.connection import refusal
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
 
     async def go(nc: Any) -> dict[str, Any]:
         body = {"execution_id": execution_id, **({"reason": reason} if reason else {})}
@@ -32,7 +32,7 @@ def _control(action: str, execution_id: str, reason: str | None, nats_url: str, 
         except Exception as exc:
             refused = refusal(nc)
             if refused is not None:
-                return {"error": "forbidden", "detail": f"{refused}: {_REFUSED}"}
+                return {"error": "forbidden", "detail": f"{refused}: {REFUSED}"}
             return {"error": f"no controller answered on {topology.api_subject(action)}: {exc}"}
         reply: dict[str, Any] = msgspec.json.decode(msg.data) if msg.data else {}
         if msg.headers and msg.headers.get("Nats-Service-Error"):
@@ -40,7 +40,7 @@ def _control(action: str, execution_id: str, reason: str | None, nats_url: str, 
             reply.setdefault("detail", msg.headers["Nats-Service-Error"])
         return reply
 
-    reply = _with_nats(nats_url, f"noetl-{action}", go)
+    reply = with_nats(nats_url, f"noetl-{action}", go)
     if "error" in reply:
         click.echo(f"error: {reply.get('detail') or reply['error']}", err=True)
         sys.exit(EXIT_INVALID if reply["error"] in ("not_found", "bad_request", "forbidden") else EXIT_FAILED)
@@ -93,12 +93,12 @@ def prune(nats_url: str, prefix: str, older_than: float, dry_run: bool, as_json:
     "Retention")."""
     from noetl_stream.control.prune import prune as do_prune
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
 
     async def go(nc: Any) -> Any:
         return await do_prune(nc.jetstream(), topology, older_than_s=older_than, dry_run=dry_run)
 
-    report = _with_nats(nats_url, "noetl-prune", go)
+    report = with_nats(nats_url, "noetl-prune", go)
     if as_json:
         click.echo(msgspec.json.encode(report).decode())
     else:

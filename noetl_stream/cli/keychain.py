@@ -9,17 +9,17 @@ from typing import Any, TypeVar
 
 import click
 
-from noetl_stream.cli import (
+from noetl_stream.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
-    _echo_json,
-    _fail,
-    _topology,
-    _with_nats,
-    main,
+    echo_json,
+    fail,
     nats_option,
     prefix_option,
+    topology_for,
+    with_nats,
 )
+from noetl_stream.cli.main import main
 
 T = TypeVar("T")
 
@@ -32,12 +32,12 @@ def keychain() -> None:
 def _keychain_call(nats_url: str, prefix: str, action: Callable[[Any], Awaitable[T]]) -> T:
     from noetl_stream.kv.keychain import Keychain
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
 
     async def go(nc: Any) -> T:
         return await action(Keychain(nc.jetstream(), topology))
 
-    return _with_nats(nats_url, "noetl-keychain", go)
+    return with_nats(nats_url, "noetl-keychain", go)
 
 
 def _keychain_fields(fields: tuple[str, ...], from_json: str | None) -> tuple[dict[str, Any], str | None]:
@@ -78,7 +78,7 @@ def _check_entry(name: str, kind: str, fields: dict[str, Any]) -> None:
     try:
         check_credential(name, kind, fields)
     except BadCredentialError as exc:
-        _fail(str(exc), EXIT_INVALID)
+        fail(str(exc), EXIT_INVALID)
 
 
 @keychain.command("set")
@@ -128,7 +128,7 @@ def keychain_get(name: str, nats_url: str, prefix: str) -> None:
     except CredentialNotFoundError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_FAILED)
-    _echo_json({"name": name, "kind": entry.kind, "fields": sorted(entry.fields)})
+    echo_json({"name": name, "kind": entry.kind, "fields": sorted(entry.fields)})
 
 
 @keychain.command("list")
@@ -143,7 +143,7 @@ def keychain_list(as_json: bool, nats_url: str, prefix: str) -> None:
 
     entries = _keychain_call(nats_url, prefix, action)
     if as_json:
-        _echo_json([{"name": n, "kind": k} for n, k in entries])
+        echo_json([{"name": n, "kind": k} for n, k in entries])
         return
     for entry_name, entry_kind in entries:
         click.echo(f"{entry_name}\t{entry_kind}")

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 import msgspec
 
-from noetl_stream.cli import (
+from noetl_stream.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
-    _echo_json,
-    _topology,
-    _with_nats,
-    main,
+    echo_json,
     nats_option,
     prefix_option,
+    topology_for,
+    with_nats,
 )
+from noetl_stream.cli.main import main
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -49,7 +49,7 @@ def status(execution_id: str, as_json: bool, as_tree: bool, nats_url: str, prefi
     if as_json and as_tree:
         raise click.UsageError("--json and --tree cannot be used together")
     tree = as_tree or (not as_json and sys.stdout.isatty())
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
 
     async def go(nc: Any) -> tuple[Tracker, list[tuple[int, Event]]]:
         tracker = Tracker(execution_id)
@@ -61,7 +61,7 @@ def status(execution_id: str, as_json: bool, as_tree: bool, nats_url: str, prefi
         return tracker, events
 
     try:
-        tracker, events = _with_nats(nats_url, "noetl-status", go)
+        tracker, events = with_nats(nats_url, "noetl-status", go)
     except SubjectError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
@@ -71,13 +71,13 @@ def status(execution_id: str, as_json: bool, as_tree: bool, nats_url: str, prefi
         sys.exit(EXIT_FAILED)
     if tree:
         from noetl_stream.api.graph import fold_graph
-        from noetl_stream.statustree import render_status, step_attempts
+        from noetl_stream.cli.statustree import render_status, step_attempts
 
         graph = fold_graph(execution_id, events)
         click.echo("\n".join(render_status(graph, step_attempts(events))))
         return
     summary.pop("duration_s", None)
-    _echo_json(summary)
+    echo_json(summary)
 
 
 FOLLOW_NOTE_AFTER_S = 1.0
@@ -100,7 +100,7 @@ def events(
     from noetl_stream.kv.history import read_events
     from noetl_stream.timeline import Timeline
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
     timeline = Timeline()
 
     headed = as_json or no_headers
@@ -141,7 +141,7 @@ def events(
             shown += 1
         return shown
 
-    if not _with_nats(nats_url, "noetl-events", go):
+    if not with_nats(nats_url, "noetl-events", go):
         click.echo(f"error: no execution {execution_id}", err=True)
         sys.exit(EXIT_INVALID)
 
@@ -179,7 +179,7 @@ def replay(
     from noetl_stream.kv.history import read_events
     from noetl_stream.protocol import events as E
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
     until_seq = int(until) if until is not None and until.isascii() and until.isdigit() else None
     until_time = _event_time(until) if until is not None and until_seq is None else None
 
@@ -206,7 +206,7 @@ def replay(
                         break
         return state, diffs, rejected, first
 
-    state, diffs, rejected, first = _with_nats(nats_url, "noetl-replay", go)
+    state, diffs, rejected, first = with_nats(nats_url, "noetl-replay", go)
     if state is None:
         if rejected:
             why = (
@@ -232,7 +232,7 @@ def replay(
         return
     data = msgspec.to_builtins(state)
     if as_json:
-        _echo_json(data)
+        echo_json(data)
     else:
         click.echo(
             f"execution {data['execution_id']}: {data['status']} (through stream sequence {data['last_seq']})"
@@ -272,19 +272,19 @@ def executions(
     from noetl_stream.protocol.operations import ListExecutions
 
     query = ListExecutions(status=status, playbook=playbook, since=since, limit=limit, offset=offset)
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
 
     async def action(nc: Any) -> Any:
         return await Inspector(nc.jetstream(), topology).executions(query)
 
     try:
         check_page(offset, limit)  # before connecting (the rest of the query is checked with the list)
-        page = _with_nats(nats_url, "noetl-executions", action)
+        page = with_nats(nats_url, "noetl-executions", action)
     except QueryError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
     if as_json:
-        _echo_json(page)
+        echo_json(page)
         return
     if not page.items:  # on stderr, as `catalog list` does: stdout stays an (empty) listing
         click.echo(_no_executions(status, playbook, since, offset, page.total), err=True)
@@ -332,7 +332,7 @@ def ctx(execution_id: str, nats_url: str, prefix: str) -> None:
     """Print an execution's ctx as JSON (the controller's live view, else its snapshot)."""
     from noetl_stream.control.inspect import Inspector, QueryError
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
 
     async def action(nc: Any) -> Any:
         try:
@@ -347,11 +347,11 @@ def ctx(execution_id: str, nats_url: str, prefix: str) -> None:
         return None if reply is None else msgspec.to_builtins(reply)
 
     try:
-        reply = _with_nats(nats_url, "noetl-ctx", action)
+        reply = with_nats(nats_url, "noetl-ctx", action)
     except QueryError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
     if reply is None:
         click.echo(f"error: no execution {execution_id}", err=True)
         sys.exit(EXIT_INVALID)
-    _echo_json(reply["ctx"])
+    echo_json(reply["ctx"])

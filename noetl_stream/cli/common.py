@@ -1,9 +1,7 @@
-"""The ``noetl-stream`` command line. The edge: maps errors to exit codes, never tracebacks.
-
-This module holds the click group, the options and helpers the commands share, and the installation's
-topology from ``--prefix`` and ``NOETL_*``. The commands live in ``cli_*.py`` next to it, registered on
-`main` when this module is imported (see the bottom).
-"""
+"""What the ``noetl-stream`` commands share: the exit codes, the ``--nats`` and ``--prefix`` options,
+the installation's topology from ``--prefix`` and ``NOETL_*`` (`topology_for`), running a command's
+coroutine (`run_async`) and a command on a NATS connection (`with_nats`), each mapping errors to an exit
+code and one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 import msgspec
 
-from noetl_stream import __version__
-from noetl_stream.errors import ConfigurationError, NoetlError
+from noetl_stream.errors import ConfigurationError
 from noetl_stream.protocol.subjects import Topology
 
 T = TypeVar("T")
@@ -79,17 +76,17 @@ def checked_nats_url(value: str | None) -> str | None:
     urls = [u.strip() for u in value.split(",") if u.strip()]
     expected = "expected nats://HOST:PORT (or tls://, ws://, wss://), several comma-separated for a cluster"
     if not urls:
-        _fail(f"no NATS URL in --nats / NOETL_NATS_URL: {expected}", EXIT_INVALID)
+        fail(f"no NATS URL in --nats / NOETL_NATS_URL: {expected}", EXIT_INVALID)
     for url in urls:
         problem = _nats_url_problem(url)
         if problem is not None:
-            _fail(
+            fail(
                 f"invalid NATS URL {_masked(url)!r} (--nats / NOETL_NATS_URL): {problem}; {expected}",
                 EXIT_INVALID,
             )
     if len({url.partition("://")[0] in ("ws", "wss") for url in urls}) > 1:
         shown = ", ".join(_masked(url) for url in urls)
-        _fail(
+        fail(
             f"invalid NATS URLs {shown!r} (--nats / NOETL_NATS_URL): websocket (ws://, wss://) and "
             "nats:// or tls:// URLs cannot be mixed; the nodes of a cluster are reached one way",
             EXIT_INVALID,
@@ -126,7 +123,7 @@ TOPOLOGY_ENV = {
 }
 
 
-def _topology(prefix: str, **overrides: Any) -> Topology:
+def topology_for(prefix: str, **overrides: Any) -> Topology:
     """The installation's names and JetStream settings: ``--prefix`` plus the ``NOETL_*`` variables above
     (and `overrides` from command-line options, which win)."""
     import os
@@ -155,76 +152,7 @@ GRACE = click.FloatRange(min=0)
 CONCURRENCY = click.IntRange(min=1)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="noetl-stream")
-def main() -> None:
-    """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""
-    try:  # (importing the tools and reading the installed packages' entry points take a moment)
-        from noetl_stream.logs import configure
-        from noetl_stream.plugins import load_plugins
-
-        configure("warning")
-        load_plugins()
-    except KeyboardInterrupt:  # Ctrl-C before the command began: not click's "Aborted!" and exit 1
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-
-
-def entry() -> None:
-    """The ``noetl-stream`` console script: `main`, then an exit that does not wait for a thread a
-    task left running. A ``kind: python`` task blocked in C (``time.sleep``, a socket read) cannot be
-    interrupted, and the interpreter joins every thread at exit: a Ctrl-C'd ``run``, a ``run`` whose
-    task timed out, or a worker past its shutdown grace stayed alive until the task's code returned.
-    Everything of ours is closed by then (connections drained, the embedded server stopped); the
-    threads are abandoned with the process. A failure no command handled is one error line (exit 1),
-    never a traceback."""
-    try:
-        try:
-            main(prog_name="noetl-stream")
-        except msgspec.DecodeError as exc:  # a stored message that is not what it should be
-            _fail(f"a stored message could not be decoded: {exc}", EXIT_FAILED)
-        except NoetlError as exc:  # a failure the core names that its command did not handle
-            _fail(str(exc) or type(exc).__name__, EXIT_FAILED)
-    except SystemExit as exc:
-        if _threads_left_running():
-            import atexit
-            import os
-
-            code = exc.code
-            if code is not None and not isinstance(code, int):
-                print(code, file=sys.stderr)
-            # What an exit runs besides joining threads: finalizers (an embedded server's directory),
-            # the tracer's last batch of spans, logging's flush; in a thread, for a bounded time (an
-            # exit function may wait too: multiprocessing's joins its children).
-            import threading
-
-            runner = threading.Thread(target=atexit._run_exitfuncs, name="noetl-exit", daemon=True)
-            runner.start()
-            runner.join(EXIT_FUNCTIONS_WAIT_S)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code if isinstance(code, int) else 0 if code is None else 1)
-        raise
-
-
-EXIT_FUNCTIONS_WAIT_S = 5.0
-"""How long `entry` lets the exit functions run when it leaves abandoned threads behind."""
-
-
-def _threads_left_running(wait_s: float = 0.2) -> bool:
-    import threading
-    import time
-
-    deadline = time.monotonic() + wait_s
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    return any(
-        t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate()
-    )
-
-
-def _run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:
+def run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:
     """Run `coro` to the end; Ctrl-C exits 130, a lost connection or a NATS failure 1, a configuration
     error or an installation that is not provisioned 2 (one line on stderr, never a traceback)."""
     import nats.errors
@@ -240,9 +168,9 @@ def _run_async(coro: Coroutine[Any, Any, T], nats_url: str | None = None) -> T:
         raise  # stdout closed (`| head`): click exits quietly, no error line
     except ConfigurationError as exc:
         coro.close()  # if it never started: no "coroutine was never awaited" warning
-        _fail(str(exc), EXIT_INVALID)
+        fail(str(exc), EXIT_INVALID)
     except (ConnectionError, nats.errors.Error) as exc:
-        _fail(*_nats_failure(exc, nats_url))
+        fail(*_nats_failure(exc, nats_url))
 
 
 EVENT_LOOPS = ("uvloop", "asyncio")
@@ -260,7 +188,7 @@ def _check_event_loop() -> None:
         raise ConfigurationError(f"NOETL_EVENT_LOOP={value!r}: expected {' or '.join(EVENT_LOOPS)}")
 
 
-def _fail(message: str, code: int) -> NoReturn:
+def fail(message: str, code: int) -> NoReturn:
     from noetl_stream.jetstream.connection import redact_urls
 
     click.echo(f"error: {redact_urls(message)}", err=True)
@@ -268,7 +196,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 _PROVISION = "run `noetl-stream provision` (or check --prefix / NOETL_PREFIX)"
-_REFUSED = (
+REFUSED = (
     "the NATS user this command connects as may not do this (its permissions: deploy/nats/accounts.conf)"
 )
 
@@ -302,7 +230,7 @@ CLI_CONNECT_WAIT_S = 5.0
 (``NOETL_CONNECT_WAIT_S`` overrides it)."""
 
 
-def _connect_wait_s() -> float:
+def connect_wait_s() -> float:
     import math
     import os
 
@@ -314,13 +242,13 @@ def _connect_wait_s() -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        _fail(f"NOETL_CONNECT_WAIT_S={raw!r} is not a number of seconds above 0", EXIT_INVALID)
+        fail(f"NOETL_CONNECT_WAIT_S={raw!r} is not a number of seconds above 0", EXIT_INVALID)
     return value
 
 
-def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) -> T:
+def with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) -> T:
     """Connect to NATS as client `name`, return what `action(connection)` returns, and close; errors exit
-    as in `_run_async`. While connecting, the client's errors are not logged, one per attempt: the last
+    as in `run_async`. While connecting, the client's errors are not logged, one per attempt: the last
     one is in the error line if the connection cannot be made."""
     import nats.errors
     import structlog
@@ -330,7 +258,7 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
     connected = False
     last_error: list[str] = []
     log = structlog.get_logger("noetl_stream.jetstream.connection").bind(nats_client=name)
-    wait_s = _connect_wait_s()
+    wait_s = connect_wait_s()
 
     async def on_error(e: Exception) -> None:
         error = str(e) or type(e).__name__
@@ -361,15 +289,15 @@ def _with_nats(nats_url: str, name: str, action: Callable[[Any], Awaitable[T]]) 
         except (TimeoutError, nats.errors.TimeoutError):
             refused = refusal(nc)
             if refused is not None:  # the request went nowhere: the server dropped it
-                raise ConfigurationError(f"{refused}: {_REFUSED}") from None
+                raise ConfigurationError(f"{refused}: {REFUSED}") from None
             raise
         finally:
             await nc.close()
 
-    return _run_async(go(), nats_url)
+    return run_async(go(), nats_url)
 
 
-def _read_playbook(file: Path) -> str:
+def read_playbook(file: Path) -> str:
     """FILE's text; exit 2 with the reason if it cannot be read."""
     try:
         return file.read_text(encoding="utf-8")
@@ -378,16 +306,5 @@ def _read_playbook(file: Path) -> str:
         sys.exit(EXIT_INVALID)
 
 
-def _echo_json(value: object) -> None:
+def echo_json(value: object) -> None:
     click.echo(msgspec.json.encode(value).decode())
-
-
-# --- the commands, registered on `main` by their modules ---------------------------------------------
-
-import noetl_stream.cli_catalog  # noqa: E402
-import noetl_stream.cli_controls  # noqa: E402
-import noetl_stream.cli_inspect  # noqa: E402
-import noetl_stream.cli_keychain  # noqa: E402
-import noetl_stream.cli_run  # noqa: E402
-import noetl_stream.cli_services  # noqa: E402
-import noetl_stream.cli_validate  # noqa: E402, F401

@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 import msgspec
 
-from noetl_stream.cli import (
+from noetl_stream.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_OK,
-    _connect_wait_s,
-    _echo_json,
-    _fail,
-    _read_playbook,
-    _run_async,
-    _topology,
-    _with_nats,
     checked_nats_url,
-    main,
+    connect_wait_s,
+    echo_json,
+    fail,
     nats_option,
     prefix_option,
+    read_playbook,
+    run_async,
+    topology_for,
+    with_nats,
 )
+from noetl_stream.cli.main import main
 from noetl_stream.dsl import compile_playbook
 from noetl_stream.protocol import events as E
 
@@ -153,7 +153,7 @@ async def _cancel_late(rt: Runtime, execution_id: str, timeout: float) -> tuple[
 def _run_interruptible(
     work: Callable[[], Awaitable[int]], hush: Hush, nats_url: str | None
 ) -> tuple[int, bool]:
-    """Run `work` to its exit code, as `_run_async` does; a Ctrl-C cancels it (its runtime shuts down,
+    """Run `work` to its exit code, as `run_async` does; a Ctrl-C cancels it (its runtime shuts down,
     what that says below an error unsaid: `Hush.quiet`) and gives (`EXIT_INTERRUPTED`, True)."""
     interrupted = False
 
@@ -185,7 +185,7 @@ def _run_interruptible(
                 loop.remove_signal_handler(signal.SIGINT)
 
     try:
-        code = _run_async(main(), nats_url)
+        code = run_async(main(), nats_url)
     except SystemExit as exc:
         if exc.code != EXIT_INTERRUPTED:  # (a Ctrl-C before the handler was set)
             raise
@@ -203,7 +203,7 @@ def _print_outcome(summary: dict[str, Any], as_json: bool, progress: Progress | 
     if summary.get("status") != "success":
         summary = {**summary, "result": None}
     if as_json:
-        _echo_json(summary)
+        echo_json(summary)
     elif progress is not None:
         progress.finish(summary)
     sys.stdout.flush()
@@ -263,7 +263,7 @@ def run(
     configure("warning", hush=hush)
     started: list[str] = []
     try:
-        text = _read_playbook(file)
+        text = read_playbook(file)
         extensions: tuple[str, ...] = ("legacy",) if legacy else ()
         result = compile_playbook(text, str(file), extensions=extensions)
         for d in result.diagnostics:
@@ -272,9 +272,9 @@ def run(
             sys.exit(EXIT_INVALID)
         data = _load_payload(payload, sets)
         _warn_undeclared(data, result.playbook.workload, file)
-        topology = _topology(prefix)
+        topology = topology_for(prefix)
         progress = None if as_json else Progress()
-        wait_s = _connect_wait_s()
+        wait_s = connect_wait_s()
 
         async def go() -> int:
             from noetl_stream.client import request_for
@@ -317,7 +317,7 @@ def run(
         except BrokenPipeError:
             raise
         except (OSError, RuntimeError) as exc:  # the embedded nats-server could not start, ...
-            _fail(str(exc), EXIT_FAILED)
+            fail(str(exc), EXIT_FAILED)
     except KeyboardInterrupt:  # before the run began (reading, compiling)
         code, interrupted = EXIT_INTERRUPTED, True
     if interrupted:
@@ -346,7 +346,7 @@ def _timed_out(execution_id: str, timeout: float, summary: RunSummary | None, as
     if stopped:
         ended += f" (stopped: {', '.join(stopped)})"
     if as_json and summary is not None:
-        _echo_json({**msgspec.to_builtins(summary), "result": None})
+        echo_json({**msgspec.to_builtins(summary), "result": None})
     sys.stdout.flush()
     click.echo(
         f"error: execution {execution_id} did not end within --timeout {timeout:g}s: {ended}", err=True
@@ -443,13 +443,13 @@ def submit(
 
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is how long --wait waits: give --wait too")
-    text = _read_playbook(file)
+    text = read_playbook(file)
     data = _load_payload(payload, sets)
     extensions = ("legacy",) if legacy else ()
     compiled = compile_playbook(text, str(file), extensions=extensions)
     if compiled.playbook is not None:  # (else the controller says what is wrong with it)
         _warn_undeclared(data, compiled.playbook.workload, file)
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
     progress = None if as_json else Progress()
     submitted: list[str] = []
 
@@ -463,13 +463,13 @@ def submit(
         submitted.append(eid)
         return await _follow_submitted(nc, topology, eid, progress, timeout)
 
-    out = _with_nats(nats_url, "noetl-submit", go)
+    out = with_nats(nats_url, "noetl-submit", go)
     if isinstance(out, str):
         _echo_execution_id(out, as_json)
         return
     if out is None:
         eid = submitted[0]
-        _fail(
+        fail(
             f"execution {eid} did not end within --timeout {timeout:g}s; it goes on "
             f"(`noetl-stream status {eid}` shows where it is, `noetl-stream cancel {eid}` ends it)",
             EXIT_TIMEOUT,
@@ -498,7 +498,7 @@ def retry(
     from noetl_stream.client import submit as do_submit
     from noetl_stream.progress import Progress
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
     progress = None if as_json else Progress()
 
     async def go(nc: Any) -> Any:
@@ -510,7 +510,7 @@ def retry(
         return await _follow_submitted(nc, topology, new_id, progress)
 
     try:
-        out = _with_nats(nats_url, "noetl-retry", go)
+        out = with_nats(nats_url, "noetl-retry", go)
     except RetryError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)

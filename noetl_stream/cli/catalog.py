@@ -10,17 +10,17 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from noetl_stream.cli import (
+from noetl_stream.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
-    _echo_json,
-    _read_playbook,
-    _topology,
-    _with_nats,
-    main,
+    echo_json,
     nats_option,
     prefix_option,
+    read_playbook,
+    topology_for,
+    with_nats,
 )
+from noetl_stream.cli.main import main
 
 T = TypeVar("T")
 
@@ -30,13 +30,13 @@ def _catalog_call(
 ) -> T:
     from noetl_stream.kv.catalog import Catalog, CatalogConflictError, CatalogError, CatalogNotFoundError
 
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
 
     async def run(nc: Any) -> T:
         return await action(Catalog(nc.jetstream(), topology, extensions=extensions))
 
     try:
-        return _with_nats(nats_url, "noetl-catalog", run)
+        return with_nats(nats_url, "noetl-catalog", run)
     except CatalogError as exc:
         click.echo(f"error: {exc}", err=True)
         for line in exc.diagnostics[1:]:
@@ -62,14 +62,14 @@ def catalog() -> None:
 @prefix_option
 def catalog_register(file: Path, as_json: bool, nats_url: str, prefix: str, legacy: bool = False) -> None:
     """Store FILE under its metadata.path and metadata.version (or the next number)."""
-    text = _read_playbook(file)
+    text = read_playbook(file)
 
     async def action(cat: Any) -> Any:
         return await cat.register(text, str(file))
 
     entry, created = _catalog_call(nats_url, prefix, action, ("legacy",) if legacy else ())
     if as_json:
-        _echo_json({**msgspec.to_builtins(entry), "created": created})
+        echo_json({**msgspec.to_builtins(entry), "created": created})
         return
     verb = "registered" if created else "already registered"
     click.echo(f"{verb} {entry.path}@{entry.version} (sha256 {entry.content_hash[:12]}, {entry.size} bytes)")
@@ -88,7 +88,7 @@ def catalog_list(path: str | None, as_json: bool, nats_url: str, prefix: str) ->
 
     entries = _catalog_call(nats_url, prefix, action)
     if as_json:
-        _echo_json(entries)
+        echo_json(entries)
         return
     if not entries:  # on stderr, as `kubectl get` does: stdout stays a (empty) listing
         click.echo(f"no playbooks registered under '{path}'" if path else "no playbooks registered", err=True)
@@ -115,7 +115,7 @@ def catalog_show(ref: str, as_json: bool, nats_url: str, prefix: str) -> None:
 
     entry, text = _catalog_call(nats_url, prefix, action)
     if as_json:
-        _echo_json({"entry": entry, "playbook": text})
+        echo_json({"entry": entry, "playbook": text})
         return
     click.echo(text, nl=not text.endswith("\n"))
 

@@ -7,19 +7,19 @@ from typing import Any
 
 import click
 
-from noetl_stream.cli import (
+from noetl_stream.cli.common import (
     CONCURRENCY,
     EXIT_INVALID,
     GRACE,
     LOG_LEVEL,
-    _echo_json,
-    _run_async,
-    _topology,
-    _with_nats,
-    main,
+    echo_json,
     nats_option,
     prefix_option,
+    run_async,
+    topology_for,
+    with_nats,
 )
+from noetl_stream.cli.main import main
 
 
 @main.command()
@@ -94,8 +94,10 @@ def controller(
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_INVALID)
     extensions: tuple[str, ...] = ("legacy",) if legacy else ()
-    _run_async(
-        run_controller(nats_url, _topology(prefix), pools, grace, listen, tokens, extensions, controller_id),
+    run_async(
+        run_controller(
+            nats_url, topology_for(prefix), pools, grace, listen, tokens, extensions, controller_id
+        ),
         nats_url,
     )
 
@@ -165,7 +167,7 @@ def worker(
     from noetl_stream.services import run_worker
 
     configure(log_level)
-    topology = _topology(prefix)
+    topology = topology_for(prefix)
     metrics_at: tuple[str, int] | None = None
     if metrics is not None:
         try:
@@ -187,7 +189,7 @@ def worker(
         argv = ["--pool", pool, "--concurrency", str(concurrency), "--grace", str(grace)]
         argv += ["--log-level", log_level, "--task-events", task_events]
         sys.exit(supervise_workers(processes, argv, nats_url, topology.prefix, grace, name, metrics_at))
-    _run_async(
+    run_async(
         run_worker(nats_url, topology, pool, concurrency, grace, name, task_events, metrics_at), nats_url
     )
     _exit_now_if_tools_still_run()
@@ -241,9 +243,9 @@ def provision(
     """Create or update the streams, consumers, KV buckets and object store (idempotent)."""
     from noetl_stream.kv.provision import provision as do_provision
 
-    topology = _topology(prefix, replicas=replicas, partitions=partitions, lease_ttl_s=lease_ttl)
+    topology = topology_for(prefix, replicas=replicas, partitions=partitions, lease_ttl_s=lease_ttl)
 
     async def go(nc: Any) -> object:
         return await do_provision(nc.jetstream(), topology, pools)
 
-    _echo_json(_with_nats(nats_url, "noetl-provision", go))
+    echo_json(with_nats(nats_url, "noetl-provision", go))

@@ -33,10 +33,10 @@ from bench.services import HttpServer, PgServer
 from noetl_stream.dataplane.worker import CLOCK_SKEW_S
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 API_CONCURRENCY = 16
 INFORMATIVE_PREFIX = "noetlinf"

@@ -47,9 +47,9 @@ def side() -> None:  # pragma: no cover - a child process of `main`
     from bench import raw, runtime
     from noetl_stream.dataplane import worker
     from noetl_stream.jetstream.embedded import EmbeddedNats
-    from noetl_stream.local import local_runtime
     from noetl_stream.logs import configure
     from noetl_stream.loop import run_event_loop
+    from noetl_stream.runtime.local import local_runtime
 
     # The tree's own modules, or it is no tree: the editable install's would be found in their place.
     tree = Path.cwd().resolve()

@@ -35,11 +35,11 @@ from nats.aio.msg import Msg
 
 from bench.runtime import chain_playbook
 from noetl_stream.api import ApiServer
-from noetl_stream.client import Completions
+from noetl_stream.client.tracking import Completions
 from noetl_stream.jetstream.connection import connect
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import ExecutionRequest, encode, new_execution_id
+from noetl_stream.runtime.local import Runtime
 
 __all__ = ["ApiBench", "api_bench"]
 
@@ -173,9 +173,9 @@ def ratios(out: dict[str, object]) -> None:
 
 def main() -> None:
     from noetl_stream.jetstream.embedded import EmbeddedNats
-    from noetl_stream.local import local_runtime
     from noetl_stream.logs import configure
     from noetl_stream.loop import run_event_loop
+    from noetl_stream.runtime.local import local_runtime
 
     parser = argparse.ArgumentParser(prog="python -m bench.api")
     parser.add_argument("--quick", action="store_true", help="fewer executions (a smoke run)")

@@ -27,7 +27,8 @@ from nats.aio.msg import Msg
 
 from bench import raw
 from bench.runtime import Runtime, chain_playbook
-from noetl_stream.client import Completions, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import Completions
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.protocol.wire import new_execution_id
 
@@ -195,7 +196,7 @@ def table(fp: dict[str, Any]) -> str:
 
 async def _main() -> None:  # pragma: no cover - manual entry point
     from noetl_stream.jetstream.embedded import EmbeddedNats
-    from noetl_stream.local import local_runtime
+    from noetl_stream.runtime.local import local_runtime
 
     with EmbeddedNats() as server:
         async with local_runtime(server.url, workers=1, concurrency=128) as rt:

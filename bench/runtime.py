@@ -9,12 +9,13 @@ from typing import Protocol
 
 from nats.aio.client import Client as NATS
 
-from noetl_stream.client import Completions, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import Completions
 from noetl_stream.protocol.subjects import Topology
 
 
 class Runtime(Protocol):
-    """Where executions are submitted: `noetl_stream.local.Runtime`, or a `bench.procs.Deployment`
+    """Where executions are submitted: `noetl_stream.runtime.local.Runtime`, or a `bench.procs.Deployment`
     whose controller and workers are separate processes."""
 
     @property

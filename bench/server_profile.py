@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from bench import runtime
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 
 @dataclass

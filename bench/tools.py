@@ -33,8 +33,9 @@ import asyncpg
 import msgspec
 
 from bench.runtime import run_one
-from noetl_stream.client import Completions, request_for, submit
-from noetl_stream.local import Runtime
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import Completions
+from noetl_stream.runtime.local import Runtime
 
 __all__ = [
     "HTTP_PATH",

@@ -14,26 +14,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from noetl_stream.client import Completions, RunSummary, follow, request_for, submit
+    from noetl_stream.client.submit import request_for, submit
+    from noetl_stream.client.tracking import Completions, RunSummary, follow
     from noetl_stream.dsl.compiler import CompileResult, compile_playbook
     from noetl_stream.jetstream.embedded import EmbeddedNats
-    from noetl_stream.local import Runtime, local_runtime
     from noetl_stream.protocol.subjects import Topology
+    from noetl_stream.runtime.local import Runtime, local_runtime
 
 __version__ = "0.1.0"
 
 _HOMES = {
     "CompileResult": "noetl_stream.dsl.compiler",
-    "Completions": "noetl_stream.client",
+    "Completions": "noetl_stream.client.tracking",
     "EmbeddedNats": "noetl_stream.jetstream.embedded",
-    "RunSummary": "noetl_stream.client",
-    "Runtime": "noetl_stream.local",
+    "RunSummary": "noetl_stream.client.tracking",
+    "Runtime": "noetl_stream.runtime.local",
     "Topology": "noetl_stream.protocol.subjects",
     "compile_playbook": "noetl_stream.dsl.compiler",
-    "follow": "noetl_stream.client",
-    "local_runtime": "noetl_stream.local",
-    "request_for": "noetl_stream.client",
-    "submit": "noetl_stream.client",
+    "follow": "noetl_stream.client.tracking",
+    "local_runtime": "noetl_stream.runtime.local",
+    "request_for": "noetl_stream.client.submit",
+    "submit": "noetl_stream.client.submit",
 }
 
 __all__ = [

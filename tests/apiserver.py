@@ -12,7 +12,7 @@ import aiohttp
 
 from noetl_stream.api import ApiServer
 from noetl_stream.kv.keychain import Keychain, KeychainKey
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 TOKEN = "test-token-1"
 OTHER_TOKEN = "test-token-2"

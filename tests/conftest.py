@@ -23,7 +23,7 @@ from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedCluster, EmbeddedNats
 from noetl_stream.kv.provision import stream_names
 from noetl_stream.protocol.subjects import Topology
-from noetl_stream.services import provision_at_start
+from noetl_stream.runtime.services import provision_at_start
 
 if TYPE_CHECKING:
     from pgserver import PgServer
@@ -193,7 +193,7 @@ def eventually() -> Callable[..., Awaitable[None]]:
 
 # --- end-to-end runtime fixtures (tests/test_runtime_*.py) ------------------------------------------
 
-from noetl_stream.local import Runtime, local_runtime  # noqa: E402
+from noetl_stream.runtime.local import Runtime, local_runtime  # noqa: E402
 
 
 @pytest.fixture

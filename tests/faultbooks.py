@@ -12,7 +12,7 @@ from typing import Any
 from helpers import playbook
 from nats.aio.client import Client as NATS
 
-from noetl_stream.client import request_for, submit
+from noetl_stream.client.submit import request_for, submit
 from noetl_stream.protocol.subjects import Topology
 
 

@@ -22,17 +22,18 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.client import RunSummary, request_for
+from noetl_stream.client.submit import request_for
+from noetl_stream.client.tracking import RunSummary
 from noetl_stream.control.keychaincheck import CHECK_FLAG
 from noetl_stream.jetstream.acks import Acks
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import CredentialNotFoundError
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, event_id, now_iso
+from noetl_stream.runtime.local import Runtime
 
 RUN_TIMEOUT_S = 30.0
 

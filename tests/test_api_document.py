@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from noetl_stream.api.app import build_app
 from noetl_stream.api.openapi import document, render
 from noetl_stream.kv.keychain import KeychainKey, generate_key
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "schemas" / "openapi.yaml"

@@ -14,9 +14,9 @@ from helpers import playbook
 from viewer_support import GATE_BOOK, graph_when, open_gate, pipeline_book, start, steps
 
 from noetl_stream.api.graph import fold_graph
-from noetl_stream.client import retry_request
-from noetl_stream.local import Runtime
+from noetl_stream.client.submit import retry_request
 from noetl_stream.protocol import events as E
+from noetl_stream.runtime.local import Runtime
 
 
 @pytest.fixture

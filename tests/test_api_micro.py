@@ -11,10 +11,11 @@ import jsonschema
 import pytest
 from helpers import playbook
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.endpoints import ENDPOINTS
-from noetl_stream.local import Runtime
 from noetl_stream.protocol.schemas import API_SCHEMAS, api_schema, render
+from noetl_stream.runtime.local import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()

@@ -6,11 +6,11 @@ import json
 
 from apiserver import serve, sse
 
-from noetl_stream.client import follow
+from noetl_stream.client.tracking import follow
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import KeychainKey, generate_key
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 SECRET = "Zq9-very-secret-bearer-value"
 PASSWORD = "pw-4711-hunter2"

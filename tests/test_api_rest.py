@@ -16,9 +16,9 @@ from apiserver import OTHER_TOKEN, TOKEN, Api, serve, sse
 from helpers import playbook
 
 from noetl_stream.api.routes import ROUTES
-from noetl_stream.client import follow
+from noetl_stream.client.tracking import follow
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 JSON_BODY = {"Content-Type": "application/json"}  # raw bytes: say what they are
 
@@ -528,7 +528,7 @@ async def test_a_keychain_entry_no_tool_could_use_is_refused(nats_server: Any, t
     """As `keychain set` does: a kind no tool knows, or an entry without what its kind needs, is a 400
     and nothing is stored (it used to surface as a task's credential_error)."""
     from noetl_stream.kv.keychain import KeychainKey, generate_key
-    from noetl_stream.local import local_runtime
+    from noetl_stream.runtime.local import local_runtime
 
     key = KeychainKey([generate_key()])
     async with (

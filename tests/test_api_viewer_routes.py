@@ -14,7 +14,7 @@ from viewer_support import GATE_BOOK, graph_when, open_gate, pipeline_book, star
 
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 BIG_RESULT = playbook(
     """

@@ -16,7 +16,6 @@ from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.command import MAX_EVENT_BYTES
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events, scan
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import (
     CARRY_MAX_BYTES,
@@ -28,6 +27,7 @@ from noetl_stream.protocol.carried import (
 )
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, decode_event, encode, event_id, now_iso
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 
 def event(name: str, execution_id: str = "e1", payload: dict[str, object] | None = None) -> Event:

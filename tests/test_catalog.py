@@ -14,7 +14,7 @@ from helpers import playbook
 from nats.js import JetStreamContext
 from nats.js.errors import ObjectNotFoundError
 
-from noetl_stream.client import follow
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.replay import replay, verify
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.catalog import (
@@ -28,10 +28,10 @@ from noetl_stream.kv.catalog import (
 )
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import ExecutionRequest, content_hash, encode
+from noetl_stream.runtime.local import Runtime
 
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"
 

@@ -23,14 +23,15 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from procs import Processes, provisioned, run_cli
 
-from noetl_stream.client import RunSummary, follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import RunSummary, follow
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import derived_execution_id, new_execution_id
+from noetl_stream.runtime.local import Runtime
 
 LEASE_TTL_S = 3.0
 

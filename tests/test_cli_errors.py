@@ -16,7 +16,7 @@ import pytest
 from test_cli_run import HELLO, cli, noetl
 
 from noetl_stream.jetstream.embedded import EmbeddedNats, find_nats_server
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
@@ -174,7 +174,8 @@ async def test_following_an_execution_not_started_yet_says_it_waits_then_shows_i
 ) -> None:
     """``events <id> --follow`` of an id without events waited in silence (it may be about to start).
     It now says so on stderr after a second, keeps waiting, and prints the execution once it runs."""
-    from noetl_stream.client import follow, request_for, submit
+    from noetl_stream.client.submit import request_for, submit
+    from noetl_stream.client.tracking import follow
 
     execution_id = f"later-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(

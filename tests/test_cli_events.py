@@ -12,11 +12,12 @@ import msgspec
 from helpers import playbook
 from procs import NOETL_STREAM, run_cli
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.timeline import Timeline
+from noetl_stream.client.tracking import follow
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import Runtime
 from noetl_stream.protocol.wire import Event, new_execution_id
-from noetl_stream.timeline import Timeline
+from noetl_stream.runtime.local import Runtime
 
 TEXT = playbook(
     """

@@ -18,9 +18,9 @@ from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.keychain import generate_key
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 
 async def _line(stream: object, within_s: float = 30.0) -> str:

@@ -17,9 +17,9 @@ from pathlib import Path
 from helpers import playbook
 from test_cli_run import ROOT, cli, noetl
 
-from noetl_stream.client import follow
+from noetl_stream.client.tracking import follow
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 DURATION = r"(\d+ms|\d+\.\d\ds|\d+m\d\ds|\d+h\d\dm)"
 

@@ -23,7 +23,7 @@ from helpers import playbook
 from test_cli_interrupt import _children, _ended
 from test_cli_run import JSON_KEYS, ROOT, cli
 
-from noetl_stream.local import ABANDONED_GRACE_S, GRACE_S, Runtime, _worker_grace
+from noetl_stream.runtime.local import ABANDONED_GRACE_S, GRACE_S, Runtime, _worker_grace
 
 SAFETY_TIMEOUT_S = 120  # only against a hang: nothing below is timed
 

@@ -18,9 +18,9 @@ from helpers import playbook
 from procs import NOETL_STREAM
 
 from noetl_stream.cli import main
+from noetl_stream.client.timeline import Timeline, duration_text
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import Runtime
-from noetl_stream.timeline import Timeline, duration_text
+from noetl_stream.runtime.local import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 

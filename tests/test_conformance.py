@@ -31,14 +31,14 @@ import yaml
 from conformance.api import BEARER_TOKEN, ConformanceApi
 from pgserver import PgServer
 
-from noetl_stream.client import RunSummary
+from noetl_stream.client.tracking import RunSummary
 from noetl_stream.dsl import compile_playbook
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 HERE = Path(__file__).parent / "conformance"
 RUN_TIMEOUT_S = 45.0

@@ -9,14 +9,15 @@ import msgspec
 from helpers import playbook
 from nats.aio.msg import Msg
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 
 async def _request(rt: Runtime, action: str, body: dict[str, object]) -> tuple[dict[str, object], str | None]:

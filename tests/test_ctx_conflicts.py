@@ -12,9 +12,9 @@ from helpers import playbook, requested, run, step_done
 
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.state import ExecutionState
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event
+from noetl_stream.runtime.local import Runtime
 
 FAN_OUT = playbook(
     """

@@ -24,7 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import NoetlProcess, Processes, provisioned
 
-from noetl_stream.client import request_for, submit
+from noetl_stream.client.submit import request_for, submit
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.protocol import events as E

@@ -7,7 +7,7 @@ from helpers import playbook, run
 from legacy_support import report, step, yaml
 
 from noetl_stream.dsl import compile_playbook, load_playbook
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 TASK_SET = playbook(
     """

@@ -15,11 +15,11 @@ import structlog
 from apiserver import serve
 from helpers import playbook
 
-from noetl_stream.client import Tracker, follow
+from noetl_stream.client.tracking import Tracker, follow
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event, now_iso
+from noetl_stream.runtime.local import Runtime
 
 GOOD = playbook("- step: start\n  tool: {kind: noop, result: 7}\n")
 

@@ -19,7 +19,7 @@ from helm_support import (
 )
 
 from noetl_stream.cli import main as cli_main
-from noetl_stream.supervisor import worker_commands
+from noetl_stream.runtime.supervisor import worker_commands
 
 ON: dict[str, Any] = {
     "workerMetrics": {"enabled": True, "podMonitor": {"enabled": True, "labels": {"release": "prom"}}},

@@ -24,11 +24,11 @@ from helpers import playbook
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from noetl_stream.client import follow
+from noetl_stream.client.tracking import follow
 from noetl_stream.kv.catalog import LATEST, encode_part
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import decode_command, decode_event, decode_request
+from noetl_stream.runtime.local import Runtime
 
 GOOD = playbook(
     """

@@ -18,7 +18,7 @@ from apiserver import Api, serve
 from helpers import playbook
 
 from noetl_stream.api.openapi import document
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 START = json.dumps({"playbook": GOOD}).encode()

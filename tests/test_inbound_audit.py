@@ -23,12 +23,13 @@ from apiserver import Api, serve
 from helpers import playbook
 from nats.aio.msg import Msg
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.dsl import compile_playbook
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import MAX_NEW_ID_LENGTH, MAX_TOKEN_LENGTH, SubjectError
+from noetl_stream.runtime.local import Runtime
 
 JSON_BODY = {"Content-Type": "application/json"}  # raw bytes: say what they are
 

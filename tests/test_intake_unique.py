@@ -17,7 +17,8 @@ from helpers import requested as requested_event
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream.client import follow, request_for
+from noetl_stream.client.submit import request_for
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.intake import Intake
 from noetl_stream.control.reducer import rejection_events

@@ -15,9 +15,9 @@ from noetl_stream.dataplane.credentials import check_credential
 from noetl_stream.dsl.compiler import compile_playbook
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key, secret_strings
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 TOKEN = "bearer-token-SECRET-0c4e2a"
 

@@ -23,10 +23,10 @@ from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, event_id, now_iso
+from noetl_stream.runtime.local import local_runtime
 
 SECRET = "present-token-VALUE-7f3c91"
 

@@ -10,8 +10,8 @@ import pytest
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 SECRET = "s3cr3t-token-value"
 FILE_SECRET = "file-password-42"

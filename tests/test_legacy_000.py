@@ -11,7 +11,7 @@ from helpers import run
 from httpserver import HttpServer
 from legacy_support import canonical, compiles, legacy, report, step, yaml
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 FAILED = "{{ event.name == 'step.failed' }}"
 DONE = "{{ event.name != 'step.failed' }}"

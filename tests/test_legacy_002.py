@@ -10,8 +10,8 @@ from helpers import run
 from legacy_support import canonical, compiles, legacy, report, step, yaml
 
 from noetl_stream.dsl import compile_playbook
-from noetl_stream.local import Runtime
-from noetl_stream.migrate import migrate_text
+from noetl_stream.dsl.migrate import migrate_text
+from noetl_stream.runtime.local import Runtime
 
 
 def test_eval_with_expr_and_flat_actions_becomes_spec_policy_rules() -> None:

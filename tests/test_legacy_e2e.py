@@ -15,11 +15,11 @@ from legacy_support import CASE_FILE, fragment_002, wrap_002
 from pgserver import PgServer
 
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.dsl.migrate import migrate_text
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
-from noetl_stream.local import Runtime, local_runtime
-from noetl_stream.migrate import migrate_text
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 OWNERS = [(31, "ops@archive.test"), (44, "night@archive.test")]
 ROWS = {"a": [1, 2, 3, 4, 5], "b": ["x", "y", "z"]}

@@ -20,7 +20,8 @@ import pytest
 from httpserver import HttpServer
 from legacy_support import example_002
 
-from noetl_stream.client import follow, request_for, retry_request, submit
+from noetl_stream.client.submit import request_for, retry_request, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.intake import RequestError, parse_request
 from noetl_stream.control.replay import replay
 from noetl_stream.dataplane.worker import Worker
@@ -28,10 +29,10 @@ from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.catalog import Catalog, CatalogError
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, ExecutionRequest, content_hash
+from noetl_stream.runtime.local import local_runtime
 
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"
 HINT = "(enable legacy extensions to translate it)"

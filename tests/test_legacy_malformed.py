@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from legacy_support import legacy, report
 
-from noetl_stream.migrate import migrate_text
+from noetl_stream.dsl.migrate import migrate_text
 
 END = "- step: end\n  tool: {kind: noop}\n"
 TARGET = "step 'start': a 'next' target is a step name or {step, args}, got"

@@ -16,7 +16,7 @@ from legacy_support import canonical, legacy, report, step
 from ruamel.yaml import YAML
 
 from noetl_stream.dsl import compile_playbook
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 DONE = "{{ event.name != 'step.failed' }}"
 

@@ -13,7 +13,7 @@ from ruamel.yaml import YAML
 from test_dsl_property import SETTINGS, _dump, _mutate, check
 
 from noetl_stream.dsl import compile_playbook
-from noetl_stream.migrate import migrate_text
+from noetl_stream.dsl.migrate import migrate_text
 
 EXTRA = """\
 apiVersion: noetl.io/v2

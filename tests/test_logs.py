@@ -16,7 +16,8 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import Processes
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.logs import bound, configure

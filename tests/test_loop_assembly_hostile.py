@@ -8,9 +8,9 @@ import msgspec
 
 from noetl_stream.control.effects import LoopResults
 from noetl_stream.control.loopresults import assemble
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event, now_iso
+from noetl_stream.runtime.local import Runtime
 
 
 def iteration(index: int, result: object) -> bytes:

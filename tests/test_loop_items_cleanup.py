@@ -14,7 +14,8 @@ from helpers import playbook
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.replay import verify
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.embedded import EmbeddedNats
@@ -23,10 +24,10 @@ from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, control_event
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 # --- what the bucket's stream holds ------------------------------------------------------------------
 

@@ -16,9 +16,9 @@ from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.children import PARENT_ITER_INLINE
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.results import is_ref
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event, derived_execution_id
+from noetl_stream.runtime.local import Runtime
 
 EXECS = ["local", "distributed"]
 

@@ -9,7 +9,7 @@ import pytest
 from helpers import playbook, run
 
 from noetl_stream.dsl import compile_playbook
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 READS_EVENT = """
     - step: start

@@ -23,7 +23,8 @@ from helpers import JOURNAL_CODE, playbook, requested
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control import groupcommit
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.deadlines import Deadlines
@@ -38,10 +39,10 @@ from noetl_stream.kv.history import read_events, scan
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore, is_ref
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, now_iso
+from noetl_stream.runtime.local import Runtime
 
 # --- the reducer alone ----------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.dsl.migrate import migrate_text
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.migrate import migrate_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

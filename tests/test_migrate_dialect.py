@@ -15,12 +15,12 @@ from test_migrate import noetl
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.dsl.migrate import migrate_text
 from noetl_stream.dsl.respell import envelope
 from noetl_stream.dsl.rewrite import Untranslatable, rewrite_chains
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.dsl.views import result_view
-from noetl_stream.local import Runtime
-from noetl_stream.migrate import migrate_text
+from noetl_stream.runtime.local import Runtime
 
 
 def migrated(text: str) -> str:

@@ -16,7 +16,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from procs import run_cli
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.prune import _in_history, prune
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StoreMissingError
@@ -24,9 +25,9 @@ from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.local import Runtime
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import encode
+from noetl_stream.runtime.local import Runtime
 
 LATER = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=2)
 

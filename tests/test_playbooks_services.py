@@ -39,8 +39,8 @@ from noetl_stream.dsl import compile_playbook
 from noetl_stream.dsl.schema import playbook_schema
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ROOT / "playbooks" / "services"

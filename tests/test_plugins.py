@@ -11,13 +11,13 @@ from helpers import playbook
 
 from noetl_stream.dsl import compile_playbook
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
-from noetl_stream.plugins import load_plugins
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
+from noetl_stream.runtime.plugins import load_plugins
 
 PLUGIN = """
 from noetl_stream.dataplane.outcome import Outcome
-from noetl_stream.plugins import ToolPlugin
+from noetl_stream.runtime.plugins import ToolPlugin
 
 
 async def run_shout(config, ctx):

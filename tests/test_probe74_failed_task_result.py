@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers import playbook
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 # `fetch_page` fails on page 3 (its policy continues); `store` records what it sees, pages 1 to 3.
 PAGES = """

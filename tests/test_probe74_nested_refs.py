@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers import playbook
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 BIG = 300_000
 """Above the default inline limit (256 KiB): the result travels by reference."""

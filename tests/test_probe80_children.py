@@ -14,15 +14,16 @@ from pathlib import Path
 import msgspec
 from helpers import playbook, run
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.dataplane.tools.playbook import run_playbook
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import decode_event
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 QUICK = playbook(
     """

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from helpers import playbook
 
-from noetl_stream.client import AttachmentError, collect_attachments, follow, request_for, submit
+from noetl_stream.client.submit import AttachmentError, collect_attachments, request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.intake import rebase_attachments
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import ExecutionRequest, new_execution_id
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 
 async def test_a_child_request_of_an_ended_parent_is_rejected_with_a_terminal_event(runtime: Runtime) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from helpers import playbook
 
-from noetl_stream.client import follow, request_for, retry_request, submit
-from noetl_stream.local import Runtime
+from noetl_stream.client.submit import request_for, retry_request, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.protocol import events as E
+from noetl_stream.runtime.local import Runtime
 
 # `start` waits for a flag file (up to 20 s); `second` follows it with its result
 WAITS = """

@@ -12,8 +12,8 @@ from helpers import playbook
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.jetstream.outbox import Outbox
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 

@@ -10,12 +10,13 @@ import pytest
 from helpers import playbook
 from procs import run_cli, topology_env
 
-from noetl_stream.client import follow, submit
+from noetl_stream.client.submit import submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import ExecutionRequest
+from noetl_stream.runtime.local import Runtime
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 

@@ -15,13 +15,13 @@ from helpers import playbook
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream.client import request_for
+from noetl_stream.client.submit import request_for
 from noetl_stream.control.intake import Intake
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import encode
+from noetl_stream.runtime.local import Runtime
 
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 NOT_AN_EVENT = (b"{not json", b'{"event_id": "x", "status": "completed"}')

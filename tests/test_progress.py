@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from helpers import event
 
-from noetl_stream.progress import Progress
+from noetl_stream.client.progress import Progress
 
 
 @pytest.mark.parametrize(

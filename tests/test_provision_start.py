@@ -25,13 +25,13 @@ from nats.js import JetStreamContext
 from procs import Processes
 
 from noetl_stream.cli import main
-from noetl_stream.client import request_for, submit
+from noetl_stream.client.submit import request_for, submit
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision, stream_names
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
-from noetl_stream.services import provision_at_start
+from noetl_stream.runtime.services import provision_at_start
 
 THIRTY_DAYS_S = 30 * 24 * 3600.0
 

@@ -35,7 +35,7 @@ def test_the_public_compiler_compiles_a_playbook() -> None:
 def test_importing_the_dsl_loads_neither_nats_nor_the_runtime() -> None:
     code = (
         "import sys, noetl_stream.dsl.compiler\n"
-        "loaded = sorted(m for m in ('nats', 'asyncpg', 'aiohttp', 'noetl_stream.local', 'noetl_stream.control')"
+        "loaded = sorted(m for m in ('nats', 'asyncpg', 'aiohttp', 'noetl_stream.runtime.local', 'noetl_stream.control')"
         " if m in sys.modules)\n"
         "print(','.join(loaded))\n"
     )

@@ -24,18 +24,19 @@ import pytest
 from helpers import playbook
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
-from noetl_stream.client import Completions, follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import Completions, follow
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.endpoints import ENDPOINTS
 from noetl_stream.control.intake import CONTROL_ENDPOINTS
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import decode_all
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, ExecutionRequest, decode_event
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATIONS = ROOT / "docs" / "operations.md"

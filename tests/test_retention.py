@@ -14,7 +14,8 @@ from helpers import playbook, run
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.client import Completions, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import Completions
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StateConflictError
@@ -22,8 +23,8 @@ from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import events_max_age_s, provision
 from noetl_stream.kv.snapshots import SnapshotStore
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 TTL_HEADER = "Nats-TTL"
 HOUR = 3600.0

@@ -10,8 +10,9 @@ from pathlib import Path
 from helpers import playbook
 from procs import NOETL_STREAM
 
-from noetl_stream.client import RetryError, follow, request_for, retry_request, submit
-from noetl_stream.local import Runtime
+from noetl_stream.client.submit import RetryError, request_for, retry_request, submit
+from noetl_stream.client.tracking import follow
+from noetl_stream.runtime.local import Runtime
 
 FLAKY = """
 - step: start

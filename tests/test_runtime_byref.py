@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from helpers import run
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 LIMIT = 1024  # executor.spec.policy.limits.max_payload_bytes: a 2 KB result is stored by reference
 

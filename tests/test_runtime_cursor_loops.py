@@ -12,8 +12,8 @@ import pytest
 from helpers import playbook, run
 from pgserver import PgServer
 
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
+from noetl_stream.runtime.local import Runtime
 
 
 @pytest.fixture

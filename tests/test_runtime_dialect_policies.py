@@ -12,7 +12,7 @@ import pytest
 from helpers import playbook, run, ts
 from httpserver import HttpServer
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 @pytest.fixture

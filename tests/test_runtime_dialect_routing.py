@@ -17,7 +17,7 @@ from helpers import playbook, run
 from nats.js.client import JetStreamContext
 
 from noetl_stream.control.replay import replay, verify
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 GATE = playbook(
     """

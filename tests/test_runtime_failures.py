@@ -11,10 +11,11 @@ import structlog
 from helpers import playbook, run
 from nats.js import JetStreamContext
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import Runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import Runtime
 
 # --- admission ------------------------------------------------------------------------------------
 

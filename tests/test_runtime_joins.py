@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from helpers import playbook, run
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 # --- joins -----------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from helpers import playbook, run
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools import TOOLS, ToolContext
 from noetl_stream.dsl import kinds
-from noetl_stream.plugins import ToolPlugin, register_plugin
+from noetl_stream.runtime.plugins import ToolPlugin, register_plugin
 
 
 async def test_arc_args_that_render_python_values_arrive_as_json(runtime: Runtime) -> None:

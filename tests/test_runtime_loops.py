@@ -14,10 +14,10 @@ import pytest
 from helpers import JOURNAL_CODE, indent, journal, max_concurrency, playbook, run
 
 from noetl_stream.api.graph import fold_graph
+from noetl_stream.client.timeline import Timeline
 from noetl_stream.control.replay import verify
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
-from noetl_stream.timeline import Timeline
+from noetl_stream.runtime.local import Runtime
 
 EXECS = ["local", "distributed"]
 

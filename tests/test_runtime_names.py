@@ -10,8 +10,8 @@ import uuid
 import pytest
 from helpers import playbook, run
 
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
+from noetl_stream.runtime.local import Runtime
 
 EXECS = ("local", "distributed")
 

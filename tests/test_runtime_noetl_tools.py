@@ -15,7 +15,7 @@ from helpers import playbook, run
 from httpserver import HttpServer
 from pgserver import PgServer
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 @pytest.fixture

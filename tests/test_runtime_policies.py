@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from helpers import playbook, run, ts
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 # A python task that fails until its `_attempt` reaches `ok_at`, and reports the attempt it ran as.
 FLAKY = """
@@ -569,7 +569,8 @@ async def test_outcome_meta_has_the_attempt_duration_timestamps_and_trace_id(run
 
     import msgspec
 
-    from noetl_stream.client import follow, request_for, submit
+    from noetl_stream.client.submit import request_for, submit
+    from noetl_stream.client.tracking import follow
 
     text = playbook(
         """

@@ -16,16 +16,17 @@ import structlog
 from helpers import indent, requested
 from procs import NOETL_STREAM
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 
 def pools_playbook(executor_pool: str | None = None) -> str:

@@ -20,14 +20,15 @@ from helpers import JOURNAL_CODE, indent, journal, max_concurrency, playbook
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, decode_event
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 Eventually = Callable[..., Awaitable[None]]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from helpers import playbook, run
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 # --- exclusive and inclusive routing ---------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from helpers import playbook, step_started
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
-from noetl_stream.client import Completions, request_for, submit
-from noetl_stream.local import Runtime
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import Completions
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import encode
+from noetl_stream.runtime.local import Runtime
 
 SLOW_FIRST_STEP = playbook(
     """

@@ -23,8 +23,8 @@ from helpers import run
 from noetl_stream.dataplane.tools.urlmask import mask_urls, masked_url
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key, redact, secret_strings
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 BASIC_USER, BASIC_PASSWORD = "alice", "PWbasic_1a2b3c4d"
 API_KEY = "AK+/key=5e6f7a8b"  # '+', '/' and '=' are written differently by every URL encoder

@@ -1,4 +1,4 @@
-"""`client.submit` when the request's ack is lost: it publishes again with the same ``Nats-Msg-Id``, so the
+"""`noetl_stream.client.submit.submit` when the request's ack is lost: it publishes again with the same ``Nats-Msg-Id``, so the
 request is stored once and the caller gets its execution id, instead of an error after which a second
 submission would start a second execution."""
 
@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from helpers import LostAcks, own_connection
 
-from noetl_stream import client
-from noetl_stream.client import request_for, submit
+from noetl_stream.client import submit as client_submit
+from noetl_stream.client.submit import request_for, submit
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.jetstream.publish import MSG_ID
 from noetl_stream.protocol.wire import decode_request, request_msg_id
@@ -27,7 +27,7 @@ workflow:
 async def test_a_request_whose_ack_died_with_the_server_is_stored_once_after_the_restart(
     own_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(client, "SUBMIT_RETRY_S", 30.0)  # room for a restart on a loaded machine
+    monkeypatch.setattr(client_submit, "SUBMIT_RETRY_S", 30.0)  # room for a restart on a loaded machine
     lost = LostAcks(monkeypatch)
     async with own_connection(own_server, "submitretry") as (nc, js, topo):
         request = request_for(TEXT, "r.yaml")

@@ -11,7 +11,7 @@ from noetl_stream.cli import main
 from noetl_stream.dsl import compile_playbook
 from noetl_stream.dsl.canonical import expand
 from noetl_stream.dsl.source import load_yaml
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 def set_iter(**values: object) -> str:

@@ -14,14 +14,15 @@ from click.testing import CliRunner
 from helpers import Run, playbook, run
 
 from noetl_stream.cli import main
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.kv.history import read_events
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
+from noetl_stream.runtime.local import Runtime
 
 TASK = (E.TASK_STARTED, E.TASK_DONE)
 

@@ -10,7 +10,7 @@ from helpers import playbook, run
 
 from noetl_stream.dsl import budget
 from noetl_stream.dsl.templates import RenderError, compile_template, render_value
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 NESTED_LOOPS = "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}true"
 LONG_EXPRESSION = "{{ lipsum(n=10**6) | length > 0 }}"  # one expression, as arcs and admission need

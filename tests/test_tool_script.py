@@ -22,7 +22,7 @@ from helpers import playbook, run
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.dataplane.tools.script import run_script
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 def context(spec: dict[str, Any] | None = None) -> ToolContext:

@@ -27,8 +27,8 @@ from noetl_stream.dataplane.tools.postgres import run_postgres
 from noetl_stream.dataplane.tools.python import run_python
 from noetl_stream.dataplane.tools.urlmask import mask_urls
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 PASSWORD = "S3cret-pw-91c4"
 TOKEN = "tok-a8f3e1d0"

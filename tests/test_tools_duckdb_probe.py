@@ -15,8 +15,8 @@ from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.dataplane.tools.duckdb import run_duckdb
 from noetl_stream.dataplane.tools.python import run_python
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 
 async def test_timestamptz_columns_are_returned(nats_server: EmbeddedNats, topology: Topology) -> None:

@@ -22,8 +22,8 @@ from noetl_stream.dataplane.tools import close_resources
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.dataplane.tools.duckdb import run_duckdb
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 
 @pytest.fixture

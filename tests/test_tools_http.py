@@ -18,8 +18,8 @@ from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.http import retry_after_seconds, run_http
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 TOKEN = "tok-SECRET-7f3a9c2e"
 PASSWORD = "pw-SECRET-b81d44"

@@ -20,8 +20,8 @@ from httpserver import HttpServer
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 API_KEY = "key-SECRET-probe-4c1d9e"
 TOKEN = "tok-SECRET-probe-0a7b3f"

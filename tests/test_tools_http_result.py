@@ -18,8 +18,8 @@ from noetl_stream.dataplane.tools.http import run_http
 from noetl_stream.dsl import render_value
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 TOKEN = "tok-SECRET-envelope-31c9"
 API_KEY = "key-SECRET-envelope-8d02"

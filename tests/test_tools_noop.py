@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers import playbook, run
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 async def test_noop_returns_its_rendered_result(runtime: Runtime) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from helpers import playbook, run
 
-from noetl_stream.client import follow
+from noetl_stream.client.tracking import follow
 from noetl_stream.dataplane.tools.playbook import DEFAULT_TIMEOUT_S, _wait_limit
 from noetl_stream.kv.catalog import Catalog
-from noetl_stream.local import Runtime
 from noetl_stream.protocol import events as E
+from noetl_stream.runtime.local import Runtime
 
 GATED = playbook(
     """

@@ -13,8 +13,8 @@ from httpserver import HttpServer
 from noetl_stream.dataplane.tools.base import ToolContext, WorkerServices
 from noetl_stream.dataplane.tools.http import run_http
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 
 @pytest.fixture

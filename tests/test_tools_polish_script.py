@@ -11,8 +11,8 @@ from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext
 from noetl_stream.dataplane.tools.script import run_script
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 SHOW = 'echo "X=${X-unset} HOME=${HOME-unset} KEPT=${KEPT-unset} N=${N-unset}"'
 

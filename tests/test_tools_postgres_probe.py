@@ -9,8 +9,8 @@ from helpers import playbook, run
 from pgserver import PgServer
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 
 async def test_dsn_that_is_not_a_url_is_a_config_error(nats_server: EmbeddedNats, topology: Topology) -> None:

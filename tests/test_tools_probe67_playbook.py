@@ -8,8 +8,8 @@ from pathlib import Path
 from helpers import playbook
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 CHILD = playbook(
     """

@@ -7,7 +7,7 @@ import pytest
 from helpers import playbook, run
 from legacy_support import report
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 async def test_input_keys_are_rendered_globals_and_the_whole_mapping_is_input_data_and_args(

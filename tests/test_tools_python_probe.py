@@ -6,8 +6,8 @@ import pytest
 from helpers import playbook, run
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.local import local_runtime
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import local_runtime
 
 
 async def test_async_main_is_awaited(nats_server: EmbeddedNats, topology: Topology) -> None:

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from helpers import playbook, run
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 def _task(code: str, args: str = "{}") -> str:

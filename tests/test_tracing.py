@@ -15,9 +15,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from noetl_stream import tracing
-from noetl_stream.client import follow, request_for, submit
-from noetl_stream.local import Runtime
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.protocol.wire import Event
+from noetl_stream.runtime.local import Runtime
 
 TEXT = playbook(
     """

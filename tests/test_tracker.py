@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers import event
 
-from noetl_stream.client import Tracker
+from noetl_stream.client.tracking import Tracker
 from noetl_stream.protocol import events as E
 
 

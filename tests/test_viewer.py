@@ -15,7 +15,7 @@ import pytest
 from apiserver import TOKEN, Api, serve
 from viewer_support import GATE_BOOK, Browser, call, graph_when, open_browser, open_gate, pipeline_book, start
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 
 @pytest.fixture

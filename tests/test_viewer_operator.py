@@ -31,7 +31,7 @@ from viewer_support import (
     start,
 )
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 LANES = ("extract", "transform", "load")
 LANE_STEPS = 32

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from helpers import run
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 HEADER = """apiVersion: noetl.io/v2
 kind: Playbook

@@ -17,7 +17,8 @@ from nats.js import JetStreamContext
 from procs import Processes, provisioned
 from prometheus_client.parser import text_string_to_metric_families
 
-from noetl_stream.client import follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.protocol.subjects import Topology

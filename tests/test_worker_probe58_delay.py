@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from helpers import playbook, run
 
-from noetl_stream.local import Runtime
+from noetl_stream.runtime.local import Runtime
 
 RETRY = """
 - step: start

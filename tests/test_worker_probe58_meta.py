@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from helpers import Run, playbook
 
-from noetl_stream.client import follow, request_for, submit
-from noetl_stream.local import Runtime
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import follow
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event
+from noetl_stream.runtime.local import Runtime
 from noetl_stream.tracing import trace_ids
 
 PIPELINE = """

@@ -11,9 +11,9 @@ from helpers import Run, playbook, run
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.results import REF, ResultStore, is_ref
-from noetl_stream.local import Runtime, local_runtime
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 BLOB = 300_000  # above the default inline limit (256 KiB)
 

@@ -23,12 +23,12 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import NoetlProcess, Processes
 
-from noetl_stream.client import request_for, submit
+from noetl_stream.client.submit import request_for, submit
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
-from noetl_stream.supervisor import Supervisor
+from noetl_stream.runtime.supervisor import Supervisor
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -227,7 +227,7 @@ def test_children_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
     )
     parent_py.write_text(
         "import asyncio, sys\n"
-        "from noetl_stream.supervisor import Supervisor\n"
+        "from noetl_stream.runtime.supervisor import Supervisor\n"
         "cmd = [sys.executable, sys.argv[1], sys.argv[2]]\n"
         "asyncio.run(Supervisor([cmd, cmd]).run())\n"
     )

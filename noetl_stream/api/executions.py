@@ -23,7 +23,7 @@ from noetl_stream.api.http import (
     read_json,
     reply,
 )
-from noetl_stream.client import RetryError, check_from_steps, retry_request
+from noetl_stream.client.submit import RetryError, check_from_steps, retry_request
 from noetl_stream.control.endpoints import MAX_SEQ
 from noetl_stream.control.intake import CONTROL_ENDPOINTS, RequestError, parse_request
 from noetl_stream.kv.results import ResultStore

@@ -42,7 +42,7 @@ def status(execution_id: str, as_json: bool, as_tree: bool, nats_url: str, prefi
     """Show an execution's status, step by step (folded from its events): on a terminal a tree of its
     steps with their status, duration, attempts and errors; else (or with --json) one line of JSON.
     Exit 1 if there is no such execution."""
-    from noetl_stream.client import Tracker
+    from noetl_stream.client.tracking import Tracker
     from noetl_stream.kv.history import read_events
     from noetl_stream.protocol.subjects import SubjectError
 
@@ -96,9 +96,9 @@ def events(
 ) -> None:
     """Print an execution's events as a timeline under a line of column names: time since the request,
     event, step, step run / task run / iteration, status, duration and error."""
-    from noetl_stream.client import follow
+    from noetl_stream.client.timeline import Timeline
+    from noetl_stream.client.tracking import follow
     from noetl_stream.kv.history import read_events
-    from noetl_stream.timeline import Timeline
 
     topology = topology_for(prefix)
     timeline = Timeline()

@@ -21,7 +21,7 @@ def main() -> None:
     """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""
     try:  # (importing the tools and reading the installed packages' entry points take a moment)
         from noetl_stream.logs import configure
-        from noetl_stream.plugins import load_plugins
+        from noetl_stream.runtime.plugins import load_plugins
 
         configure("warning")
         load_plugins()

@@ -29,7 +29,7 @@ def migrate(file: Path, out: Path | None, in_place: bool, quiet: bool) -> None:
     writes nothing when the playbook has a form without a faithful canonical spelling (exit 2, with
     the reason) or when the result would not validate without dialect warnings.
     """
-    from noetl_stream.migrate import migrate_text
+    from noetl_stream.dsl.migrate import migrate_text
 
     if out is not None and in_place:
         raise click.BadParameter("give -o or --in-place, not both", param_hint="--in-place")

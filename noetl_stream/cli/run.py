@@ -36,12 +36,12 @@ from noetl_stream.protocol import events as E
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from noetl_stream.client import RunSummary
-    from noetl_stream.local import Runtime
+    from noetl_stream.client.progress import Progress
+    from noetl_stream.client.tracking import RunSummary
     from noetl_stream.logs import Hush
-    from noetl_stream.progress import Progress
     from noetl_stream.protocol.subjects import Topology
     from noetl_stream.protocol.wire import Event
+    from noetl_stream.runtime.local import Runtime
 
 
 def _load_payload(payload: str | None, sets: tuple[str, ...]) -> dict[str, object]:
@@ -118,7 +118,7 @@ async def _follow_within(
     timeout: float | None,
 ) -> RunSummary | None:
     """`follow` the execution to its end; None when `timeout` seconds passed first."""
-    from noetl_stream.client import follow
+    from noetl_stream.client.tracking import follow
 
     if timeout is None:
         return await follow(nc, topology, execution_id, on_event)
@@ -135,7 +135,7 @@ async def _follow_within(
 async def _cancel_late(rt: Runtime, execution_id: str, timeout: float) -> tuple[RunSummary | None, bool]:
     """Cancel an execution ``run --timeout`` gave up on, and its end: (summary, whether it was cancelled
     here; False when it ended just before the request could be recorded)."""
-    from noetl_stream.client import follow
+    from noetl_stream.client.tracking import follow
     from noetl_stream.control.endpoints import ApiError
 
     reason = f"noetl-stream run --timeout {timeout:g}: no end after {timeout:g}s"
@@ -255,8 +255,8 @@ def run(
     """Run a playbook end to end and print its outcome (exit 0 success, 1 failed, 2 invalid; with
     --timeout, 124 when it had not ended by then: it is cancelled; 130 on Ctrl-C)."""
 
+    from noetl_stream.client.progress import Progress
     from noetl_stream.logs import Hush, configure
-    from noetl_stream.progress import Progress
 
     # A failed step's warning would say what the progress (or the JSON outcome) says.
     hush = Hush(frozenset({E.STEP_FAILED}))
@@ -277,9 +277,9 @@ def run(
         wait_s = connect_wait_s()
 
         async def go() -> int:
-            from noetl_stream.client import request_for
-            from noetl_stream.client import submit as do_submit
-            from noetl_stream.local import local_runtime
+            from noetl_stream.client.submit import request_for
+            from noetl_stream.client.submit import submit as do_submit
+            from noetl_stream.runtime.local import local_runtime
 
             async with local_runtime(
                 nats_url, topology=topology, workers=workers, connect_wait_s=wait_s
@@ -437,9 +437,9 @@ def submit(
 ) -> None:
     """Publish an execution request onto the request subject; print the execution id. With --wait,
     follow it and exit like `run` (with --timeout, 124 when it had not ended by then: it goes on)."""
-    from noetl_stream.client import request_for
-    from noetl_stream.client import submit as do_submit
-    from noetl_stream.progress import Progress
+    from noetl_stream.client.progress import Progress
+    from noetl_stream.client.submit import request_for
+    from noetl_stream.client.submit import submit as do_submit
 
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is how long --wait waits: give --wait too")
@@ -494,9 +494,9 @@ def retry(
 ) -> None:
     """Re-run a failed or cancelled execution from its failed or interrupted step(s), reusing the results of
     what succeeded."""
-    from noetl_stream.client import RetryError, retry_request
-    from noetl_stream.client import submit as do_submit
-    from noetl_stream.progress import Progress
+    from noetl_stream.client.progress import Progress
+    from noetl_stream.client.submit import RetryError, retry_request
+    from noetl_stream.client.submit import submit as do_submit
 
     topology = topology_for(prefix)
     progress = None if as_json else Progress()
@@ -522,6 +522,6 @@ def retry(
 
 def _check_from_steps(request: Any, execution_id: str, from_steps: tuple[str, ...]) -> None:
     """Refuse a ``--from-step`` the execution's playbook does not have (`client.check_from_steps`)."""
-    from noetl_stream.client import check_from_steps
+    from noetl_stream.client.submit import check_from_steps
 
     check_from_steps(request, execution_id, from_steps)

@@ -81,7 +81,7 @@ def controller(
     from noetl_stream.api.app import check_tokens
     from noetl_stream.errors import ConfigurationError
     from noetl_stream.logs import configure
-    from noetl_stream.services import run_controller
+    from noetl_stream.runtime.services import run_controller
 
     configure(log_level)
     listen: tuple[str, int] | None = None
@@ -164,7 +164,7 @@ def worker(
     from noetl_stream.api import parse_listen
     from noetl_stream.errors import ConfigurationError
     from noetl_stream.logs import configure
-    from noetl_stream.services import run_worker
+    from noetl_stream.runtime.services import run_worker
 
     configure(log_level)
     topology = topology_for(prefix)
@@ -180,7 +180,7 @@ def worker(
             raise click.BadParameter(f"{processes} processes need ports up to 65535", param_hint="--metrics")
     if processes > 1:
         from noetl_stream.protocol.subjects import SubjectError, check_pool
-        from noetl_stream.supervisor import supervise_workers
+        from noetl_stream.runtime.supervisor import supervise_workers
 
         try:
             check_pool(pool)  # before starting children that would all fail on it

@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from noetl_stream.api.graph import ExecutionGraph, GraphStep
+from noetl_stream.client.timeline import duration_text
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event
-from noetl_stream.timeline import duration_text
 
 __all__ = ["error_text", "render_status", "step_attempts"]
 

@@ -7,7 +7,7 @@ A plugin package declares, in its ``pyproject.toml``::
 
 where ``ECHO`` is a ``ToolPlugin`` (or a callable returning one)::
 
-    from noetl_stream.plugins import ToolPlugin
+    from noetl_stream.runtime.plugins import ToolPlugin
     from noetl_stream.dataplane.outcome import Outcome
 
     async def run_echo(config, ctx):

@@ -7,9 +7,9 @@ from typing import Any, TextIO
 
 import msgspec
 
+from noetl_stream.client.timeline import duration_text
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event
-from noetl_stream.timeline import duration_text
 
 
 class Progress:

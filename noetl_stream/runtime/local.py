@@ -12,7 +12,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from noetl_stream.client import RunSummary, follow, request_for, submit
+from noetl_stream.client.submit import request_for, submit
+from noetl_stream.client.tracking import RunSummary, follow
 from noetl_stream.control.controller import Controller
 from noetl_stream.control.leases import default_controller_id
 from noetl_stream.dataplane.tools.base import WorkerServices
@@ -22,9 +23,9 @@ from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey
 from noetl_stream.kv.provision import provision
 from noetl_stream.logs import configure_unless_configured
-from noetl_stream.plugins import load_plugins
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
+from noetl_stream.runtime.plugins import load_plugins
 
 
 @dataclass

@@ -6,6 +6,22 @@ The public Python API, importable from here::
 
 Each name is imported from its module when first used, so ``import noetl_stream.dsl`` (pure: no NATS,
 no event loop) stays as light as it is.
+
+The packages, by layer (docs/architecture.md draws who imports whom):
+
+* `protocol`: the message formats (request, command, event, subjects, operations, their schemas).
+* `jetstream`: talking to NATS (connection, fast paths, acks, confirms, publish, streams, puller,
+  outbox, the embedded server).
+* `dsl`: the playbook language (parse, compile, templates, policies, migration). Pure.
+* `kv`: the stores in JetStream (history, snapshots, results, keychain, catalog, provisioning).
+* `control`: the controller (intake, reducer, transitions, folding and commit).
+* `dataplane`: the worker (commands, tools).
+* `client`, `runtime`, `api`, `cli`: the edge (submitting and following, the processes, the REST
+  API, the command line).
+
+`errors`, `logs`, `tracing` and `loop` stay here, beside the layers: every layer uses them (the
+exceptions the core names, structured logging, spans, the event loop), and they import no layer but
+`protocol` (`tracing` reads event names).
 """
 
 from __future__ import annotations

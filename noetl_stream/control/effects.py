@@ -12,8 +12,7 @@ from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import (
     Command,
     Event,
-    event_id,
-    now_iso,
+    make_event,
 )
 
 
@@ -84,17 +83,8 @@ def rejection_events(
         (E.PLAYBOOK_PROCESSED, {"status": "rejected", "error": error}),
     ):
         out.append(
-            Event(
-                event_id=event_id(execution_id, "execution", name),
-                execution_id=execution_id,
-                name=name,
-                source="server",
-                entity_type="playbook",
-                entity_id=entity_id,
-                status="error",
-                timestamp=now_iso(),
-                payload=payload,
-                trace_id=trace_id,
+            server_event(
+                execution_id, name, "playbook", entity_id, "error", "execution", payload, trace_id=trace_id
             )
         )
     return out
@@ -127,15 +117,14 @@ def server_event(
     trace_id: str | None = None,
 ) -> Event:
     """An event the controller writes (source ``server``), its id deterministic from its scope."""
-    return Event(
-        event_id=event_id(execution_id, scope, name),
-        execution_id=execution_id,
-        name=name,
+    return make_event(
+        execution_id,
+        name,
         source="server",
-        entity_type=entity_type,  # type: ignore[arg-type]
+        entity_type=entity_type,
         entity_id=entity_id,
-        status=status,  # type: ignore[arg-type]
-        timestamp=now_iso(),
+        status=status,
+        scope=scope,
         payload=payload,
         step=step,
         step_run_id=step_run_id,

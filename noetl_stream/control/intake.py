@@ -77,9 +77,8 @@ from noetl_stream.protocol.wire import (
     decode_request,
     derived_execution_id,
     encode,
-    event_id,
+    make_event,
     new_execution_id,
-    now_iso,
 )
 
 log = structlog.get_logger(__name__)
@@ -523,15 +522,14 @@ class Intake:
         if sorted(extensions) != request.extensions:
             request = msgspec.structs.replace(request, extensions=sorted(extensions))
         error = await self._check_playbook(request)
-        requested = Event(
-            event_id=event_id(execution_id, "execution", E.EXECUTION_REQUESTED),
-            execution_id=execution_id,
-            name=E.EXECUTION_REQUESTED,
+        requested = make_event(
+            execution_id,
+            E.EXECUTION_REQUESTED,
             source="server",
             entity_type="playbook",
             entity_id=request.path or request.file or "<playbook>",
             status="in_progress",
-            timestamp=now_iso(),
+            scope="execution",
             payload={
                 "request": msgspec.to_builtins(request),
                 **pinned,

@@ -21,7 +21,7 @@ from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
-from noetl_stream.protocol.wire import Command, Event, decode_command, decode_json, event_id, now_iso
+from noetl_stream.protocol.wire import Command, Event, decode_command, decode_json, make_event
 
 log = structlog.get_logger(__name__)
 
@@ -51,15 +51,14 @@ def failure_for(cmd: Command, deliveries: int) -> Event:
         )
     else:
         scope, name, entity, payload = cmd.step_run_id, E.STEP_FAILED, "step", {"error": error}
-    return Event(
-        event_id=event_id(cmd.execution_id, scope, name),
-        execution_id=cmd.execution_id,
-        name=name,
+    return make_event(
+        cmd.execution_id,
+        name,
         source="server",
-        entity_type=entity,  # type: ignore[arg-type]
+        entity_type=entity,
         entity_id=cmd.execution_id if step is None else scope,
         status="error",
-        timestamp=now_iso(),
+        scope=scope,
         payload=payload,
         step=step,
         step_run_id=cmd.step_run_id,

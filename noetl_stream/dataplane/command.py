@@ -35,7 +35,7 @@ from noetl_stream.kv.refs import may_hold_refs, resolve_refs
 from noetl_stream.kv.results import inline_limit, is_ref
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import carry
-from noetl_stream.protocol.wire import Command, Event, encode, event_id, now_iso
+from noetl_stream.protocol.wire import Command, Event, encode, make_event, now_iso
 
 if TYPE_CHECKING:
     from noetl_stream.dataplane.worker import Worker
@@ -111,16 +111,16 @@ class CommandRun:
         if status == "error" and name in _FAILURES:
             _log_failure(self.worker._log, name, payload)
         self.pending.append(
-            Event(
-                event_id=event_id(cmd.execution_id, scope + self._id_suffix, name),
-                execution_id=cmd.execution_id,
-                name=name,
+            make_event(
+                cmd.execution_id,
+                name,
                 source="worker",
-                entity_type=entity_type,  # type: ignore[arg-type]
+                entity_type=entity_type,
                 entity_id=entity_id,
-                status=status,  # type: ignore[arg-type]
-                timestamp=now_iso() if at is None else at[0],
+                status=status,
+                scope=scope + self._id_suffix,
                 payload=payload,
+                timestamp=None if at is None else at[0],
                 step=cmd.step if of_step else None,
                 step_run_id=cmd.step_run_id,
                 task_run_id=task_run_id,

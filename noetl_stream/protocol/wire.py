@@ -287,6 +287,44 @@ def event_id(execution_id: str, scope: str, name: str) -> str:
     return f"{execution_id}:{scope}:{name}"
 
 
+def make_event(
+    execution_id: str,
+    name: str,
+    *,
+    source: Source,
+    entity_type: str,
+    entity_id: str,
+    status: str,
+    scope: str,
+    payload: dict[str, Any],
+    timestamp: str | None = None,
+    step: str | None = None,
+    step_run_id: str | None = None,
+    task_run_id: str | None = None,
+    trace_id: str | None = None,
+    worker: str | None = None,
+) -> Event:
+    """The one factory of events: its id deterministic from its `scope` (`event_id`), its timestamp now
+    unless `timestamp` says when it happened. The controller's (`server_event`), a worker's
+    (``CommandRun.event``) and the control actions (`control_event`) are made here."""
+    return Event(
+        event_id=event_id(execution_id, scope, name),
+        execution_id=execution_id,
+        name=name,
+        source=source,
+        entity_type=entity_type,  # type: ignore[arg-type]
+        entity_id=entity_id,
+        status=status,  # type: ignore[arg-type]
+        timestamp=now_iso() if timestamp is None else timestamp,
+        payload=payload,
+        step=step,
+        step_run_id=step_run_id,
+        task_run_id=task_run_id,
+        trace_id=trace_id,
+        worker=worker,
+    )
+
+
 def control_event(
     execution_id: str,
     name: str,
@@ -299,15 +337,14 @@ def control_event(
     controller's reducer: an operator's through the intake, or a worker's cancelling a child execution.
     Each request has a scope of its own, so each is recorded (none is dropped as a duplicate), unless
     `scope` names one (`parent_ended_cancel`)."""
-    return Event(
-        event_id=event_id(execution_id, scope or f"control-{new_execution_id()}", name),
-        execution_id=execution_id,
-        name=name,
+    return make_event(
+        execution_id,
+        name,
         source=source,
         entity_type="workflow",
         entity_id=execution_id,
         status="in_progress",
-        timestamp=now_iso(),
+        scope=scope or f"control-{new_execution_id()}",
         payload={"reason": reason} if reason else {},
     )
 

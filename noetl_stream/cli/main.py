@@ -5,6 +5,7 @@ The commands are registered on `main` by their modules (``noetl_stream.cli`` imp
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -20,9 +21,12 @@ from noetl_stream.errors import NoetlError
 def main() -> None:
     """Run NoETL playbooks (noetl.io/v2) on NATS JetStream."""
     try:  # (importing the tools and reading the installed packages' entry points take a moment)
+        from noetl_stream.dsl.budget import set_cpu_seconds
         from noetl_stream.logs import configure
         from noetl_stream.runtime.plugins import load_plugins
+        from noetl_stream.settings import template_cpu_s_from_env
 
+        set_cpu_seconds(template_cpu_s_from_env(os.environ))
         configure("warning")
         load_plugins()
     except KeyboardInterrupt:  # Ctrl-C before the command began: not click's "Aborted!" and exit 1

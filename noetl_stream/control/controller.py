@@ -43,6 +43,7 @@ from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
+from noetl_stream.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -66,14 +67,17 @@ class Controller:
         extensions: Iterable[str] = (),
         controller_id: str | None = None,
         retention_refresh_s: float = RETENTION_REFRESH_S,
+        settings: Settings | None = None,
     ) -> None:
+        """`settings`: the process's limits (`Settings.from_env` at the edge); None: the defaults."""
+        settings = Settings() if settings is None else settings
         self.nc = nc
         self.js = nc.jetstream()
         self.topology = topology
         self.reducer = Reducer(PlanCache(default_pool))
         self.concurrency = concurrency
         self.snapshot_interval_s = snapshot_interval_s
-        self.controller_id = controller_id or default_controller_id()
+        self.controller_id = controller_id or default_controller_id(settings.controller_id)
         self._pullers: dict[int, ContinuousPuller] = {}
         self._fences: dict[int, int] = {}
         """Partitions this controller holds, and the fencing token (lease revision) of each."""
@@ -95,7 +99,13 @@ class Controller:
         )
         self.states = self.cache.states
         self.intake = Intake(
-            nc, topology, self.states, self.cache.changed, extensions=extensions, plans=self.reducer.plans
+            nc,
+            topology,
+            self.states,
+            self.cache.changed,
+            extensions=extensions,
+            plans=self.reducer.plans,
+            max_child_depth=settings.max_child_depth,
         )
         self.observer: Callable[[Event | None, list[Event], ExecutionState | None], None] | None = None
         """Called with each folded input event and the events the reducer wrote for it (metrics); with

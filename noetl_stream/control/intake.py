@@ -22,7 +22,6 @@ a replay or another controller compiles the playbook the same way whatever its o
 from __future__ import annotations
 
 import asyncio
-import os
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -54,7 +53,7 @@ from noetl_stream.control.reducer import (
 )
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
-from noetl_stream.errors import ConfigurationError, StateConflictError
+from noetl_stream.errors import StateConflictError
 from noetl_stream.jetstream.fastpath import ack, stream_seq
 from noetl_stream.jetstream.outbox import AlreadyStored, Outbox
 from noetl_stream.jetstream.puller import ContinuousPuller
@@ -80,6 +79,7 @@ from noetl_stream.protocol.wire import (
     make_event,
     new_execution_id,
 )
+from noetl_stream.settings import DEFAULT_MAX_CHILD_DEPTH, MAX_CHILD_DEPTH_ENV
 
 log = structlog.get_logger(__name__)
 
@@ -91,24 +91,10 @@ class RequestError(ValueError):
     """A request that cannot become an execution."""
 
 
-MAX_CHILD_DEPTH = 32
-"""How deep child playbooks may nest (a root is depth 0) unless ``NOETL_MAX_CHILD_DEPTH`` says otherwise:
-a playbook that runs itself without a bound is refused there instead of spawning children for ever."""
-
-MAX_CHILD_DEPTH_ENV = "NOETL_MAX_CHILD_DEPTH"
-
-
-def _max_child_depth() -> int:
-    raw = os.environ.get(MAX_CHILD_DEPTH_ENV)
-    if not raw:
-        return MAX_CHILD_DEPTH
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{MAX_CHILD_DEPTH_ENV}={raw!r}: not a whole number") from None
-    if value < 0:
-        raise ConfigurationError(f"{MAX_CHILD_DEPTH_ENV}={raw!r}: must be 0 or more")
-    return value
+MAX_CHILD_DEPTH = DEFAULT_MAX_CHILD_DEPTH
+"""How deep child playbooks may nest (a root is depth 0) unless ``NOETL_MAX_CHILD_DEPTH`` says otherwise
+(`Settings.max_child_depth`, passed down by the controller): a playbook that runs itself without a bound
+is refused there instead of spawning children for ever."""
 
 
 def _segments(path: str) -> list[str]:
@@ -254,8 +240,9 @@ class Intake:
         max_child_depth: int | None = None,
     ) -> None:
         self.nc = nc
-        self.max_child_depth = _max_child_depth() if max_child_depth is None else max_child_depth
-        """Deepest child playbook admitted (a root is 0): `MAX_CHILD_DEPTH` or ``NOETL_MAX_CHILD_DEPTH``."""
+        self.max_child_depth = MAX_CHILD_DEPTH if max_child_depth is None else max_child_depth
+        """Deepest child playbook admitted (a root is 0): `MAX_CHILD_DEPTH` unless the controller's
+        settings say otherwise (``NOETL_MAX_CHILD_DEPTH``)."""
         self.plans = plans if plans is not None else PlanCache()
         """Where the plans intake compiles go: the controller's reducer finds them compiled."""
         self.js = nc.jetstream()

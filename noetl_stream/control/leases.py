@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import random
 import socket
 import time
@@ -50,9 +49,10 @@ LOSE_AFTER = 0.6
 """Fraction of the TTL after the last successful renewal at which a controller gives a lease up."""
 
 
-def default_controller_id() -> str:
-    """The host name (a pod name on Kubernetes), made a valid KV key token."""
-    name = os.environ.get("NOETL_CONTROLLER_ID") or socket.gethostname() or "controller"
+def default_controller_id(configured: str | None = None) -> str:
+    """`configured` (``NOETL_CONTROLLER_ID``, `Settings.controller_id`) or the host name (a pod name on
+    Kubernetes), made a valid KV key token."""
+    name = configured or socket.gethostname() or "controller"
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:64]
 
 

@@ -20,7 +20,6 @@ Two bounds, both from the template itself:
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import string
@@ -31,6 +30,8 @@ from typing import Any
 
 from jinja2 import filters as jfilters
 from jinja2 import nodes
+
+from noetl_stream.settings import DEFAULT_TEMPLATE_CPU_S
 
 __all__ = [
     "FILTERS",
@@ -43,6 +44,7 @@ __all__ = [
     "check_format",
     "cpu_budget",
     "needs_timer",
+    "set_cpu_seconds",
 ]
 
 MAX_TEMPLATE_ITEMS = 1_000_000
@@ -53,17 +55,15 @@ MAX_FORMAT_WIDTH = 10_000
 """The widest field or precision of a format (``'%10000d'``, ``'{:>10000}'``)."""
 
 
-def _cpu_seconds() -> float:
-    raw = os.environ.get("NOETL_TEMPLATE_CPU_S", "")
-    try:
-        value = float(raw) if raw else 2.0
-    except ValueError:
-        return 2.0
-    return value if value > 0 else 2.0
+TEMPLATE_CPU_S = DEFAULT_TEMPLATE_CPU_S
+"""CPU seconds one render may take (default 2): set by the process's edge, the command line or the
+runtime, from ``NOETL_TEMPLATE_CPU_S`` (`Settings.template_cpu_s`, `set_cpu_seconds`)."""
 
 
-TEMPLATE_CPU_S = _cpu_seconds()
-"""CPU seconds one render may take (``NOETL_TEMPLATE_CPU_S``, default 2)."""
+def set_cpu_seconds(seconds: float) -> None:
+    """Make `seconds` the CPU time one render may take (`TEMPLATE_CPU_S`) in this process."""
+    global TEMPLATE_CPU_S
+    TEMPLATE_CPU_S = seconds
 
 
 class BudgetExceeded(BaseException):

@@ -18,6 +18,7 @@ from noetl_stream.control.controller import Controller
 from noetl_stream.control.leases import default_controller_id
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dataplane.worker import Worker
+from noetl_stream.dsl.budget import set_cpu_seconds
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey
@@ -26,6 +27,7 @@ from noetl_stream.logs import configure_unless_configured
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
 from noetl_stream.runtime.plugins import load_plugins
+from noetl_stream.settings import Settings
 
 
 @dataclass
@@ -102,9 +104,18 @@ async def local_runtime(
         try:
             await provision(nc.jetstream(), topology, pools, keep_replicas=True)
             # Its own controller id: several local runs may share a server (and a host) at once.
-            controller_id = f"{default_controller_id()}-local-{os.getpid()}-{next(_RUNS)}"
+            settings = Settings.from_env(os.environ)
+            set_cpu_seconds(settings.template_cpu_s)
+            controller_id = (
+                f"{default_controller_id(settings.controller_id)}-local-{os.getpid()}-{next(_RUNS)}"
+            )
             controller = Controller(
-                nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
+                nc,
+                topology,
+                default_pool=pools[0],
+                extensions=extensions,
+                controller_id=controller_id,
+                settings=settings,
             )
             await controller.start()
             runtime = Runtime(nc=nc, topology=topology, controller=controller, server=server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from noetl_stream.jetstream.connection import connect
 from noetl_stream.kv.keychain import Keychain
 from noetl_stream.kv.provision import ProvisionError, provision, provisioned_topology
 from noetl_stream.protocol.subjects import Topology
+from noetl_stream.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -130,7 +132,12 @@ async def run_controller(
         return
     try:
         controller = Controller(
-            nc, topology, default_pool=pools[0], extensions=extensions, controller_id=controller_id
+            nc,
+            topology,
+            default_pool=pools[0],
+            extensions=extensions,
+            controller_id=controller_id,
+            settings=Settings.from_env(os.environ),
         )
         api = ApiServer(controller, http[0], http[1], api_tokens) if http is not None else None
         if api is not None:  # the workers' task events are watched before any work is taken: none missed

@@ -42,7 +42,7 @@ from noetl_stream.kv.provision import provisioned_topology
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.logs import bound
 from noetl_stream.protocol.subjects import Topology
-from noetl_stream.protocol.wire import Event
+from noetl_stream.protocol.wire import Event, now_iso
 from noetl_stream.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -74,7 +74,7 @@ class Controller:
         self.nc = nc
         self.js = nc.jetstream()
         self.topology = topology
-        self.reducer = Reducer(PlanCache(default_pool))
+        self.reducer = Reducer(PlanCache(default_pool), clock=now_iso)  # what it mints: stamped now
         self.concurrency = concurrency
         self.snapshot_interval_s = snapshot_interval_s
         self.controller_id = controller_id or default_controller_id(settings.controller_id)

@@ -74,9 +74,14 @@ def invalid_playbook_error(diagnostics: tuple[Diagnostic, ...] | list[Diagnostic
 
 
 def rejection_events(
-    execution_id: str, entity_id: str, error: dict[str, Any], trace_id: str | None
+    execution_id: str,
+    entity_id: str,
+    error: dict[str, Any],
+    trace_id: str | None,
+    timestamp: str | None = None,
 ) -> list[Event]:
-    """``playbook.request.rejected`` then ``playbook.processed`` (status ``rejected``)."""
+    """``playbook.request.rejected`` then ``playbook.processed`` (status ``rejected``), at `timestamp`
+    (the reducer's clock; now when None: the intake's)."""
     out = []
     for name, payload in (
         (E.REQUEST_REJECTED, {"error": error}),
@@ -84,7 +89,15 @@ def rejection_events(
     ):
         out.append(
             server_event(
-                execution_id, name, "playbook", entity_id, "error", "execution", payload, trace_id=trace_id
+                execution_id,
+                name,
+                "playbook",
+                entity_id,
+                "error",
+                "execution",
+                payload,
+                trace_id=trace_id,
+                timestamp=timestamp,
             )
         )
     return out
@@ -115,8 +128,10 @@ def server_event(
     step: str | None = None,
     step_run_id: str | None = None,
     trace_id: str | None = None,
+    timestamp: str | None = None,
 ) -> Event:
-    """An event the controller writes (source ``server``), its id deterministic from its scope."""
+    """An event the controller writes (source ``server``), its id deterministic from its scope. The reducer
+    passes its clock's `timestamp`; when None it is now (the controller's own timers and intake)."""
     return make_event(
         execution_id,
         name,
@@ -129,4 +144,5 @@ def server_event(
         step=step,
         step_run_id=step_run_id,
         trace_id=trace_id,
+        timestamp=timestamp,
     )

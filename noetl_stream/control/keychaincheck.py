@@ -20,7 +20,7 @@ from typing import Any
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.model import KeychainEntry, Step
-from noetl_stream.protocol.wire import Command, KeychainDecl, now_iso
+from noetl_stream.protocol.wire import Command, KeychainDecl
 
 CHECK_RUN = "keychain-check"
 """The check's run id: its command's ``step_run_id`` (and id), and its answer's. Never a step run's,
@@ -31,7 +31,7 @@ CHECK_FLAG = "keychain_check"
 that execution. Requests recorded before the check existed lack it, and replay as they ran."""
 
 
-def check_command(plan: Plan, state: ExecutionState) -> Command | None:
+def check_command(plan: Plan, state: ExecutionState, issued_at: str) -> Command | None:
     """The check of the execution's declared keychain, or None when it declares nothing the check
     covers (it has no ``start`` step: it fails anyway)."""
     start = plan.steps.get("start")
@@ -55,7 +55,7 @@ def check_command(plan: Plan, state: ExecutionState) -> Command | None:
         # answers the check (`Run.on_keychain`).
         step_def=Step(name=start.name),
         trace_id=state.trace_id,
-        issued_at=now_iso(),
+        issued_at=issued_at,
         keychain=decls,
         keychain_check=True,
     )

@@ -40,8 +40,13 @@ from noetl_stream.protocol.wire import (
 
 PlanLoader = Callable[[str, str, str], "Plan | list[Diagnostic]"]
 
+Clock = Callable[[], str]
+"""What the reducer stamps the events and commands it mints with (ISO-8601 UTC): the controller passes the
+wall clock (`protocol.wire.now_iso`); none stamps them with the timestamp of the event being folded."""
+
 __all__ = [
     "COMPILE_INLINE_CHARS",
+    "Clock",
     "Effects",
     "NotLoadedError",
     "PlanCache",
@@ -135,12 +140,21 @@ class NotLoadedError(LookupError):
 
 
 class Reducer:
-    """Folds input events into ``ExecutionState`` and says what to publish."""
+    """Folds input events into ``ExecutionState`` and says what to publish.
 
-    def __init__(self, plans: PlanCache) -> None:
+    It reads no clock of its own: every time in the state is the timestamp of an event it folded (so a
+    replay folds to the same state), and what it mints is stamped by `clock` (the controller's wall
+    clock) or, without one, with the folded event's timestamp."""
+
+    def __init__(self, plans: PlanCache, clock: Clock | None = None) -> None:
         self.plans = plans
+        self.clock = clock
         self.items = LoopItems()
         """The packed items of running distributed loops (not in the state: see `control/items.py`)."""
+
+    def now(self, event: Event) -> str:
+        """The time of what folding `event` mints: the clock's, else the event's own."""
+        return self.clock() if self.clock is not None else event.timestamp
 
     # -- entry point ------------------------------------------------------------------------------
     def apply(
@@ -169,7 +183,7 @@ class Reducer:
                     file=event.entity_id or "<playbook>",
                     started_at=event.timestamp or None,
                 )
-            self._reject(state, fx, error)
+            self._reject(state, fx, error, self.now(event))
         else:
             state.status = "failed"
             state.error = error
@@ -186,6 +200,7 @@ class Reducer:
                         "execution",
                         summary,
                         trace_id=state.trace_id,
+                        timestamp=self.now(event),
                     )
                 )
         self.items.forget(state.execution_id)
@@ -235,7 +250,7 @@ class Reducer:
                 trace_id=event.trace_id,
                 started_at=event.timestamp or None,
             )
-            self._reject(state, fx, {"kind": "bad_request", "message": problem})
+            self._reject(state, fx, {"kind": "bad_request", "message": problem}, self.now(event))
             return state
         state = ExecutionState(
             execution_id=eid,
@@ -252,16 +267,16 @@ class Reducer:
         )
         rejected = event.payload.get("rejected")
         if isinstance(rejected, dict):  # intake compiled it already: the rejection is written from here
-            self._reject(state, fx, rejected)
+            self._reject(state, fx, rejected, self.now(event))
             return state
         text = request.playbook
         if text is None:
             message = "no playbook text in the request (catalog lookup by path happens at intake)"
-            self._reject(state, fx, {"kind": "bad_request", "message": message})
+            self._reject(state, fx, {"kind": "bad_request", "message": message}, self.now(event))
             return state
         plan, diags = self.plans.load(text, state.file, request.extensions)
         if plan is None:
-            self._reject(state, fx, invalid_playbook_error(diags))
+            self._reject(state, fx, invalid_playbook_error(diags), self.now(event))
             return state
         payload = request.payload if isinstance(request.payload, dict) else {}
         state.content_hash = plan.content_hash
@@ -270,7 +285,7 @@ class Reducer:
         try:  # the workload's own templates render once, here: every step, and a replay, sees the values
             state.workload = render_workload(plan.playbook.workload, payload, eid)
         except RenderError as exc:
-            self._reject(state, fx, {"kind": "template_error", "message": str(exc)})
+            self._reject(state, fx, {"kind": "template_error", "message": str(exc)}, self.now(event))
             return state
         deadline = request.deadline_s or plan.playbook.executor.spec.get("deadline_s")
         if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0:
@@ -293,6 +308,7 @@ class Reducer:
                     **({"extensions": sorted(set(request.extensions))} if request.extensions else {}),
                 },
                 trace_id=state.trace_id,
+                timestamp=self.now(event),
             )
         )
         run = _Run(self, state, plan, fx)
@@ -316,7 +332,7 @@ class Reducer:
                 run.schedule(token["step"], dict(token.get("args") or {}), None)
             run.check_complete()
             return state
-        check = check_command(plan, state) if event.payload.get(CHECK_FLAG) is True else None
+        check = check_command(plan, state, self.now(event)) if event.payload.get(CHECK_FLAG) is True else None
         if check is not None:  # the workflow starts when a worker has resolved the keychain
             state.keychain_check = True
             fx.commands.append(check)
@@ -324,11 +340,11 @@ class Reducer:
         run.start_workflow()
         return state
 
-    def _reject(self, state: ExecutionState, fx: Effects, error: dict[str, Any]) -> None:
+    def _reject(self, state: ExecutionState, fx: Effects, error: dict[str, Any], at: str) -> None:
         state.status = "rejected"
         state.error = error
         state.finished_at = state.started_at
-        fx.events.extend(rejection_events(state.execution_id, state.file, error, state.trace_id))
+        fx.events.extend(rejection_events(state.execution_id, state.file, error, state.trace_id, at))
 
 
 ITERATION_RESULTS = frozenset({E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED})

@@ -24,7 +24,6 @@ from noetl_stream.protocol.wire import (
     Event,
     Iteration,
     KeychainDecl,
-    now_iso,
 )
 
 if TYPE_CHECKING:
@@ -74,6 +73,11 @@ class Run:
         self.fx = fx
         self.timestamp = ""
         """The timestamp of the event being folded: the reducer's clock, the same in replay (`at`)."""
+
+    def now(self) -> str:
+        """The time of what this fold mints: the reducer's clock, else the folded event's `timestamp`."""
+        clock = self.reducer.clock
+        return clock() if clock is not None else self.timestamp
 
     @property
     def at(self) -> float:
@@ -132,6 +136,7 @@ class Run:
                 step,
                 run_id,
                 self.state.trace_id,
+                self.now(),
             )
         )
 
@@ -309,7 +314,7 @@ class Run:
             executor_spec=self.plan.playbook.executor.spec,
             iteration=iteration,
             trace_id=s.trace_id,
-            issued_at=now_iso(),
+            issued_at=self.now(),
             workbook={n: self.plan.playbook.workbook[n] for n in self.plan.workbook_refs.get(step.name, ())},
             timeout_s=self.iteration_timeout(step, run) if iteration is not None else step.timeout_s,
             keychain=[

@@ -58,3 +58,35 @@ def test_a_recorded_execution_folds_to_its_recorded_state(name: str) -> None:
     for key in sorted(recorded):
         assert folded[key] == recorded[key], key
     assert differences(state, msgspec.convert(recorded, ExecutionState)) == []
+
+
+def test_a_fold_without_a_clock_mints_the_same_effects_twice() -> None:
+    """Without a clock (replay), what a fold mints is stamped with the folded event's timestamp."""
+
+    def minted(name: str) -> list[bytes]:
+        reducer = Reducer(PlanCache())
+        state: ExecutionState | None = None
+        out: list[bytes] = []
+        for line in (REPLAYS / f"{name}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            event = msgspec.convert(record["event"], Event)
+            if event.name in E.CONTROLLER_INPUT_EVENTS:
+                state, fx = reducer.apply(state, event, record["seq"])
+                out += [msgspec.json.encode(e) for e in fx.events]
+                out += [msgspec.json.encode(c) for c in fx.commands]
+        return out
+
+    for name in NAMES:
+        assert minted(name) == minted(name), name
+
+
+PURE = ("reducer", "transitions", "effects", "keychaincheck", "items", "plan", "state")
+CLOCKS = ("now_iso(", "time.time(", "time.monotonic(", "datetime.now(", "datetime.datetime.now(", "utcnow(")
+
+
+def test_the_reducer_reads_no_clock() -> None:
+    """The reducer's modules take their time from the folded events or the clock the controller passes."""
+    control = Path(__file__).resolve().parents[2] / "noetl_stream" / "control"
+    for module in PURE:
+        text = (control / f"{module}.py").read_text()
+        assert not [c for c in CLOCKS if c in text], module

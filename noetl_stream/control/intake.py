@@ -60,6 +60,7 @@ from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.kv.history import end_status, last_event
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.operations import ControlAccepted, ControlRequest, ErrorReply, ExecuteReply
 from noetl_stream.protocol.subjects import (
     MAX_NEW_ID_LENGTH,
@@ -433,14 +434,14 @@ class Intake:
                 f"parent execution {request.parent_execution_id} has already ended ({parent.ended}): "
                 "no child of it is started"
             )
-            return {"kind": "parent_ended", "message": message}
+            return ErrorInfo(kind="parent_ended", message=message).to_dict()
         if depth > self.max_child_depth:
             message = (
                 f"child playbook nested {depth} deep (parent execution {request.parent_execution_id}): at "
                 f"most {self.max_child_depth} ({MAX_CHILD_DEPTH_ENV} on the controller); does a playbook "
                 "run itself without a bound?"
             )
-            return {"kind": "child_depth_exceeded", "message": message}
+            return ErrorInfo(kind="child_depth_exceeded", message=message).to_dict()
         return None
 
     async def submit(self, raw: bytes, default_id: str | Callable[[], str]) -> tuple[str, str | None]:
@@ -470,7 +471,9 @@ class Intake:
             request = parse_request(raw)
         except RequestError as exc:
             execution_id = _claimed_id(raw) or _make(default_id)
-            return await self._reject_new(execution_id, {"kind": "bad_request", "message": str(exc)})
+            return await self._reject_new(
+                execution_id, ErrorInfo(kind="bad_request", message=str(exc)).to_dict()
+            )
         execution_id = request.execution_id or _make(default_id)
         pinned: dict[str, Any] = {}
         extensions = {*request.extensions, *self.extensions}
@@ -500,7 +503,7 @@ class Intake:
                     message = (
                         f"the catalog entry of {request.path!r} cannot be read ({exc}): register it again"
                     )
-                unknown = {"kind": kind, "message": _short(message)}
+                unknown = ErrorInfo(kind=kind, message=_short(message)).to_dict()
                 return await self._reject_new(execution_id, unknown, _short(request.path), request.trace_id)
             request = msgspec.structs.replace(request, playbook=text, version=entry.version)
             pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
@@ -532,12 +535,12 @@ class Intake:
         data = encode(requested)
         if len(data) + HEADER_ROOM > self.nc.max_payload:
             # The server would refuse the event: reject the request (its rejection is small) instead.
-            too_large = {
-                "kind": "bad_request",
-                "message": f"request too large: recorded, it is {len(data)} bytes and the server takes at "
+            too_large = ErrorInfo(
+                kind="bad_request",
+                message=f"request too large: recorded, it is {len(data)} bytes and the server takes at "
                 f"most {self.nc.max_payload - HEADER_ROOM} (register a large playbook in the catalog, pass large inputs "
                 "by reference)",
-            }
+            ).to_dict()
             return await self._reject_new(execution_id, too_large, trace_id=request.trace_id)
         outbox = Outbox(self.js, self.topology)
         outbox.event(requested, data, new_on=self.topology.execution_claim_filter(execution_id))
@@ -608,7 +611,7 @@ class Intake:
                 "noetl record of an execution (see the controller's log): give another id"
             )
             log.warning("intake.rejected", execution_id=execution_id, error=message)
-            return execution_id, {"kind": "bad_request", "message": message}
+            return execution_id, ErrorInfo(kind="bad_request", message=message).to_dict()
         # Nothing left (purged or expired between the refusal and these reads): its next attempt decides.
         raise StateConflictError(f"execution {execution_id}: its records changed while read; retry")
 
@@ -641,7 +644,7 @@ class Intake:
         error, steps = self._checked[digest]
         if error is None and request.return_step is not None and request.return_step not in steps:
             message = f"bad request: 'return_step' {request.return_step!r} is not a step of the playbook"
-            return {"kind": "bad_request", "message": _short(message)}
+            return ErrorInfo(kind="bad_request", message=_short(message)).to_dict()
         return error
 
     async def _compile(self, request: ExecutionRequest) -> tuple[dict[str, Any] | None, frozenset[str]]:

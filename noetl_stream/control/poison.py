@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Command, Event, decode_command, decode_json, make_event
 
@@ -27,12 +28,12 @@ log = structlog.get_logger(__name__)
 
 
 def failure_for(cmd: Command, deliveries: int) -> Event:
-    error: dict[str, Any] = {
-        "kind": "max_deliver_exceeded",
-        "retryable": False,
-        "message": f"step '{cmd.step}': its command was delivered {deliveries} times and never completed "
+    error: dict[str, Any] = ErrorInfo(
+        kind="max_deliver_exceeded",
+        retryable=False,
+        message=f"step '{cmd.step}': its command was delivered {deliveries} times and never completed "
         "(the worker crashed or exceeded the ack wait every time); giving up",
-    }
+    ).to_dict()
     step: str | None = cmd.step
     payload: dict[str, Any]
     if cmd.keychain_check:  # the check, not a step: written as its worker would have (no step)

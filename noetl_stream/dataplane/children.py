@@ -40,6 +40,7 @@ from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.jetstream.publish import publish_stored
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import (
     Event,
@@ -102,7 +103,7 @@ def _rejection(first: Event) -> dict[str, Any] | None:
     if first.name == E.EXECUTION_REQUESTED:
         error = first.payload.get("rejected")
     elif first.name == E.REQUEST_REJECTED or first.payload.get("status") == "rejected":
-        error = first.payload.get("error") or {"kind": "rejected", "message": "rejected"}
+        error = first.payload.get("error") or ErrorInfo(kind="rejected", message="rejected").to_dict()
     return error if isinstance(error, dict) else None
 
 

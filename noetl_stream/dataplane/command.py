@@ -35,6 +35,7 @@ from noetl_stream.kv.refs import may_hold_refs, resolve_refs
 from noetl_stream.kv.results import inline_limit, is_ref
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import carry
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Command, Event, encode, make_event, now_iso
 
 if TYPE_CHECKING:
@@ -378,12 +379,12 @@ class CommandRun:
         return issued + deadline - time.time()
 
     def deadline_error(self) -> dict[str, Any]:
-        return {
-            "kind": "deadline",
-            "retryable": False,
-            "message": f"step '{self.cmd.step}' did not finish within its lifecycle.deadline_s "
+        return ErrorInfo(
+            kind="deadline",
+            retryable=False,
+            message=f"step '{self.cmd.step}' did not finish within its lifecycle.deadline_s "
             f"({self.cmd.step_def.deadline_s} s) since it was scheduled",
-        }
+        ).to_dict()
 
     async def _run_within(self, timeout: float, *, deadline: bool = False) -> None:
         try:
@@ -394,11 +395,11 @@ class CommandRun:
             error = (
                 self.deadline_error()
                 if deadline
-                else {
-                    "kind": "timeout",
-                    "retryable": False,
-                    "message": f"step '{self.cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
-                }
+                else ErrorInfo(
+                    kind="timeout",
+                    retryable=False,
+                    message=f"step '{self.cmd.step}' ran longer than its lifecycle.timeout_s ({timeout} s)",
+                ).to_dict()
             )
             self.fail(error)
 
@@ -473,7 +474,7 @@ class CommandRun:
                     run_id,
                     "error",
                     run_id,
-                    {"error": {"kind": "template_error", "retryable": False, "message": str(exc)}},
+                    {"error": ErrorInfo(kind="template_error", retryable=False, message=str(exc)).to_dict()},
                 )
                 return
             scope["input"] = rendered
@@ -549,18 +550,18 @@ class CommandRun:
             items = render_value(loop.in_, base.scope, f"{where}.in", as_input=True)
             mif = render_value(loop.spec.max_in_flight, base.scope, f"{where}.spec.max_in_flight")
         except RenderError as exc:
-            self.fail({"kind": "template_error", "message": str(exc)})
+            self.fail(ErrorInfo(kind="template_error", message=str(exc)).to_dict())
             return
         if items is None:  # as NoETL: nothing to iterate over (an empty list, a query without rows)
             items = []
         if not isinstance(items, list):
             message = f"{where}.in: 'in' must render to a list, got {type(items).__name__}"
-            self.fail({"kind": "loop_error", "message": message})
+            self.fail(ErrorInfo(kind="loop_error", message=message).to_dict())
             return
         try:
             max_in_flight = loop_max_in_flight(loop.spec, mif, len(items), f"{where}.spec.max_in_flight")
         except MaxInFlightError as exc:
-            self.fail({"kind": "loop_error", "message": str(exc)})
+            self.fail(ErrorInfo(kind="loop_error", message=str(exc)).to_dict())
             return
         parallel = loop.spec.mode == "parallel"
         # 003 §8: the loop's start, as the controller writes it for a distributed loop (one per loop run).
@@ -716,7 +717,7 @@ _FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED, E.KEYCHAIN_FAILED
 def _credential_error(exc: CredentialError) -> dict[str, Any]:
     """The error of a declared keychain entry that could not be resolved: its name, where it was looked
     for, never a value."""
-    return {"kind": "credential_error", "retryable": False, "message": str(exc), "entry": exc.entry}
+    return ErrorInfo(kind="credential_error", retryable=False, message=str(exc), entry=exc.entry).to_dict()
 
 
 def _log_failure(logger: Any, name: str, payload: dict[str, Any]) -> None:
@@ -742,13 +743,13 @@ def _fit(ev: Event, data: bytes, reason: str | None = None) -> tuple[Event, byte
         for k, v in ev.payload.items()
         if k not in ("result", "results", "ctx_patches", "tasks", "result_task")
     }
-    error = {
-        "kind": "result_too_large",
-        "retryable": False,
-        "message": reason
+    error = ErrorInfo(
+        kind="result_too_large",
+        retryable=False,
+        message=reason
         or f"the event is {data_len} bytes, above the {MAX_EVENT_BYTES}-byte limit (large ctx patches or "
         "errors?); store large data with a storage task and keep references in ctx",
-    }
+    ).to_dict()
     if ev.name in (E.STEP_DONE, E.LOOP_DONE):
         out = msgspec.structs.replace(
             ev, name=E.STEP_FAILED, status="error", payload={**payload, "error": error}

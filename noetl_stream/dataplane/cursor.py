@@ -33,6 +33,7 @@ from noetl_stream.dsl.model import Loop, Step
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.kv.history import read_events
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Command
 
 if TYPE_CHECKING:
@@ -73,7 +74,9 @@ async def claim_frame(
             where,
         )
     except RenderError as exc:
-        raise CursorError({"kind": "template_error", "retryable": False, "message": str(exc)}) from None
+        raise CursorError(
+            ErrorInfo(kind="template_error", retryable=False, message=str(exc)).to_dict()
+        ) from None
     info = kind_info("postgres")
     spec = merge_layers(info.defaults if info else None, executor_spec, step.spec, loop.raw_spec)
     ctx = ToolContext(
@@ -97,7 +100,7 @@ async def claim_frame(
             f"{where}.claim: the claim returned no rows to iterate over ({result.get('message') if isinstance(result, dict) else result!r}): "
             "it must end in a statement that returns them (UPDATE ... RETURNING ...)"
         )
-        raise CursorError({"kind": "loop_error", "retryable": False, "message": message})
+        raise CursorError(ErrorInfo(kind="loop_error", retryable=False, message=message).to_dict())
     return rows
 
 
@@ -160,10 +163,10 @@ async def run_cursor_loop(run: CommandRun, base: PipelineInput) -> None:
     try:
         max_in_flight = _max_in_flight(loop, base.scope, f"step '{step.name}' loop.spec.max_in_flight")
     except MaxInFlightError as exc:
-        run.fail({"kind": "loop_error", "message": str(exc)})
+        run.fail(ErrorInfo(kind="loop_error", message=str(exc)).to_dict())
         return
     except RenderError as exc:
-        run.fail({"kind": "template_error", "message": str(exc)})
+        run.fail(ErrorInfo(kind="template_error", message=str(exc)).to_dict())
         return
     started = {"max_in_flight": max_in_flight, "exec": "local", "mode": "cursor", "pool": cmd.pool}
     run.event(
@@ -193,7 +196,7 @@ async def run_cursor_loop(run: CommandRun, base: PipelineInput) -> None:
                 raise HandedBack(f"{len(results)} of {next_index} claimed iterations settled")
             reason = base.stop_check() if base.stop_check is not None else None
             if reason is not None:
-                run.fail({"kind": "cancelled", "retryable": False, "message": reason})
+                run.fail(ErrorInfo(kind="cancelled", retryable=False, message=reason).to_dict())
                 return
             try:
                 rows = await claim_frame(

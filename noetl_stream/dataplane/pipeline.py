@@ -29,6 +29,7 @@ from noetl_stream.dsl.scope import ITERATION_NAMES, iteration_names, layer_ctx
 from noetl_stream.dsl.templates import RenderError, json_inputs, render_value
 from noetl_stream.dsl.views import CtxView, IterView, plain, result_view
 from noetl_stream.kv.keychain import Redactor, secret_strings
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 from noetl_stream.protocol.wire import Checkpoint, now_iso
 
@@ -173,17 +174,17 @@ async def run_pipeline(
             reason = inp.stop_check() if inp.stop_check is not None else None
             if reason is not None:  # the execution ended (cancelled, failed, deadline): stop between tasks
                 out.status = "error"
-                out.error = {"kind": "cancelled", "retryable": False, "message": reason}
+                out.error = ErrorInfo(kind="cancelled", retryable=False, message=reason).to_dict()
                 break
             out.task_runs += 1
             if out.task_runs > max_runs:
                 out.status = "error"
-                out.error = {
-                    "kind": "pipeline_limit",
-                    "retryable": False,
-                    "message": f"step '{step.name}': more than {max_runs} task runs (a jump loop "
+                out.error = ErrorInfo(
+                    kind="pipeline_limit",
+                    retryable=False,
+                    message=f"step '{step.name}': more than {max_runs} task runs (a jump loop "
                     "that never breaks?)",
-                }
+                ).to_dict()
                 break
             scope["_prev"] = prev
             scope["_task"] = task.name
@@ -297,12 +298,12 @@ async def run_pipeline(
                 out.error = (
                     _error(outcome, task)
                     if outcome.status == "error"
-                    else {
-                        "kind": "policy_fail",
-                        "retryable": False,
-                        "task": task.name,
-                        "message": f"step '{step.name}' task '{task.name}': policy rule {rule} chose 'fail'",
-                    }
+                    else ErrorInfo(
+                        kind="policy_fail",
+                        retryable=False,
+                        task=task.name,
+                        message=f"step '{step.name}' task '{task.name}': policy rule {rule} chose 'fail'",
+                    ).to_dict()
                 )
                 break
         out.result = prev
@@ -349,7 +350,7 @@ def _forget(scope: dict[str, Any], base: dict[str, Any], name: str) -> None:
 
 
 def _error(outcome: Outcome, task: Task) -> dict[str, Any]:
-    err = dict(outcome.error or {"kind": "error", "message": "task failed"})
+    err = dict(outcome.error or ErrorInfo(kind="error", message="task failed").to_dict())
     err.setdefault("task", task.name)
     return err
 

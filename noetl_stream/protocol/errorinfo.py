@@ -1,0 +1,32 @@
+"""The error an event carries (``payload.error``): its kind, its message and what some kinds add."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["ErrorInfo"]
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One error as events record it. `to_dict` is the dict the payloads hold: the fields in this order
+    (the order the payloads have always had), an absent optional left out."""
+
+    kind: str
+    """What went wrong, a word the routing and the clients match (``template_error``, ``timeout``, ...)."""
+    retryable: bool | None = None
+    """Whether a retry may help (task policies read it); absent where the error says nothing of it."""
+    task: str | None = None
+    """The task the error is of (a policy's ``fail``)."""
+    message: str
+    """What happened, for a person."""
+    entry: str | None = None
+    """The keychain entry a credential error names."""
+    diagnostics: list[str] | None = None
+    """An invalid playbook's diagnostics, each formatted."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as the payloads hold it."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out

@@ -22,6 +22,7 @@ import structlog
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES, complete, fit
 from noetl_stream.control.reducer import Effects
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.errors import NoetlError
 from noetl_stream.jetstream.fastpath import ack_soon, num_delivered
 from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.results import is_ref
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["GroupCommit", "Item", "PartitionReleased"]
+__all__ = ["GroupCommit", "Item", "PartitionReleasedError"]
 
 Item = tuple["Msg", Event, int]
 """A filed event: its message, the event and its stream sequence."""
@@ -55,13 +56,13 @@ class _Folded:
         self.effects: list[Effects] = []
 
 
-class PartitionReleased(LookupError):
+class PartitionReleasedError(NoetlError, LookupError):
     """The execution's partition is not (validly) held here any more: a stop or a lost lease while its
     events were in flight. Nothing is acked; the partition's next owner folds them."""
 
 
-def _released(partition: int) -> PartitionReleased:
-    return PartitionReleased(f"partition {partition}: its lease is not (validly) held here")
+def _released(partition: int) -> PartitionReleasedError:
+    return PartitionReleasedError(f"partition {partition}: its lease is not (validly) held here")
 
 
 class GroupCommit:
@@ -142,7 +143,7 @@ class GroupCommit:
         snapshot and the stream) and let JetStream redeliver the batch."""
         self.ctl.cache.drop(eid)
         delay = RETRY_DELAY_S
-        if isinstance(exc, PartitionReleased):
+        if isinstance(exc, PartitionReleasedError):
             # The partition was released (a stop, a lost lease) while the batch was in flight: its next
             # owner folds it. Expected at every handover, not a failure.
             log.info("controller.batch_handed_back", execution_id=eid, events=len(batch))

@@ -55,7 +55,7 @@ from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.errors import StateConflictError
 from noetl_stream.jetstream.fastpath import ack, stream_seq
-from noetl_stream.jetstream.outbox import AlreadyStored, Outbox
+from noetl_stream.jetstream.outbox import AlreadyStoredError, Outbox
 from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.kv.catalog import Catalog, CatalogError, CatalogNotFoundError
 from noetl_stream.kv.history import end_status, last_event
@@ -546,7 +546,7 @@ class Intake:
         outbox.event(requested, data, new_on=self.topology.execution_claim_filter(execution_id))
         try:
             await outbox.flush()
-        except AlreadyStored:
+        except AlreadyStoredError:
             # Decided already: by an earlier submission or delivery of this id, by a request racing this
             # one, or by an attempt of this flush whose ack was lost.
             return await self._recorded(execution_id)
@@ -569,7 +569,7 @@ class Intake:
         outbox.event(rejected, new_on=self.topology.execution_claim_filter(execution_id))
         try:
             await outbox.flush()
-        except AlreadyStored:
+        except AlreadyStoredError:
             return await self._recorded(execution_id)
         outbox.event(processed)
         await outbox.flush()

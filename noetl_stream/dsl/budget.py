@@ -12,7 +12,7 @@ Two bounds, both from the template itself:
 * **Time.** A template that can loop (``{% for %}``, a macro, any call or a filter outside a short list
   of cheap ones: `needs_timer`, decided once when it is compiled) renders under a CPU-time timer
   (``ITIMER_VIRTUAL``; ``SIGALRM`` is left to others, such as pytest-timeout). When
-  ``TEMPLATE_CPU_S`` seconds run out, `BudgetExceeded` is raised where the template is, and the render
+  ``TEMPLATE_CPU_S`` seconds run out, `BudgetExceededError` is raised where the template is, and the render
   fails. The timer is used on the main thread only (where the controller and the worker render);
   elsewhere the size bounds still hold. Templates that only read, compare and do arithmetic (nearly
   all of them) pay nothing.
@@ -31,6 +31,7 @@ from typing import Any
 from jinja2 import filters as jfilters
 from jinja2 import nodes
 
+from noetl_stream.errors import NoetlError
 from noetl_stream.settings import DEFAULT_TEMPLATE_CPU_S
 
 __all__ = [
@@ -38,8 +39,8 @@ __all__ = [
     "MAX_INT_BITS",
     "MAX_TEMPLATE_ITEMS",
     "TEMPLATE_CPU_S",
-    "BudgetExceeded",
-    "TemplateTooLarge",
+    "BudgetExceededError",
+    "TemplateTooLargeError",
     "check_binop",
     "check_format",
     "cpu_budget",
@@ -66,21 +67,21 @@ def set_cpu_seconds(seconds: float) -> None:
     TEMPLATE_CPU_S = seconds
 
 
-class BudgetExceeded(BaseException):
+class BudgetExceededError(BaseException):
     """A render used up its CPU time (raised by the timer's signal, inside the template)."""
 
 
-class TemplateTooLarge(ValueError):
+class TemplateTooLargeError(NoetlError, ValueError):
     """An operation would build a value past the size bounds."""
 
 
 # -- size ---------------------------------------------------------------------------------------------
-def _too_large(what: str, size: int, limit: int) -> TemplateTooLarge:
-    return TemplateTooLarge(f"{what} would hold {size:,} items; a template may build at most {limit:,}")
+def _too_large(what: str, size: int, limit: int) -> TemplateTooLargeError:
+    return TemplateTooLargeError(f"{what} would hold {size:,} items; a template may build at most {limit:,}")
 
 
 def check_binop(operator: str, left: Any, right: Any) -> None:
-    """Raise `TemplateTooLarge` if ``left <operator> right`` would build a value past the bounds."""
+    """Raise `TemplateTooLargeError` if ``left <operator> right`` would build a value past the bounds."""
     if operator == "*":
         for seq, n in ((left, right), (right, left)):
             if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and not isinstance(n, bool):
@@ -97,7 +98,7 @@ def check_binop(operator: str, left: Any, right: Any) -> None:
         ):
             bits = left.bit_length() * right
             if bits > MAX_INT_BITS:
-                raise TemplateTooLarge(
+                raise TemplateTooLargeError(
                     f"{left} ** {right} would have about {bits:,} bits; a template may compute at most "
                     f"{MAX_INT_BITS:,}"
                 )
@@ -112,9 +113,11 @@ def _check_printf(fmt: str) -> None:
     for m in _PRINTF.finditer(fmt):
         for part in m.groups():
             if part == "*":
-                raise TemplateTooLarge("a '*' width or precision in a format is not allowed in a template")
+                raise TemplateTooLargeError(
+                    "a '*' width or precision in a format is not allowed in a template"
+                )
             if part is not None and int(part) > MAX_FORMAT_WIDTH:
-                raise TemplateTooLarge(
+                raise TemplateTooLargeError(
                     f"a format width or precision of {int(part):,}; a template may use at most "
                     f"{MAX_FORMAT_WIDTH:,}"
                 )
@@ -125,7 +128,7 @@ _FORMATTER = string.Formatter()
 
 
 def check_format(fmt: str) -> None:
-    """Raise `TemplateTooLarge` for a ``str.format`` string with a huge (or computed) width."""
+    """Raise `TemplateTooLargeError` for a ``str.format`` string with a huge (or computed) width."""
     try:
         fields = list(_FORMATTER.parse(fmt))
     except ValueError:
@@ -134,10 +137,12 @@ def check_format(fmt: str) -> None:
         if not spec:
             continue
         if "{" in spec:
-            raise TemplateTooLarge("a computed width in a format ('{:{w}}') is not allowed in a template")
+            raise TemplateTooLargeError(
+                "a computed width in a format ('{:{w}}') is not allowed in a template"
+            )
         for digits in _WIDTH.findall(spec):
             if int(digits) > MAX_FORMAT_WIDTH:
-                raise TemplateTooLarge(
+                raise TemplateTooLargeError(
                     f"a format width or precision of {int(digits):,}; a template may use at most "
                     f"{MAX_FORMAT_WIDTH:,}"
                 )
@@ -223,7 +228,7 @@ _state = {"armed": False, "installed": False}
 def _on_timer(signum: int, frame: Any) -> None:
     if _state["armed"]:
         _state["armed"] = False
-        raise BudgetExceeded
+        raise BudgetExceededError
 
 
 def _install() -> bool:

@@ -40,8 +40,8 @@ from noetl_stream.dsl.budget import (
     FILTERS as SIZED_FILTERS,
 )
 from noetl_stream.dsl.budget import (
-    BudgetExceeded,
-    TemplateTooLarge,
+    BudgetExceededError,
+    TemplateTooLargeError,
     check_binop,
     check_format,
     cpu_budget,
@@ -54,7 +54,7 @@ from noetl_stream.protocol.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 MAX_RENDER_DEPTH = 64
 
 
-class TemplateSyntaxProblem(NoetlError):
+class TemplateSyntaxProblemError(NoetlError):
     """A template does not parse. ``lineno`` is 1-based within the template text."""
 
     def __init__(self, message: str, lineno: int) -> None:
@@ -210,7 +210,7 @@ class Compiled:
                 self._tmpl = ENV.from_string(source)
                 tree = ENV.parse(source)
         except TemplateSyntaxError as exc:
-            raise TemplateSyntaxProblem(exc.message or "syntax error", exc.lineno or 1) from None
+            raise TemplateSyntaxProblemError(exc.message or "syntax error", exc.lineno or 1) from None
         self.guarded = needs_timer(tree)
         """It can loop or call: it renders under the CPU-time budget (`cpu_budget`)."""
 
@@ -300,14 +300,14 @@ def _single_expression(source: str) -> str | None:
 
 @functools.lru_cache(maxsize=8192)
 def compile_template(source: str) -> Compiled:
-    """Compile (and cache) a template string. Raises ``TemplateSyntaxProblem``."""
+    """Compile (and cache) a template string. Raises ``TemplateSyntaxProblemError``."""
     return Compiled(source)
 
 
 class TemplateInfo(NamedTuple):
     """What the static checks need from a template: its syntax problem, or the names it reads."""
 
-    problem: TemplateSyntaxProblem | None
+    problem: TemplateSyntaxProblemError | None
     names: frozenset[str]
 
 
@@ -322,7 +322,7 @@ def analyze(source: str) -> TemplateInfo:
         ast = ENV.parse(source)
     except TemplateSyntaxError as exc:
         return TemplateInfo(
-            TemplateSyntaxProblem(exc.message or "syntax error", exc.lineno or 1), frozenset()
+            TemplateSyntaxProblemError(exc.message or "syntax error", exc.lineno or 1), frozenset()
         )
     loads: set[str] = set()
     stores: set[str] = set()
@@ -335,7 +335,7 @@ def analyze(source: str) -> TemplateInfo:
             filter_ = isinstance(node, nodes.Filter)
             if node.name not in (ENV.filters if filter_ else ENV.tests):
                 what = "filter" if filter_ else "test"
-                problem = TemplateSyntaxProblem(f"no {what} named '{node.name}'", node.lineno)
+                problem = TemplateSyntaxProblemError(f"no {what} named '{node.name}'", node.lineno)
                 return TemplateInfo(problem, frozenset())
     return TemplateInfo(None, frozenset(loads - stores))
 
@@ -365,7 +365,7 @@ def attribute_reads(source: str) -> frozenset[tuple[str, str]]:
     return frozenset(out)
 
 
-def check_syntax(source: str) -> TemplateSyntaxProblem | None:
+def check_syntax(source: str) -> TemplateSyntaxProblemError | None:
     return analyze(source).problem
 
 
@@ -424,7 +424,7 @@ def render_value(
             compiled = compile_template(value)
             out = compiled.render(scope)
             return json_text(out) if as_input and compiled.native else out
-        except TemplateSyntaxProblem as exc:
+        except TemplateSyntaxProblemError as exc:
             raise RenderError(f"template syntax error: {exc.message}", where) from None
         except UndefinedError as exc:
             raise RenderError(str(exc.message or "undefined value"), where) from None
@@ -438,9 +438,9 @@ def render_value(
             ) from None
         except TemplateError as exc:
             raise RenderError(str(exc), where) from None
-        except TemplateTooLarge as exc:
+        except TemplateTooLargeError as exc:
             raise RenderError(f"value too large for a template: {exc}", where) from None
-        except BudgetExceeded:
+        except BudgetExceededError:
             raise RenderError(
                 f"template ran out of its {budget.TEMPLATE_CPU_S:g} s of CPU time (a loop, or a value too large "
                 "for a template; compute it in a task)",

@@ -24,13 +24,13 @@ command handed back ``max_deliver`` times during one election would fail its ste
 An event queued with ``expect_new`` is stored only if its subject holds no message yet (an insert-if-
 absent; with ``new_on``, only if no subject matching that filter holds one: e.g. an execution's one
 ``playbook.execution.requested`` or ``playbook.request.rejected``): it and every message after it
-in the flush are published with an ack, and a refusal raises `AlreadyStored`, which is not retried; so
+in the flush are published with an ack, and a refusal raises `AlreadyStoredError`, which is not retried; so
 does an ``expect_new`` event acked as a duplicate (a cluster checks the ``Nats-Msg-Id`` first).
 
 A clustered stream refuses a message for a moment while another with its ``Nats-Msg-Id`` (or, for an
 ``expect_new`` event, on its subject) is being stored: publishes of one deterministic id racing each
 other, e.g. a request admitted twice at once. That is retried like the transient failures, and
-settles as stored or `AlreadyStored`.
+settles as stored or `AlreadyStoredError`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from noetl_stream.jetstream.publish import (
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Command, Event, encode
 
-__all__ = ["MSG_ID", "AlreadyStored", "Outbox"]
+__all__ = ["MSG_ID", "AlreadyStored", "AlreadyStoredError", "Outbox"]
 
 log = structlog.get_logger(__name__)
 
@@ -72,7 +72,7 @@ _TRANSIENT = (
 Message = tuple[str, bytes, str]
 
 
-class AlreadyStored(StateConflictError):
+class AlreadyStoredError(StateConflictError):
     """An event queued with ``expect_new`` was refused: a message is already stored on its subject (on
     one matching its ``new_on`` filter, for an event queued with one).
 
@@ -91,6 +91,9 @@ class AlreadyStored(StateConflictError):
         self.subject = subject
         self.msg_id = msg_id
 
+
+AlreadyStored = AlreadyStoredError
+"""The name `AlreadyStoredError` had before every error's name ended in ``Error``."""
 
 SENT_CONFIRM_EVERY = 256
 """`Outbox.send_now` events a flush confirms at least this often (what a reconnect would republish)."""
@@ -134,7 +137,7 @@ class Outbox:
     ) -> None:
         """Queue an event (``data`` if the caller already encoded it). With `expect_new` it is stored only
         if its subject holds no message yet, or, given `new_on` (a stored-subject filter), if no subject
-        matching `new_on` does; `flush` raises `AlreadyStored` otherwise."""
+        matching `new_on` does; `flush` raises `AlreadyStoredError` otherwise."""
         subject = self.topology.event_subject(event.execution_id, event.name)
         if expect_new or new_on:
             self._new[len(self._events)] = new_on
@@ -197,7 +200,7 @@ class Outbox:
 
         Transient failures are retried (everything again, same ids) for up to ``retry_s``, and so is a
         cluster's "the same id (or subject) is being stored"; a refused ``expect_new`` event is not
-        (`AlreadyStored`).
+        (`AlreadyStoredError`).
         """
         events, self._events = self._events, []
         commands, self._commands = self._commands, []
@@ -270,7 +273,7 @@ class Outbox:
         """A flush with ``expect_new`` events: on its own, each message from the first of them on acked."""
         futures: list[asyncio.Future[PubAck]] = []
         first_error: BaseException | None = None
-        refused: AlreadyStored | None = None
+        refused: AlreadyStoredError | None = None
         ok = False
         messages = events + commands
         ack_from = min(max(0, len(events) - 1), min(new))
@@ -283,11 +286,11 @@ class Outbox:
                         # Its Nats-Msg-Id was stored before (a cluster answers that before it looks at the
                         # expected sequence): stored already, as far as this caller can tell.
                         subject, _, msg_id = messages[i]
-                        refused = AlreadyStored(subject, msg_id, "duplicate message id")
+                        refused = AlreadyStoredError(subject, msg_id, "duplicate message id")
                 except APIError as exc:
                     if exc.err_code == WRONG_LAST_SEQUENCE and refused is None:
                         subject, _, msg_id = messages[i]
-                        refused = AlreadyStored(subject, msg_id, exc.description)
+                        refused = AlreadyStoredError(subject, msg_id, exc.description)
                         refused.__cause__ = exc
                     first_error = first_error or exc
                 except Exception as exc:

@@ -159,7 +159,7 @@ async def submit(nc: NATS, topology: Topology, request: ExecutionRequest) -> str
     return request.execution_id
 
 
-class RetryError(ValueError):
+class RetryError(NoetlError, ValueError):
     """An execution that cannot be retried as asked."""
 
 

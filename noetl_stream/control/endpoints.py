@@ -24,6 +24,7 @@ from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service
 
 from noetl_stream.control.inspect import Inspector, QueryError
+from noetl_stream.errors import NoetlError
 from noetl_stream.kv.catalog import Catalog, CatalogConflictError, CatalogError, CatalogNotFoundError
 from noetl_stream.protocol.operations import (
     CatalogDeleted,
@@ -54,7 +55,7 @@ log = structlog.get_logger(__name__)
 Req = TypeVar("Req", bound=msgspec.Struct)
 
 
-class ApiError(Exception):
+class ApiError(NoetlError):
     """A refusal with a status code (``400``, ``404``, ``409``) and an ``{error, detail}`` body."""
 
     def __init__(self, code: int, error: str, detail: str, diagnostics: list[str] | None = None) -> None:

@@ -22,6 +22,7 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.errors import NoetlError
 from noetl_stream.kv import scan
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.partindex import is_snapshot_key
@@ -45,7 +46,7 @@ __all__ = ["Inspector", "QueryError", "summarize"]
 log = structlog.get_logger(__name__)
 
 
-class QueryError(ValueError):
+class QueryError(NoetlError, ValueError):
     """A malformed query (bad id, filter or page)."""
 
 

@@ -53,7 +53,7 @@ from noetl_stream.control.reducer import (
 )
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.vocabulary import EXTENSIONS
-from noetl_stream.errors import StateConflictError
+from noetl_stream.errors import NoetlError, StateConflictError
 from noetl_stream.jetstream.fastpath import ack, stream_seq
 from noetl_stream.jetstream.outbox import AlreadyStoredError, Outbox
 from noetl_stream.jetstream.puller import ContinuousPuller
@@ -88,7 +88,7 @@ EXECUTE_CONCURRENCY = 64
 """Requests on the micro ``execute`` endpoint admitted at once by one controller."""
 
 
-class RequestError(ValueError):
+class RequestError(NoetlError, ValueError):
     """A request that cannot become an execution."""
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from noetl_stream.errors import NoetlError
+
 INLINE_ITEMS_BYTES = 16 * 1024
 """Packed items up to this size stay in the execution state; larger ones go to the object store."""
 
@@ -26,7 +28,7 @@ _encoder = msgspec.json.Encoder()
 _NL = b"\n"
 
 
-class ItemsMissingError(LookupError):
+class ItemsMissingError(NoetlError, LookupError):
     """The items of a running distributed loop are not loaded (the controller loads them first)."""
 
 

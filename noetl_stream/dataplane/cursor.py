@@ -31,6 +31,7 @@ from noetl_stream.dsl.kinds import kind_info
 from noetl_stream.dsl.layering import merge_layers
 from noetl_stream.dsl.model import Loop, Step
 from noetl_stream.dsl.templates import RenderError, render_value
+from noetl_stream.errors import NoetlError
 from noetl_stream.kv.history import read_events
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.errorinfo import ErrorInfo
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 FRAME_ROWS = V.FRAME_ROWS
 
 
-class CursorError(Exception):
+class CursorError(NoetlError):
     """A claim that failed (to render, to run, or to return rows): the loop step fails with `error`."""
 
     def __init__(self, error: dict[str, Any]) -> None:

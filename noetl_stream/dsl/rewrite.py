@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from jinja2 import TemplateSyntaxError
 
 from noetl_stream.dsl.templates import ENV, _single_expression, check_syntax, has_template, undeclared_names
+from noetl_stream.errors import NoetlError
 from noetl_stream.protocol.events import LEGACY_ALIASES
 
 _CODE_OPEN = frozenset({"variable_begin", "block_begin"})
@@ -565,7 +566,7 @@ class EventSplit(NamedTuple):
     """The condition without its event.name tests (None: nothing is left)."""
 
 
-class SplitError(Exception):
+class SplitError(NoetlError):
     pass
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_stream.dsl.rewrite import Rewrite, reads, reads_attr, rewrite_value
+from noetl_stream.errors import NoetlError
 
 OK = "outcome.status == 'ok'"
 ERR = "outcome.status == 'error'"
@@ -41,7 +42,7 @@ CALL = Rewrite(
 CALL_SCOPE = frozenset({"response", "result", "error", "this", "status_code", "_retry"})
 
 
-class ScopeError(Exception):
+class ScopeError(NoetlError):
     """A legacy template reads something its new place does not have."""
 
 

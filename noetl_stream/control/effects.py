@@ -9,6 +9,7 @@ from typing import Any
 from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.vocabulary import LEGACY_HINT
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import (
     Command,
     Event,
@@ -66,11 +67,11 @@ def invalid_playbook_error(diagnostics: tuple[Diagnostic, ...] | list[Diagnostic
     first = errors[0].format() if errors else "invalid playbook"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     legacy = LEGACY_ADVICE if any(LEGACY_HINT in d.message for d in errors) else ""
-    return {
-        "kind": "invalid_playbook",
-        "message": f"invalid playbook: {first}{more}{legacy}",
-        "diagnostics": [d.format() for d in diagnostics],
-    }
+    return ErrorInfo(
+        kind="invalid_playbook",
+        message=f"invalid playbook: {first}{more}{legacy}",
+        diagnostics=[d.format() for d in diagnostics],
+    ).to_dict()
 
 
 def rejection_events(

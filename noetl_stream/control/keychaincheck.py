@@ -20,6 +20,7 @@ from typing import Any
 from noetl_stream.control.plan import Plan
 from noetl_stream.control.state import ExecutionState
 from noetl_stream.dsl.model import KeychainEntry, Step
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Command, KeychainDecl
 
 CHECK_RUN = "keychain-check"
@@ -91,17 +92,14 @@ def check_error(payload: dict[str, Any]) -> dict[str, Any]:
     message, the entry it names), whatever else the payload holds."""
     error = payload.get("error")
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
-        return {
-            "kind": "credential_error",
-            "retryable": False,
-            "message": "the keychain check failed without saying why",
-        }
+        return ErrorInfo(
+            kind="credential_error", retryable=False, message="the keychain check failed without saying why"
+        ).to_dict()
     kind = error.get("kind")
-    out: dict[str, Any] = {
-        "kind": kind if isinstance(kind, str) and kind else "credential_error",
-        "retryable": False,
-        "message": error["message"],
-    }
-    if isinstance(error.get("entry"), str):
-        out["entry"] = error["entry"]
-    return out
+    entry = error.get("entry")
+    return ErrorInfo(
+        kind=kind if isinstance(kind, str) and kind else "credential_error",
+        retryable=False,
+        message=error["message"],
+        entry=entry if isinstance(entry, str) else None,
+    ).to_dict()

@@ -10,7 +10,7 @@
 * per added step: the marginal warm cost of one more copy of the step, from a playbook with 50.
 
 The step is the repository's fixture tests/data/dsl/streaming_pagination_step.yaml (the one
-tests/test_dsl_examples.py compiles). Figures are medians; this is a benchmark, not a test.
+tests/dsl/test_dsl_examples.py compiles). Figures are medians; this is a benchmark, not a test.
 """
 
 from __future__ import annotations

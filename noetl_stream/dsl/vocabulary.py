@@ -79,7 +79,7 @@ NEXT_POLICY_KEYS: Final = ("priority", "dedupe", "partitioning")
 
 # The keys of each ``spec`` (003 §3, 001 §8.1/§10/§13.1): what the code reads there. A key outside them
 # is ignored, so the validator warns (``unknown-spec-key``); spec is the extension point, never an error.
-# ``tests/test_dsl_spec_keys.py`` scans the package for the spec keys it reads and finds each one here.
+# ``tests/dsl/test_dsl_spec_keys.py`` scans the package for the spec keys it reads and finds each one here.
 TOOL_SPEC_KEYS: Final = {
     "http": ("timeout", "max_body_bytes"),  # dataplane/tools/http.py; kinds.py default timeout
     "postgres": ("timeout", "pool_size"),  # dataplane/tools/postgres.py; kinds.py default timeout

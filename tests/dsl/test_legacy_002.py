@@ -313,7 +313,7 @@ def test_the_translation_does_not_keep_the_legacy_extension() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    sorted((Path(__file__).resolve().parents[1] / "playbooks").glob("**/*.yaml")),
+    sorted((Path(__file__).resolve().parents[2] / "playbooks").glob("**/*.yaml")),
     ids=lambda p: p.name,
 )
 def test_canonical_playbooks_are_left_alone_by_the_extension(path: Path) -> None:

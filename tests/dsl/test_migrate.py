@@ -16,8 +16,8 @@ from noetl_stream.dsl import compile_playbook
 from noetl_stream.dsl.migrate import migrate_text
 from noetl_stream.jetstream.embedded import EmbeddedNats
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 COMMENTED = """\
 # A legacy playbook.

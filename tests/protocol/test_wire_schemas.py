@@ -13,7 +13,7 @@ from noetl_stream.dsl import load_playbook
 from noetl_stream.protocol.schemas import WIRE_SCHEMAS, render, wire_schema
 from noetl_stream.protocol.wire import Command, Event, ExecutionRequest, decode_request
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 @pytest.mark.parametrize("name", sorted(WIRE_SCHEMAS))

@@ -12,7 +12,7 @@ import pytest
 
 import noetl_stream
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", [n for n in noetl_stream.__all__ if n != "__version__"])

@@ -15,7 +15,7 @@ from noetl_stream.dsl import vocabulary as V
 from noetl_stream.dsl.kinds import COMMON_TASK_KEYS
 from noetl_stream.dsl.schema import playbook_schema, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_FILE = ROOT / "schemas" / "playbook.schema.json"
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yaml"))
 VALIDATOR = jsonschema.Draft202012Validator(playbook_schema(), format_checker=None)

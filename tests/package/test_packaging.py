@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hatchling.builders.wheel import WheelBuilder
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_installed_package_has_its_py_typed_marker() -> None:

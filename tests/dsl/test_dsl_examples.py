@@ -14,7 +14,7 @@ import pytest
 from noetl_stream.dsl import Playbook, compile_playbook, kinds, known_kinds
 from noetl_stream.dsl.kinds import KindInfo
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def example(name: str) -> str:

@@ -16,7 +16,7 @@ from ruamel.yaml import YAML
 
 from noetl_stream.dsl import CompileResult, PlaybookError, compile_playbook, load_playbook
 
-PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 
 BASE = """\
 apiVersion: noetl.io/v2

@@ -53,7 +53,7 @@ _CONNECTED = NATS.CONNECTED
 # they were written against, and every connection is checked once for these names, so a different
 # nats-py missing one fails at start instead of misbehaving under load. What names cannot show (that a
 # subscription's future is handed each message, that writes join the flusher's buffer) is pinned by
-# tests/test_natsconn.py and tests/test_jspublish.py, which a nats-py upgrade has to pass.
+# tests/jetstream/test_connection.py and tests/jetstream/test_publish.py, which a nats-py upgrade has to pass.
 NATS_PY_TESTED = "2.16"
 _CLIENT_ATTRS = (
     "_status",
@@ -79,7 +79,7 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     """nats-py's ``Client._parse_header_lines`` (``Name: Value`` per line, names without whitespace, values
     decoded with ``errors="replace"``), with one regex search per name instead of a generator step per
     character: every delivered event and command carries its ``Nats-Msg-Id``, so this runs for each one.
-    tests/test_natsio_headers.py holds it to nats-py's own on arbitrary bytes."""
+    tests/jetstream/test_fastpath_headers.py holds it to nats-py's own on arbitrary bytes."""
     out: dict[str, str] = {}
     for line in raw.split(_CRLF):
         if not line:

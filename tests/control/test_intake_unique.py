@@ -146,7 +146,7 @@ async def test_a_new_request_that_cannot_run_is_still_rejected_once(
     )
 
     # Its request event carries the rejection; the controller, folding it, writes the rejection events
-    # (no controller runs here: tests/test_runtime_requests.py runs one).
+    # (no controller runs here: tests/e2e/test_runtime_requests.py runs one).
     names = [ev.name for ev in await history(js, topology, "bad")]
     assert names == [E.EXECUTION_REQUESTED]
     (ev,) = requested(await history(js, topology, "bad"))

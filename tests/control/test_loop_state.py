@@ -229,7 +229,7 @@ async def test_a_large_loop_result_is_in_item_order_with_failures_and_by_referen
         await asyncio.sleep(0.05)
     assert snap is not None and snap.results["start"] == done.payload["result"]
     # The packed items (20 KB) were stored once, outside the state, and deleted when the loop finished
-    # (tests/test_loop_items_cleanup.py): nothing of them is left in the state.
+    # (tests/control/test_loop_items_cleanup.py): nothing of them is left in the state.
     assert snap.items_keys == []
     diffs, _ = await verify(js, runtime.topology, eid)
     assert diffs == []

@@ -46,7 +46,7 @@ test-latest: | $(UV) chromium ## The suite on the newest versions pyproject.toml
 	@echo "versions: $(LATEST)/versions.txt"
 	$(LATEST)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-# The viewer tests drive Debian's headless Chromium (tests/test_viewer.py); installed once, as root or with sudo.
+# The viewer tests drive Debian's headless Chromium (tests/api/test_viewer.py); installed once, as root or with sudo.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 chromium: ## Install Debian's chromium + chromium-driver if missing (for the viewer tests)

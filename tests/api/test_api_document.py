@@ -17,7 +17,7 @@ from noetl_stream.api.openapi import document, render
 from noetl_stream.kv.keychain import KeychainKey, generate_key
 from noetl_stream.runtime.local import Runtime
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "schemas" / "openapi.yaml"
 EXAMPLES_PER_OPERATION = 12
 

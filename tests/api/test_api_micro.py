@@ -17,7 +17,7 @@ from noetl_stream.control.endpoints import ENDPOINTS
 from noetl_stream.protocol.schemas import API_SCHEMAS, api_schema, render
 from noetl_stream.runtime.local import Runtime
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
 REPLY_TYPES = {name: reply for name, (_, _, reply) in ENDPOINTS.items()}
 

@@ -22,7 +22,7 @@ from noetl_stream.runtime.local import Runtime
 
 JSON_BODY = {"Content-Type": "application/json"}  # raw bytes: say what they are
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
 
 SLOW = playbook(

@@ -18,7 +18,7 @@ from helpers import free_port
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.protocol.subjects import Topology
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOETL_STREAM = Path(sys.executable).parent / "noetl-stream"
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
 

@@ -22,7 +22,7 @@ from noetl_stream.client.timeline import Timeline, duration_text
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.runtime.local import Runtime
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 FLAKY_THEN_FAILING = playbook(
     """

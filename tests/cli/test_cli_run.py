@@ -26,7 +26,7 @@ from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import stream_names
 from noetl_stream.protocol.subjects import Topology
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = sorted([*ROOT.glob("playbooks/*.yaml"), *ROOT.glob("playbooks/*.yml")])
 JSON_KEYS = {"execution_id", "status", "ctx", "steps", "result", "error", "events", "duration_s"}
 

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 from helpers import free_port, playbook
-from test_cli_inspect import NOETL_STREAM
+from procs import NOETL_STREAM
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.protocol.subjects import Topology

@@ -191,7 +191,7 @@ def eventually() -> Callable[..., Awaitable[None]]:
     return _eventually
 
 
-# --- end-to-end runtime fixtures (tests/test_runtime_*.py) ------------------------------------------
+# --- end-to-end runtime fixtures (tests/e2e/test_runtime_*.py) ------------------------------------------
 
 from noetl_stream.runtime.local import Runtime, local_runtime  # noqa: E402
 

@@ -135,7 +135,7 @@ POISON = playbook(
 )
 
 
-# --- the stress mix (test_stress.py) -------------------------------------------------------------
+# --- the stress mix (faults/test_stress.py) -------------------------------------------------------------
 
 
 def _loop(exec_: str, failure: str, items: list[int], in_flight: int) -> str:

@@ -4,7 +4,7 @@
     .venv/bin/python deploy/nats/generate.py --check    # exit 1 if a generated file is stale
     .venv/bin/python deploy/nats/generate.py --replicas 3 --pool default --pool gpu --out /tmp/nats
 
-What it writes (tests/test_deploy_nats.py checks they equal this script's output):
+What it writes (tests/deploy/test_deploy_nats.py checks they equal this script's output):
 
 - ``streams/<STREAM>.json``, ``buckets/<KV_|OBJ_...>.json``, ``consumers/<STREAM>.<consumer>.json``:
   the configs ``noetl_stream.kv.provision`` creates, as the JetStream API JSON that

@@ -18,7 +18,7 @@ from pathlib import Path
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 
-PROBE = Path(__file__).resolve().parents[1] / "deploy" / "docker" / "noetl-probe"
+PROBE = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "noetl-probe"
 
 
 def unused_port() -> int:

@@ -40,7 +40,7 @@ from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
 from noetl_stream.runtime.local import Runtime, local_runtime
 
-HERE = Path(__file__).parent / "conformance"
+HERE = Path(__file__).resolve().parents[1] / "conformance"
 RUN_TIMEOUT_S = 45.0
 RUNAWAY_FAILURES = 50
 """A run that failed this many steps is not waited for any longer (a cycle re-entering a failed step)."""

@@ -42,7 +42,7 @@ from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.runtime.local import Runtime, local_runtime
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "playbooks" / "services"
 PLAYBOOKS = sorted(SERVICES.glob("*.yaml"))
 ETL = SERVICES / "etl.yaml"
@@ -156,7 +156,7 @@ def pages(orders: list[dict[str, Any]], page_size: int) -> int:
 
 
 def test_the_services_playbooks_ship_outside_the_top_level() -> None:
-    """tests/test_cli_run.py runs every top-level playbook without services: these must not be there."""
+    """tests/cli/test_cli_run.py runs every top-level playbook without services: these must not be there."""
     assert {p.name for p in PLAYBOOKS} == {"etl.yaml", "enrich.yaml"}
     assert not {p.name for p in PLAYBOOKS} & {p.name for p in (ROOT / "playbooks").glob("*.y*ml")}
 

@@ -38,7 +38,7 @@ from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, ExecutionRequest, decode_event
 from noetl_stream.runtime.local import Runtime, local_runtime
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "operations.md"
 HELLO = (ROOT / "playbooks" / "hello.yaml").read_text()
 DEFAULT = Topology()

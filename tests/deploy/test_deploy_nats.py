@@ -44,7 +44,7 @@ from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Checkpoint
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "nats"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 USERS = ("controller", "worker", "client", "admin", "sys")
 PASSWORDS = {user: f"test-{user}-7f3a9c" for user in USERS}
 SECRET = "sk-deploy-test-0123456789"

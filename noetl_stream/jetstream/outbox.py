@@ -56,7 +56,7 @@ from noetl_stream.jetstream.publish import (
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Command, Event, encode
 
-__all__ = ["MSG_ID", "AlreadyStored", "AlreadyStoredError", "Outbox"]
+__all__ = ["MSG_ID", "AlreadyStoredError", "Outbox"]
 
 log = structlog.get_logger(__name__)
 
@@ -91,9 +91,6 @@ class AlreadyStoredError(StateConflictError):
         self.subject = subject
         self.msg_id = msg_id
 
-
-AlreadyStored = AlreadyStoredError
-"""The name `AlreadyStoredError` had before every error's name ended in ``Error``."""
 
 SENT_CONFIRM_EVERY = 256
 """`Outbox.send_now` events a flush confirms at least this often (what a reconnect would republish)."""

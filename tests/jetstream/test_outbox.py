@@ -1,6 +1,6 @@
 """The Outbox against a real nats-server: a flush is stored once whatever fails on the way (a restart, an
 event sent at once into a dying socket, a cluster refusing for a moment), an ``expect_new`` event is
-refused once stored (`AlreadyStored`, not retried), and the flushes of many handlers share one ack."""
+refused once stored (`AlreadyStoredError`, not retried), and the flushes of many handlers share one ack."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from nats.js.errors import BadRequestError
 from noetl_stream.dsl import load_playbook
 from noetl_stream.errors import StateConflictError
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.jetstream.outbox import SENT_CONFIRM_EVERY, AlreadyStored, Outbox
+from noetl_stream.jetstream.outbox import SENT_CONFIRM_EVERY, AlreadyStoredError, Outbox
 from noetl_stream.jetstream.publish import (
     WRITE_AT,
     WRONG_LAST_SEQUENCE,
@@ -48,7 +48,7 @@ async def test_an_outbox_event_expected_new_raises_already_stored_without_a_retr
         after = step_started("x3", refused.step or "")
         outbox.event(refused, expect_new=True)
         outbox.event(after)
-        with pytest.raises(AlreadyStored) as info:
+        with pytest.raises(AlreadyStoredError) as info:
             await outbox.flush()
         assert isinstance(info.value, StateConflictError)
         assert (info.value.subject, info.value.msg_id) == (subject, refused.event_id)
@@ -57,7 +57,7 @@ async def test_an_outbox_event_expected_new_raises_already_stored_without_a_retr
         assert len(outbox) == 0
 
     await nc.flush()  # every publish the server relayed before its PONG is queued for `seen` now
-    assert seen.pending_msgs == 3  # one publish per flush: AlreadyStored is not retried
+    assert seen.pending_msgs == 3  # one publish per flush: AlreadyStoredError is not retried
     stored = [
         (ev.execution_id, ev.step) for x in ("x1", "x2", "x3") async for _, ev in read_events(js, topology, x)
     ]
@@ -236,7 +236,7 @@ async def test_racing_expect_new_events_on_a_cluster_settle_as_one_stored_and_th
     r3: Clustered,
 ) -> None:
     """While one is being stored, a clustered stream refuses the others with "wrong last sequence" and
-    no number (not final); the outbox tries them again until the answer is: `AlreadyStored`."""
+    no number (not final); the outbox tries them again until the answer is: `AlreadyStoredError`."""
     outboxes = [Outbox(r3.js, r3.topology) for _ in range(10)]
     for i, outbox in enumerate(outboxes):
         outbox.event(step_started("race", f"s{i}"), expect_new=True)  # one subject, ten ids
@@ -244,7 +244,7 @@ async def test_racing_expect_new_events_on_a_cluster_settle_as_one_stored_and_th
     results = await asyncio.gather(*(o.flush() for o in outboxes), return_exceptions=True)
 
     assert results.count(None) == 1, results
-    assert all(isinstance(r, AlreadyStored) for r in results if r is not None), results
+    assert all(isinstance(r, AlreadyStoredError) for r in results if r is not None), results
     assert len([ev async for _, ev in read_events(r3.js, r3.topology, "race")]) == 1
 
 

@@ -143,7 +143,7 @@ def events(
 
     if not with_nats(nats_url, "noetl-events", go):
         click.echo(f"error: no execution {execution_id}", err=True)
-        sys.exit(EXIT_INVALID)
+        sys.exit(EXIT_FAILED)  # as status: a well-formed question about an execution that is not there
 
 
 def _event_time(value: str) -> str:
@@ -353,5 +353,5 @@ def ctx(execution_id: str, nats_url: str, prefix: str) -> None:
         sys.exit(EXIT_INVALID)
     if reply is None:
         click.echo(f"error: no execution {execution_id}", err=True)
-        sys.exit(EXIT_INVALID)
+        sys.exit(EXIT_FAILED)
     echo_json(reply["ctx"])

@@ -151,7 +151,7 @@ async def test_events_of_an_unknown_execution_is_an_error_like_status(
     env = {"NOETL_PREFIX": runtime.topology.prefix}
     nats_url = nats_server.url
     proc = noetl("events", "no-such-run", "--nats", nats_url, env=env)
-    assert one_error_line(proc, 2) == "error: no execution no-such-run"
+    assert one_error_line(proc, 1) == "error: no execution no-such-run"
     summary = await runtime.run_playbook(HELLO, "hello.yaml", {}, timeout=30)
     ok = noetl("events", summary.execution_id, "--nats", nats_url, env=env)
     assert ok.returncode == 0 and "playbook.processed" in ok.stdout, ok.stderr

@@ -133,4 +133,4 @@ async def test_controller_serves_the_api_and_the_cli_inspects(
     code, _, err = await cli(env, "executions", "--since", "not-a-time")
     assert code == 2 and "ISO-8601" in err
     code, _, err = await cli(env, "ctx", "no-such-run")
-    assert code == 2 and "no execution no-such-run" in err
+    assert code == 1 and "no execution no-such-run" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,20 @@ class Browser:
         return path
 
     def click(self, selector: str) -> None:
-        """A real click (the driver's: pointer events, a focus) on the element `selector` names."""
+        """A real click (the driver's: pointer events, a focus) on the element `selector` names; when the
+        page re-renders the element between finding and clicking it (a live panel refreshing), the new
+        one is found and clicked, as a person would click again."""
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.common.by import By
 
-        self.driver.find_element(By.CSS_SELECTOR, selector).click()
+        for attempt in range(5):
+            try:
+                self.driver.find_element(By.CSS_SELECTOR, selector).click()
+                return
+            except StaleElementReferenceException:
+                if attempt == 4:
+                    raise
+                time.sleep(0.1)
 
     def click_at(self, selector: str, at: tuple[int, int]) -> None:
         """A real click on `selector`, `at` pixels from its middle."""

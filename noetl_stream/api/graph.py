@@ -118,6 +118,29 @@ def _compile(text: str, file: str) -> Playbook | None:
     return compile_playbook(text, file).playbook
 
 
+def request_playbook(request: Any) -> Playbook | None:
+    """The playbook of an execution request (its ``playbook.execution.requested`` payload), compiled
+    once for the graph and the step details of the same execution (None if it does not compile)."""
+    if not isinstance(request, dict) or not isinstance(request.get("playbook"), str):
+        return None
+    return _compile(request["playbook"], str(request.get("file") or request.get("path") or "<playbook>"))
+
+
+async def execution_events(request: web.Request) -> tuple[str, list[tuple[int, Event]]]:
+    """The execution the route names and its events in order; 404 when it has none."""
+    ctx = context(request)
+    execution_id = path_execution_id(request)
+    reader = cast(
+        AsyncGenerator[tuple[int, Event], None],
+        read_events(ctx.inspector.js, ctx.topology, execution_id),
+    )
+    async with contextlib.aclosing(reader) as stream:
+        events = [item async for item in stream]
+    if not events:
+        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    return execution_id, events
+
+
 def _when(value: Any) -> str | None:
     if value is None:
         return None
@@ -179,7 +202,7 @@ def _node(step: Step, where: tuple[int, int]) -> GraphStep:
     )
 
 
-def _seconds(start: str | None, end: str | None) -> float | None:
+def seconds_between(start: str | None, end: str | None) -> float | None:
     if start is None or end is None:
         return None
     try:
@@ -200,10 +223,7 @@ class _Fold:
         self.request: dict[str, Any] | None = None
 
     def plan(self, request: dict[str, Any]) -> None:
-        text = request.get("playbook")
-        if not isinstance(text, str):
-            return
-        playbook = _compile(text, str(request.get("file") or request.get("path") or "<playbook>"))
+        playbook = request_playbook(request)
         if playbook is None:
             return
         places, arcs = _layout(playbook)
@@ -281,7 +301,9 @@ class _Fold:
         elif name in _ENDS:
             node.status = _ENDS[name]
             node.finished_at = ev.timestamp
-            node.duration_s = _seconds(node.started_at or node.scheduled_at or ev.timestamp, ev.timestamp)
+            node.duration_s = seconds_between(
+                node.started_at or node.scheduled_at or ev.timestamp, ev.timestamp
+            )
             if isinstance(p.get("error"), dict):
                 node.error = p["error"]
             if node.loop is not None and isinstance(p.get("total"), int):
@@ -295,7 +317,7 @@ class _Fold:
 
     def finish(self) -> ExecutionGraph:
         g = self.graph
-        g.duration_s = _seconds(g.started_at, g.finished_at)
+        g.duration_s = seconds_between(g.started_at, g.finished_at)
         if g.finished_at is not None:
             for node in g.steps:
                 if node.status in _ACTIVE:
@@ -319,14 +341,5 @@ def fold_graph(execution_id: str, events: Iterable[tuple[int, Event]]) -> Execut
 
 
 async def execution_graph(request: web.Request) -> web.StreamResponse:
-    ctx = context(request)
-    execution_id = path_execution_id(request)
-    reader = cast(
-        AsyncGenerator[tuple[int, Event], None],
-        read_events(ctx.inspector.js, ctx.topology, execution_id),
-    )
-    async with contextlib.aclosing(reader) as stream:
-        events = [item async for item in stream]
-    if not events:
-        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    execution_id, events = await execution_events(request)
     return reply(fold_graph(execution_id, events))

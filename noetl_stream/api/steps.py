@@ -10,16 +10,14 @@ rendered again here.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator, Iterable
-from typing import Any, Literal, cast
+from collections.abc import Iterable
+from typing import Any, Literal
 
 import msgspec
 from aiohttp import web
 
-from noetl_stream.api.graph import _compile, _seconds
-from noetl_stream.api.http import ApiError, context, path_execution_id, query_int, reply
-from noetl_stream.kv.history import read_events
+from noetl_stream.api.graph import execution_events, request_playbook, seconds_between
+from noetl_stream.api.http import ApiError, query_int, reply
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event
 
@@ -135,11 +133,7 @@ class _Fold:
         self.known = False
 
     def plan(self, request: Any) -> None:
-        if not isinstance(request, dict) or not isinstance(request.get("playbook"), str):
-            return
-        playbook = _compile(
-            request["playbook"], str(request.get("file") or request.get("path") or "<playbook>")
-        )
+        playbook = request_playbook(request)
         step = playbook.steps.get(self.detail.step) if playbook is not None else None
         if step is None:
             return
@@ -194,7 +188,7 @@ class _Fold:
                 return
             it.status = "ok" if name == E.LOOP_ITERATION_DONE else "failed"
             it.finished_at = ev.timestamp
-            it.duration_s = _seconds(it.started_at or ev.timestamp, ev.timestamp)
+            it.duration_s = seconds_between(it.started_at or ev.timestamp, ev.timestamp)
             it.result = p.get("result")
             it.error = p.get("error") if isinstance(p.get("error"), dict) else None
             if run.loop is not None:
@@ -205,7 +199,7 @@ class _Fold:
         elif name in _RUN_STATUS:
             run.status = _RUN_STATUS[name]
             run.finished_at = ev.timestamp
-            run.duration_s = _seconds(run.started_at or run.scheduled_at or ev.timestamp, ev.timestamp)
+            run.duration_s = seconds_between(run.started_at or run.scheduled_at or ev.timestamp, ev.timestamp)
             run.worker = run.worker or ev.worker
             run.result = p.get("result")
             run.error = p.get("error") if isinstance(p.get("error"), dict) else None
@@ -236,7 +230,7 @@ class _Fold:
             return
         tr.status = "ok" if p.get("status") == "ok" else "error"
         tr.finished_at = ev.timestamp
-        tr.duration_s = _seconds(tr.started_at or ev.timestamp, ev.timestamp)
+        tr.duration_s = seconds_between(tr.started_at or ev.timestamp, ev.timestamp)
         tr.result = p.get("result")
         tr.error = p.get("error") if isinstance(p.get("error"), dict) else None
         tr.do = p.get("do") if isinstance(p.get("do"), str) else None
@@ -282,19 +276,10 @@ def fold_step(
 
 
 async def step_detail(request: web.Request) -> web.StreamResponse:
-    ctx = context(request)
-    execution_id = path_execution_id(request)
     step = request.match_info["step"]
     offset = query_int(request, "offset", 0, 0)
     limit = query_int(request, "limit", 100, 1, MAX_ITERATIONS_PAGE)
-    reader = cast(
-        AsyncGenerator[tuple[int, Event], None],
-        read_events(ctx.inspector.js, ctx.topology, execution_id),
-    )
-    async with contextlib.aclosing(reader) as stream:
-        events = [item async for item in stream]
-    if not events:
-        raise ApiError(404, "not_found", f"no execution {execution_id}")
+    execution_id, events = await execution_events(request)
     detail = fold_step(execution_id, step, events, offset, limit)
     if detail is None:
         raise ApiError(404, "not_found", f"execution {execution_id} has no step {step!r}")

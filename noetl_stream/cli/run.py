@@ -467,6 +467,13 @@ def submit(
     if isinstance(out, str):
         _echo_execution_id(out, as_json)
         return
+    _exit_after_wait(out, submitted, timeout, as_json, progress)
+
+
+def _exit_after_wait(
+    out: Any, submitted: list[str], timeout: float | None, as_json: bool, progress: Any
+) -> None:
+    """``--wait``'s end: exit like `run` with the outcome, or `EXIT_TIMEOUT` (the execution goes on)."""
     if out is None:
         eid = submitted[0]
         fail(
@@ -487,19 +494,29 @@ def submit(
 )
 @click.option("--wait", is_flag=True, help="Follow the new execution and exit like `run`.")
 @click.option("--json", "as_json", is_flag=True)
+@timeout_option
 @nats_option
 @prefix_option
 def retry(
-    execution_id: str, from_steps: tuple[str, ...], wait: bool, as_json: bool, nats_url: str, prefix: str
+    execution_id: str,
+    from_steps: tuple[str, ...],
+    wait: bool,
+    as_json: bool,
+    nats_url: str,
+    prefix: str,
+    timeout: float | None = None,
 ) -> None:
     """Re-run a failed or cancelled execution from its failed or interrupted step(s), reusing the results of
-    what succeeded."""
+    what succeeded (with --wait --timeout, 124 when the new one had not ended by then: it goes on)."""
     from noetl_stream.client.progress import Progress
     from noetl_stream.client.submit import RetryError, retry_request
     from noetl_stream.client.submit import submit as do_submit
 
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout is how long --wait waits: give --wait too")
     topology = topology_for(prefix)
     progress = None if as_json else Progress()
+    submitted: list[str] = []
 
     async def go(nc: Any) -> Any:
         request = await retry_request(nc, topology, execution_id, from_steps)
@@ -507,7 +524,8 @@ def retry(
         new_id = await do_submit(nc, topology, request)
         if not wait:
             return new_id
-        return await _follow_submitted(nc, topology, new_id, progress)
+        submitted.append(new_id)
+        return await _follow_submitted(nc, topology, new_id, progress, timeout)
 
     try:
         out = with_nats(nats_url, "noetl-retry", go)
@@ -517,7 +535,7 @@ def retry(
     if isinstance(out, str):
         _echo_execution_id(out, as_json)
         return
-    _exit_with_outcome(msgspec.to_builtins(out), as_json, progress)  # as `submit --wait` does
+    _exit_after_wait(out, submitted, timeout, as_json, progress)  # as `submit --wait` does
 
 
 def _check_from_steps(request: Any, execution_id: str, from_steps: tuple[str, ...]) -> None:

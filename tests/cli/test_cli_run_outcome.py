@@ -66,6 +66,24 @@ GATED = playbook(
     name="gated",
 )
 
+FLAKY_GATED = playbook(
+    """
+    - step: start
+      tool:
+        kind: python
+        args: {broken: "{{ workload.broken }}", release: "{{ workload.release }}"}
+        code: |
+          import os, time
+          if os.path.exists(broken):
+              raise RuntimeError("broken")
+          while not os.path.exists(release):
+              time.sleep(0.02)
+          result = "released"
+    """,
+    workload={"broken": "", "release": ""},
+    name="flaky_gated",
+)
+
 HELLO = playbook(
     """
     - step: start
@@ -195,6 +213,34 @@ async def test_submit_wait_timeout_exits_124_and_leaves_the_execution_running(
     assert (summary.status, summary.result) == ("success", "released")
 
     usage = await asyncio.to_thread(noetl, "submit", str(path), "--timeout", "1", *args)
+    assert usage.returncode == 2 and "--wait" in usage.stderr
+
+
+async def test_retry_wait_timeout_exits_124_and_leaves_the_new_execution_running(
+    nats_server: EmbeddedNats, runtime: Runtime, tmp_path: Path
+) -> None:
+    path = _write(tmp_path, "flaky_gated", FLAKY_GATED)
+    broken, release = tmp_path / "broken", tmp_path / "release"
+    broken.touch()
+    args = ["--nats", nats_server.url, "--prefix", runtime.topology.prefix]
+    sets = ["--set", f"broken={broken}", "--set", f"release={release}"]
+    first = await asyncio.to_thread(noetl, "submit", str(path), *sets, "--wait", "--json", *args)
+    assert first.returncode == 1, first.stderr
+    failed_id = json.loads(first.stdout)["execution_id"]
+    broken.unlink()  # the retry's run of the step waits for its release
+
+    proc = await asyncio.to_thread(noetl, "retry", failed_id, "--wait", "--timeout", "1", *args)
+
+    assert proc.returncode == 124, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    match = re.fullmatch(
+        r"error: execution ([0-9a-f]{32}) did not end within --timeout 1s; it goes on .*", last
+    )
+    assert match and match[1] != failed_id, proc.stderr
+    release.touch()
+    summary = await follow(runtime.nc, runtime.topology, match[1], timeout=30)
+    assert (summary.status, summary.result) == ("success", "released")
+    usage = await asyncio.to_thread(noetl, "retry", failed_id, "--timeout", "1", *args)
     assert usage.returncode == 2 and "--wait" in usage.stderr
 
 

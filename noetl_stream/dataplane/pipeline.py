@@ -34,6 +34,7 @@ from noetl_stream.protocol.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 from noetl_stream.protocol.wire import Checkpoint, now_iso
 
 _ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
 
 DEFAULT_MAX_TASK_RUNS = 10_000
 
@@ -199,7 +200,7 @@ async def run_pipeline(
             # (what a policy's error names; without a policy nothing renders)
             where = f"step '{step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
             scope["outcome"] = outcome.as_scope()
-            scope["outcome"]["result"] = result_view(outcome.result)  # (`.data`, an http `.body`)
+            view = scope["outcome"]["result"] = result_view(outcome.result)  # (`.data`, an http `.body`)
             shadowed = scope.get("output", _NONE)  # (a task or step named `output`: read again after)
             scope["output"] = outcome.as_output()  # NoETL's envelope, a view (built only where read)
             delay = 0.0
@@ -248,8 +249,8 @@ async def run_pipeline(
                 ctx.update(set_ctx)
                 layer_ctx(scope, set_ctx, extras | named)  # ({{ page }} after set_ctx: {page: 2})
                 out.ctx_patches.append(set_ctx)
-            if outcome.status == "ok":
-                scope[task.name] = result_view(outcome.result)
+            if outcome.status == "ok":  # (the outcome the policy read: a failed render replaced it)
+                scope[task.name] = view
                 named.add(task.name)
                 (secret.add if outcome.secret else secret.discard)(task.name)
             else:  # an error has no result: the name is what it was before the task ran, not its last run's
@@ -565,12 +566,17 @@ def recorded_args(ran_with: dict[str, Any]) -> dict[str, Any]:
     without args or whose args did not render."""
     if "args" not in ran_with:
         return {}
-    try:
-        args = to_json(plain(ran_with["args"]))
-        size = len(_ENCODE(args))
-    except (NotJSONError, TypeError, ValueError):
-        return {"args_bytes": -1}
-    return {"args": args} if size <= ARGS_RECORD_LIMIT else {"args_bytes": size}
+    args = plain(ran_with["args"])
+    try:  # encoded once, at the encoder's speed; the JSON form is what it decodes to (no walk in Python)
+        data = _ENCODE(args)
+    except (TypeError, ValueError):  # a part the encoder has no form for: to_json may have one
+        try:
+            data = _ENCODE(to_json(args))
+        except (NotJSONError, TypeError, ValueError):
+            return {"args_bytes": -1}
+    if len(data) > ARGS_RECORD_LIMIT:
+        return {"args_bytes": len(data)}
+    return {"args": _DECODE(data)}
 
 
 def _meta(

@@ -362,6 +362,22 @@ def _check_event_names(
             )
 
 
+def _in_task_policy(path: Path) -> bool:
+    """Whether `path` is inside a task's ``spec.policy`` (a step's task, one of its pipeline's, or a
+    workbook entry's), not merely under a key named ``policy``."""
+    if path[:1] == ("workflow",) and path[2:3] == ("tool",):
+        rest = path[3:]
+        if rest[:1] and isinstance(rest[0], int):
+            rest = rest[1:]
+    elif path[:1] == ("workbook",):
+        rest = path[2:]
+        if rest[:1] == ("tool",):
+            rest = rest[1:]
+    else:
+        return False
+    return rest[:2] == ("spec", "policy")
+
+
 def _task_has_inputs(item: Any, path: Path) -> bool:
     """The task at `path` (under a step's ``tool``) has ``input:`` or ``args:``, or its step has ``input:``."""
     if not isinstance(item, dict):
@@ -432,13 +448,13 @@ def check_templates(c: Compiler, playbook: Playbook, data: dict[str, Any]) -> No
                 # legacy spellings below are reported with them (all at once, not after the fixes).
                 compiled = path[1] in labels_by_index
                 known = base | labels_by_index.get(path[1], set())
-                if path[2:3] == ("tool",) and "policy" in path:
+                if _in_task_policy(path):
                     known = known | {"output"}  # a task policy's: NoETL's envelope of the outcome
                 if path[2:3] == ("tool",) and _task_has_inputs(raw_steps[path[1]], path):
                     known = known | {"input"}  # a task's fields read its own input: (args:) as input
                 if path[2:4] == ("loop", "cursor"):
                     known = known | {V.FRAME_ROWS}  # a cursor loop's claim reads the rows one claim asks for
-            elif root == ("workbook",) and "policy" in path:
+            elif _in_task_policy(path):
                 known = known | {"output"}
             if success_to_ok(text) != text:
                 c.error(

@@ -249,3 +249,27 @@ def test_output_in_a_policy_is_warned_about_when_it_is_the_playbooks_only_dialec
     (warned,) = [d for d in result.diagnostics if d.code == "dialect"]
     assert "'output' in a task policy is NoETL's envelope" in warned.message
     assert warned.path == "workflow[0].tool.spec.policy.rules[0].when"
+
+
+def test_output_is_known_in_a_task_policy_only_not_under_any_key_named_policy() -> None:
+    text = playbook(
+        """
+        - step: start
+          tool:
+            - name: policy
+              kind: noop
+              args: {policy: "{{ output }}"}
+              result: "{{ output }}"
+            - name: b
+              kind: noop
+              spec:
+                policy:
+                  rules:
+                    - when: "{{ output.status == 'error' }}"
+                      then: {do: fail}
+                    - else: {then: {do: continue}}
+        """
+    )
+    result = compile_playbook(text, "t.yaml")
+    undefined = sorted(d.path for d in result.diagnostics if d.code == "undefined-name")
+    assert undefined == ["workflow[0].tool[0].args.policy", "workflow[0].tool[0].result"]

@@ -7,6 +7,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream.api.http import ApiError, context, reply
 from noetl_stream.kv.provision import stream_names
+from noetl_stream.prometheus import CONTENT_TYPE
 from noetl_stream.protocol.operations import HealthReply, ReadyReply
 
 
@@ -43,6 +44,4 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     if ctx.metrics is None:
         raise ApiError(404, "not_found", "metrics are not collected by this process")
     await ctx.metrics.refresh(ctx.nc)
-    return web.Response(
-        body=ctx.metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-    )
+    return web.Response(body=ctx.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})

@@ -14,11 +14,21 @@ from noetl_stream.control.controller import Controller
 from noetl_stream.control.metrics import Metrics
 from noetl_stream.errors import ConfigurationError
 
-__all__ = ["TOKENS_ENV", "ApiServer", "parse_listen", "tokens_from"]
+__all__ = ["TOKENS_ENV", "ApiServer", "http_url", "listen_text", "parse_listen", "tokens_from"]
 
 log = structlog.get_logger(__name__)
 
 TOKENS_ENV = "NOETL_API_TOKENS"
+
+
+def listen_text(host: str, port: int) -> str:
+    """``HOST:PORT`` as `parse_listen` reads it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL of a server listening on `host` and `port`."""
+    return f"http://{listen_text(host, port)}"
 
 
 def parse_listen(value: str, option: str = "--http") -> tuple[str, int]:
@@ -56,8 +66,7 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return http_url(self.host, self.port)
 
     async def start(self) -> None:
         if self._runner is not None:

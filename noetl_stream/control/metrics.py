@@ -28,24 +28,19 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
 
 from noetl_stream.control.reducer import PlanCache
 from noetl_stream.control.state import ExecutionState
+from noetl_stream.prometheus import DURATION_BUCKETS, runtime_collectors
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import decode_all, subject_names
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["Metrics"]
 
 log = structlog.get_logger(__name__)
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 _BOUNDARIES = E.BOUNDARY_EVENTS
 _SCHEDULES = frozenset({E.STEP_SCHEDULED, E.LOOP_STARTED})
 
@@ -65,10 +60,7 @@ class Metrics:
         self.plans = plans
         self.registry = CollectorRegistry()
         r = self.registry
-        # the process (process_*: CPU, memory, open files) and the Python runtime (python_info, python_gc_*)
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        GCCollector(registry=r)
+        runtime_collectors(r)
         self.started = Counter(
             "noetl_executions_started", "Executions started, by playbook path", ["playbook"], registry=r
         )

@@ -19,29 +19,13 @@ from collections.abc import Callable
 import structlog
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
 
+from noetl_stream.prometheus import DURATION_BUCKETS, runtime_collectors
 from noetl_stream.protocol.subjects import Topology
 
-__all__ = ["CONTENT_TYPE", "DURATION_BUCKETS", "WorkerMetrics", "runtime_collectors"]
+__all__ = ["WorkerMetrics"]
 
 log = structlog.get_logger(__name__)
-
-CONTENT_TYPE = CONTENT_TYPE_LATEST
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-"""The controller's buckets (``noetl_task_duration_seconds``): the two histograms compare."""
-
-
-def runtime_collectors(registry: CollectorRegistry) -> None:
-    """Register the process (``process_*``: CPU seconds, resident memory, open files, start time) and the
-    Python runtime (``python_info``, ``python_gc_*``) collectors in `registry`, as prometheus_client's
-    default registry has them."""
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
 
 
 class WorkerMetrics:
@@ -70,6 +54,7 @@ class WorkerMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self._series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self.in_flight = Gauge(
             "noetl_worker_commands_in_flight", "Commands this worker process runs now", registry=r
         )
@@ -97,9 +82,15 @@ class WorkerMetrics:
         self.capacity.set(concurrency)
 
     def task_done(self, kind: str, status: str, seconds: float) -> None:
-        """A task run ended (called by the worker as it ends)."""
-        self.tasks.labels(kind, status).inc()
-        self.task_seconds.labels(kind, status).observe(max(0.0, seconds))
+        """A task run ended (called by the worker as it ends; the labelled series are looked up once)."""
+        series = self._series.get((kind, status))
+        if series is None:
+            series = self._series[kind, status] = (
+                self.tasks.labels(kind, status),
+                self.task_seconds.labels(kind, status),
+            )
+        series[0].inc()
+        series[1].observe(max(0.0, seconds))
 
     async def refresh(self, js: JetStreamContext) -> None:
         """Read the pool consumer's lag (called on each scrape); the last values stand if NATS does not

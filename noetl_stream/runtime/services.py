@@ -15,6 +15,7 @@ import structlog
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
+from noetl_stream.api.server import http_url
 from noetl_stream.control.controller import Controller
 from noetl_stream.dataplane.metrics import WorkerMetrics
 from noetl_stream.dataplane.tools.base import WorkerServices
@@ -23,6 +24,7 @@ from noetl_stream.errors import ConfigurationError
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.kv.keychain import Keychain
 from noetl_stream.kv.provision import ProvisionError, provision, provisioned_topology
+from noetl_stream.prometheus import CONTENT_TYPE
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.settings import Settings
 
@@ -176,7 +178,7 @@ class MetricsServer:
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         await self.metrics.refresh(self.js)
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def start(self) -> None:
         app = web.Application()
@@ -196,15 +198,12 @@ class MetricsServer:
         sockets = getattr(server, "sockets", None) or []
         if sockets:  # (port 0: the one the system gave)
             self.port = int(sockets[0].getsockname()[1])
-        log.info("worker.metrics_listening", url=f"http://{self.host}:{self.port}/metrics")
+        log.info("worker.metrics_listening", url=f"{http_url(self.host, self.port)}/metrics")
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
-
-
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 async def run_worker(

@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
+from noetl_stream.api.server import listen_text
+
 __all__ = ["Supervisor", "supervise_workers", "worker_commands"]
 
 log = structlog.get_logger(__name__)
@@ -182,8 +184,7 @@ def worker_commands(
     for i in range(1, processes + 1):
         argv = base + (["--name", f"{name}-{i}"] if name else [])
         if metrics is not None:
-            host = f"[{metrics[0]}]" if ":" in metrics[0] else metrics[0]
-            argv += ["--metrics", f"{host}:{metrics[1] + i - 1}"]
+            argv += ["--metrics", listen_text(metrics[0], metrics[1] + i - 1)]
         commands.append(argv)
     return commands
 

@@ -2,14 +2,13 @@
 
 The command line and the runtime build a `Settings` with `Settings.from_env` and pass its values down:
 the playbook language, the controller and the worker take values, not the environment. Each field names
-its variable and its default (`ENV`); docs/operations.md lists them.
+its variable and its default; docs/operations.md lists them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 from noetl_stream.errors import ConfigurationError
 
@@ -33,13 +32,6 @@ CONTROLLER_ID_ENV = "NOETL_CONTROLLER_ID"
 @dataclass(frozen=True)
 class Settings:
     """Environment-derived limits of one process."""
-
-    ENV: ClassVar[dict[str, str]] = {
-        "template_cpu_s": TEMPLATE_CPU_S_ENV,
-        "max_child_depth": MAX_CHILD_DEPTH_ENV,
-        "controller_id": CONTROLLER_ID_ENV,
-    }
-    """The variable each field is read from."""
 
     template_cpu_s: float = DEFAULT_TEMPLATE_CPU_S
     """CPU seconds one template render may take (``NOETL_TEMPLATE_CPU_S``, default 2). A value that is

@@ -92,12 +92,6 @@ class RequestError(NoetlError, ValueError):
     """A request that cannot become an execution."""
 
 
-MAX_CHILD_DEPTH = DEFAULT_MAX_CHILD_DEPTH
-"""How deep child playbooks may nest (a root is depth 0) unless ``NOETL_MAX_CHILD_DEPTH`` says otherwise
-(`Settings.max_child_depth`, passed down by the controller): a playbook that runs itself without a bound
-is refused there instead of spawning children for ever."""
-
-
 def _segments(path: str) -> list[str]:
     normal = posixpath.normpath(path) if path else "."
     return [] if normal == "." else normal.split("/")
@@ -241,9 +235,10 @@ class Intake:
         max_child_depth: int | None = None,
     ) -> None:
         self.nc = nc
-        self.max_child_depth = MAX_CHILD_DEPTH if max_child_depth is None else max_child_depth
-        """Deepest child playbook admitted (a root is 0): `MAX_CHILD_DEPTH` unless the controller's
-        settings say otherwise (``NOETL_MAX_CHILD_DEPTH``)."""
+        self.max_child_depth = DEFAULT_MAX_CHILD_DEPTH if max_child_depth is None else max_child_depth
+        """Deepest child playbook admitted (a root is 0): `Settings.max_child_depth`, passed down by the
+        controller (``NOETL_MAX_CHILD_DEPTH``); a playbook that runs itself without a bound is refused
+        there instead of spawning children for ever."""
         self.plans = plans if plans is not None else PlanCache()
         """Where the plans intake compiles go: the controller's reducer finds them compiled."""
         self.js = nc.jetstream()

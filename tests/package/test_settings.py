@@ -21,11 +21,6 @@ def test_each_variable_overrides_its_default() -> None:
         {"NOETL_TEMPLATE_CPU_S": "0.5", "NOETL_MAX_CHILD_DEPTH": "3", "NOETL_CONTROLLER_ID": "ctl-a"}
     )
     assert settings == Settings(template_cpu_s=0.5, max_child_depth=3, controller_id="ctl-a")
-    assert set(Settings.ENV.values()) == {
-        "NOETL_TEMPLATE_CPU_S",
-        "NOETL_MAX_CHILD_DEPTH",
-        "NOETL_CONTROLLER_ID",
-    }
 
 
 def test_empty_values_leave_the_defaults() -> None:

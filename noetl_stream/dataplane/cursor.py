@@ -189,7 +189,7 @@ async def run_cursor_loop(run: CommandRun, base: PipelineInput) -> None:
         status = "success" if name == E.LOOP_ITERATION_DONE else "error"
         run.event(name, "loop", sid, status, sid, {"index": index, **payload})
         if name == E.LOOP_ITERATION_DONE:  # recorded at once: a redelivery skips it
-            await run.send_pending_now()
+            await run.events.send_pending_now()
 
     while True:
         if not frame:
@@ -215,7 +215,7 @@ async def run_cursor_loop(run: CommandRun, base: PipelineInput) -> None:
                 sid = f"{run_id}.{index}"
                 payload = {"index": index, "item": row}
                 run.event(E.LOOP_ITERATION_STARTED, "loop", sid, "in_progress", sid, payload)
-            await run.send_pending_now()
+            await run.events.send_pending_now()
         res: LoopResult = await run_local_loop(
             base,
             [row for _, row in frame],

@@ -2,7 +2,8 @@
 
 No inbound ports (``worker --metrics`` adds a ``/metrics`` listener, `services.MetricsServer`, fed by
 `WorkerMetrics`). Any number of worker processes share one pool's durable consumer. Running one
-command (pipeline, loops, its events) is `CommandRun` in command.py.
+command (pipeline, loops) is `CommandRun` in command.py; publishing its events, `RunEvents` in
+run_events.py.
 A message is settled in exactly one place (``_handle``): ack after the boundary event
 is stored; nothing on cancellation or shutdown (so JetStream redelivers it); ``term``
 for a message that can never be read.
@@ -26,9 +27,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from noetl_stream.dataplane.children import ChildRunner
-from noetl_stream.dataplane.command import TASK_EVENTS, TASK_EVENTS_ALL, TASK_EVENTS_SEPARATE, CommandRun
+from noetl_stream.dataplane.command import CommandRun
 from noetl_stream.dataplane.loops import HandedBack
 from noetl_stream.dataplane.metrics import WorkerMetrics
+from noetl_stream.dataplane.task_events import TASK_EVENTS, TASK_EVENTS_ALL, TASK_EVENTS_SEPARATE
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.jetstream.fastpath import ack_soon, num_delivered
 from noetl_stream.jetstream.outbox import Outbox
@@ -253,14 +255,14 @@ class Worker:
             try:
                 await self._supervise(msg, run)
             except HandedBack as exc:  # shutting down mid-loop: another worker runs the rest
-                await run.publish_pending()
+                await run.events.publish_pending()
                 self._log.info("worker.loop_handed_back", settled=str(exc))
                 with contextlib.suppress(Exception):
                     await msg.nak()
                 return
-            fut = run.publish_pending_nowait()
+            fut = run.events.publish_pending_nowait()
             if fut is None:
-                await run.publish_pending()
+                await run.events.publish_pending()
                 ack_soon(msg)
                 return
             # Settled when the events are stored (`_stored`): the handler's slot is free meanwhile.
@@ -283,7 +285,7 @@ class Worker:
 
     async def _republish(self, msg: Msg, run: CommandRun) -> None:
         try:
-            await run.publish_unconfirmed()
+            await run.events.publish_unconfirmed()
             ack_soon(msg)
         except Exception:
             self._log.exception("worker.publish_failed", subject=msg.subject)
@@ -340,7 +342,7 @@ class Worker:
         run.wake = asyncio.Event()
         while not run.finished:
             try:
-                await run.publish_pending()
+                await run.events.publish_pending()
             except Exception as exc:  # the final flush reports failures; progress is best effort
                 self._log.debug("worker.progress_publish_failed", error=str(exc))
             if loop.time() >= next_keep_alive:

@@ -218,8 +218,10 @@ async def test_a_worker_of_an_earlier_release_answers_the_check_with_a_step_boun
 
     await old.execute()
 
-    assert [ev.name for ev in old.pending] == ([E.STEP_STARTED, E.STEP_DONE] if present else [E.STEP_FAILED])
-    for seq, ev in enumerate(old.pending, start=2):
+    assert [ev.name for ev in old.events.pending] == (
+        [E.STEP_STARTED, E.STEP_DONE] if present else [E.STEP_FAILED]
+    )
+    for seq, ev in enumerate(old.events.pending, start=2):
         state, fx = reducer.apply(state, ev, seq)
     assert state is not None and not state.keychain_check
     if present:

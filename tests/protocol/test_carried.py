@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from noetl_stream.control.effects import server_event
 from noetl_stream.control.replay import verify
-from noetl_stream.dataplane.command import MAX_EVENT_BYTES
+from noetl_stream.dataplane.fitting import MAX_EVENT_BYTES
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events, scan
 from noetl_stream.protocol import events as E

@@ -1,0 +1,157 @@
+"""A command run's worker events: queued as they happen, fitted under the size limits, published.
+
+`RunEvents.event` queues an event (and feeds the run's trace span, if any); the `Worker` (worker.py)
+publishes the queue while the command runs and when it ends (`publish_pending`, or
+`publish_pending_nowait` to join the turn's write), carrying a run's events inside its boundary's
+message unless ``--task-events separate`` (`carried.py`); an event with a large result is fitted first
+(`EventFitter`, fitting.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from noetl_stream.dataplane.fitting import MAX_EVENT_BYTES, EventFitter
+from noetl_stream.jetstream.outbox import Outbox
+from noetl_stream.protocol import events as E
+from noetl_stream.protocol.carried import carry
+from noetl_stream.protocol.wire import Command, Event, encode, make_event
+
+if TYPE_CHECKING:
+    from noetl_stream.dataplane.worker import Worker
+    from noetl_stream.tracing import StepTrace
+
+
+class RunEvents:
+    """The worker events of one delivery of a command, from the queue to the events stream."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        cmd: Command,
+        outbox: Outbox,
+        fitter: EventFitter,
+        trace: StepTrace | None,
+        trace_id: str | None,
+        id_suffix: str,
+    ) -> None:
+        self.worker = worker
+        self.cmd = cmd
+        self.outbox = outbox
+        self.fitter = fitter
+        self.trace = trace
+        self.trace_id = trace_id
+        self._id_suffix = id_suffix
+        """Appended to each event's scope: a redelivery's events get ids of their own (`CommandRun`)."""
+        self.pending: list[Event] = []
+        self._unconfirmed: list[tuple[Event, bytes]] = []
+        """What `publish_pending_nowait` published, kept until it is known to be stored."""
+
+    def event(
+        self,
+        name: str,
+        entity_type: str,
+        entity_id: str,
+        status: str,
+        scope: str,
+        payload: dict[str, Any],
+        task_run_id: str | None = None,
+        at: tuple[str, int] | None = None,
+        *,
+        of_step: bool = True,
+    ) -> None:
+        """Queue a worker event; `at` (ISO timestamp, epoch ns): when it happened, if not now (a held
+        task event written later, `TaskEvents`); `of_step` false: an event of no step (a keychain check's
+        answer), with the command's run id all the same."""
+        cmd = self.cmd
+        if self.trace is not None:
+            self.trace.on_event(name, status, entity_id, payload, at[1] if at is not None else None)
+        if status == "error" and name in _FAILURES:
+            _log_failure(self.worker._log, name, payload)
+        self.pending.append(
+            make_event(
+                cmd.execution_id,
+                name,
+                source="worker",
+                entity_type=entity_type,
+                entity_id=entity_id,
+                status=status,
+                scope=scope + self._id_suffix,
+                payload=payload,
+                timestamp=None if at is None else at[0],
+                step=cmd.step if of_step else None,
+                step_run_id=cmd.step_run_id,
+                task_run_id=task_run_id,
+                trace_id=self.trace_id,
+                worker=self.worker.name,
+            )
+        )
+
+    async def send_pending_now(self) -> None:
+        pending, self.pending = self.pending, []
+        for ev in pending:
+            fitted, data = await self.fitter.fit(ev)
+            await self.outbox.send_now(fitted, data)
+
+    def publish_pending_nowait(self) -> asyncio.Future[Any] | None:
+        """`publish_pending` without waiting: the events join this turn's write, and the returned future
+        settles when they are stored (or fails: then `publish_pending` them). None, having published
+        nothing, when they need more first (a large result for the object store, progress sent before,
+        a publisher that has not looked at the stream yet)."""
+        outbox = self.outbox
+        if outbox.sent:
+            return None
+        limit = self.fitter.inline_limit
+        ready: list[tuple[Event, bytes]] = []
+        for ev in self.pending:
+            data = encode(ev)
+            if len(data) > limit:
+                return None
+            ready.append((ev, data))
+        if self.worker.carry:
+            ready = carry(ready, MAX_EVENT_BYTES)
+        for ev, data in ready:
+            outbox.event(ev, data)
+        fut = outbox.flush_nowait()
+        if fut is None:
+            outbox.clear()
+            return None
+        self.pending = []
+        self._unconfirmed = ready
+        return fut
+
+    async def publish_unconfirmed(self) -> None:
+        """Publish again, waiting and retrying as `publish_pending`, what `publish_pending_nowait` published
+        when its future failed (same ids: what was stored after all is dropped as a duplicate)."""
+        ready, self._unconfirmed = self._unconfirmed, []
+        for ev, data in ready:
+            self.outbox.event(ev, data)
+        await self.outbox.flush()
+
+    async def publish_pending(self) -> None:
+        pending, self.pending = self.pending, []
+        limit = self.fitter.inline_limit
+        ready: list[tuple[Event, bytes]] = []
+        for ev in pending:
+            data = encode(ev)
+            if len(data) <= limit:  # the usual case, without a coroutine per event
+                ready.append((ev, data))
+            else:
+                ready.append(await self.fitter.fit(ev, data))
+        if self.worker.carry:
+            ready = carry(ready, MAX_EVENT_BYTES)
+        for ev, data in ready:
+            self.outbox.event(ev, data)
+        await self.outbox.flush()
+
+
+_FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED, E.KEYCHAIN_FAILED})
+
+
+def _log_failure(logger: Any, name: str, payload: dict[str, Any]) -> None:
+    error = payload.get("error")
+    if isinstance(error, dict):
+        logger.warning(name, error_kind=error.get("kind"), error=error.get("message"))
+    else:
+        logger.warning(name, error=error)

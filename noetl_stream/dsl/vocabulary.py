@@ -99,7 +99,8 @@ EXECUTOR_SPEC_KEYS: Final = ("policy", "extensions", "pool", "deadline_s", "max_
 """The executor's own (``compiler.py``, ``control/plan.py``, ``control/reducer.py``,
 ``dataplane/pipeline.py``, ``kv/results.py``); its tool knobs layer into every task."""
 STEP_SPEC_KEYS: Final = ("policy", "pool")
-"""The step's own (``steps.py``, ``control/transitions.py``); its tool knobs layer into its tasks."""
+"""The step's own (``steps.py``, ``control/routing.py``, ``control/runcontext.py``); its tool knobs layer
+into its tasks."""
 LOOP_SPEC_KEYS: Final = LOOP_SPEC_TYPED
 """The loop's own (``steps.py``); its other keys (``Loop.raw_spec``) layer into the step's tasks."""
 LAYERED_SPEC_KEYS: Final = (*TASK_SPEC_KEYS[1:], *TOOL_KNOBS)

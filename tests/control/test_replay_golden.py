@@ -80,7 +80,18 @@ def test_a_fold_without_a_clock_mints_the_same_effects_twice() -> None:
         assert minted(name) == minted(name), name
 
 
-PURE = ("reducer", "transitions", "effects", "keychaincheck", "items", "plan", "state")
+PURE = (
+    "reducer",
+    "transitions",
+    "routing",
+    "loops",
+    "runcontext",
+    "effects",
+    "keychaincheck",
+    "items",
+    "plan",
+    "state",
+)
 CLOCKS = ("now_iso(", "time.time(", "time.monotonic(", "datetime.now(", "datetime.datetime.now(", "utcnow(")
 
 

@@ -21,14 +21,16 @@ of the graph's layers (a step after the steps it follows), each layer in its row
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from noetl_stream.api.graph import ExecutionGraph, GraphStep
-from noetl_stream.client.timeline import duration_text
+from noetl_stream.client.timeline import duration_text, error_text
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event
 
-__all__ = ["error_text", "render_status", "step_attempts"]
+MAX_ERROR = 200
+"""An error is shown on one line, cut after this many characters (``events`` shows it whole in JSON)."""
+
+__all__ = ["render_status", "step_attempts"]
 
 _RUN_STARTS = frozenset({E.STEP_SCHEDULED, E.STEP_STARTED, E.LOOP_STARTED})
 
@@ -42,19 +44,6 @@ MARKS = {
     "pending": "·",
     "unreached": "·",
 }
-MAX_ERROR = 200
-"""An error is shown on one line, cut after this many characters (``events`` shows it whole in JSON)."""
-
-
-def error_text(error: Any, limit: int = MAX_ERROR) -> str:
-    """An error of an event (``{kind, message, ...}``) on one line: ``kind: message``."""
-    if isinstance(error, dict):
-        kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
-        text = message if message.startswith(kind) else f"{kind}: {message}" if message else kind
-    else:
-        text = str(error)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def step_attempts(events: Iterable[tuple[int, Event]]) -> dict[str, int]:
@@ -82,7 +71,7 @@ def _children(step: GraphStep) -> list[str]:
         total = "?" if loop.total is None else str(loop.total)
         out.append(f"loop: {loop.done}/{total} done, {loop.failed} failed ({loop.mode}, {loop.exec})")
     if step.error is not None:
-        out.append(f"error: {error_text(step.error)}")
+        out.append(f"error: {error_text(step.error, MAX_ERROR)}")
     return out
 
 
@@ -103,7 +92,7 @@ def render_status(graph: ExecutionGraph, attempts: dict[str, int] | None = None)
         fields.append(("duration", duration_text(g.duration_s)))
     if g.error:
         step = g.error.get("step") if isinstance(g.error, dict) else None
-        fields.append(("error", (f"{step}: " if step else "") + error_text(g.error)))
+        fields.append(("error", (f"{step}: " if step else "") + error_text(g.error, MAX_ERROR)))
     lines += [f"  {name:<9} {value}" for name, value in fields]
     steps = sorted(g.steps, key=lambda s: (s.layer, s.order))
     if not steps:

@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from noetl_stream.client.timeline import duration_text
+from noetl_stream.client.timeline import duration_text, error_text
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event
 
@@ -39,7 +39,7 @@ class Progress:
                 extra = f" ({p.get('done', 0)}/{p.get('total', 0)} iterations, {p.get('failed', 0)} failed)"
             self._line(f"  ✔ {step} done{extra}")
         elif name == E.STEP_FAILED:
-            said = _said(ev.payload.get("error") or {})
+            said = error_text(ev.payload.get("error") or {}, None)
             self._failures[step] = said
             self._line(f"  ✘ {step} failed: {said}")
         elif name == E.STEP_SKIPPED:
@@ -74,7 +74,7 @@ class Progress:
         error = summary.get("error")
         if isinstance(error, dict):
             step = error.get("step")
-            what = _said(error)
+            what = error_text(error, None)
             if isinstance(step, str) and self._failures.get(step) == what:
                 said += f": step {step}"  # its error is on its own line, above
             else:
@@ -82,11 +82,3 @@ class Progress:
         elif error:
             said += f": {error}"
         self._line(f"✘ {said}")
-
-
-def _said(error: dict[str, Any]) -> str:
-    """An event's error on one line: ``kind: message`` (python's message names its kind already)."""
-    kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
-    if not message:
-        return kind
-    return message if message.startswith(f"{kind}: ") else f"{kind}: {message}"

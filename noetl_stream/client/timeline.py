@@ -49,9 +49,23 @@ def duration_text(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
-def _compact(text: str, limit: int = _MAX_ERROR) -> str:
+def _compact(text: str, limit: int | None = _MAX_ERROR) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def error_text(error: Any, limit: int | None = _MAX_ERROR) -> str:
+    """An event's error (``{kind, message, ...}``) on one line: ``kind: message``, the message alone when
+    it names its kind already (a python error's does), the kind alone without a message; cut after
+    `limit` characters (None: whole)."""
+    if not isinstance(error, dict):
+        return _compact(str(error), limit)
+    kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
+    if not message:
+        return _compact(kind, limit)
+    return _compact(
+        message if message == kind or message.startswith(f"{kind}:") else f"{kind}: {message}", limit
+    )
 
 
 class Timeline:
@@ -134,11 +148,8 @@ class Timeline:
     @staticmethod
     def _detail(ev: Event, payload: dict[str, Any]) -> str:
         error = payload.get("error")
-        if isinstance(error, dict):
-            kind, message = str(error.get("kind") or "error"), str(error.get("message", ""))
-            return _compact(message if message.startswith(kind) else f"{kind}: {message}")
         if error:
-            return _compact(str(error))
+            return error_text(error)
         name = ev.name
         if name == E.LOOP_DONE or (name == E.STEP_FAILED and "total" in payload):
             return (

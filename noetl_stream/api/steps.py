@@ -219,9 +219,9 @@ class _Fold:
             index = _iteration_of(run.step_run_id, run_id)
             if index is not None and self.detail.kind == "loop":
                 it = self.iteration(run, index)
-                it.tasks = [*it.tasks, tr]
+                it.tasks.append(tr)
             else:
-                run.tasks = [*run.tasks, tr]
+                run.tasks.append(tr)
         tr.kind = str(p.get("kind") or tr.kind)
         tr.attempt = int(p.get("attempt") or tr.attempt)
         tr.worker = tr.worker or ev.worker

@@ -509,7 +509,7 @@ def retry(
     """Re-run a failed or cancelled execution from its failed or interrupted step(s), reusing the results of
     what succeeded (with --wait --timeout, 124 when the new one had not ended by then: it goes on)."""
     from noetl_stream.client.progress import Progress
-    from noetl_stream.client.submit import RetryError, retry_request
+    from noetl_stream.client.submit import RetryError, check_from_steps, retry_request
     from noetl_stream.client.submit import submit as do_submit
 
     if timeout is not None and not wait:
@@ -520,7 +520,7 @@ def retry(
 
     async def go(nc: Any) -> Any:
         request = await retry_request(nc, topology, execution_id, from_steps)
-        _check_from_steps(request, execution_id, from_steps)
+        check_from_steps(request, execution_id, from_steps)  # a --from-step its playbook has not
         new_id = await do_submit(nc, topology, request)
         if not wait:
             return new_id
@@ -536,10 +536,3 @@ def retry(
         _echo_execution_id(out, as_json)
         return
     _exit_after_wait(out, submitted, timeout, as_json, progress)  # as `submit --wait` does
-
-
-def _check_from_steps(request: Any, execution_id: str, from_steps: tuple[str, ...]) -> None:
-    """Refuse a ``--from-step`` the execution's playbook does not have (`client.check_from_steps`)."""
-    from noetl_stream.client.submit import check_from_steps
-
-    check_from_steps(request, execution_id, from_steps)

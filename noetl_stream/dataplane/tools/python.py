@@ -26,6 +26,7 @@ import ctypes
 import importlib
 import inspect
 import io
+import re
 import sys
 import threading
 import traceback
@@ -120,10 +121,14 @@ def _execute(
     return run_program(program, ns, _call_main(args))
 
 
+_NAMES_CONTEXT = re.compile(r"(?<![\w.])context\b")
+"""The name ``context`` in code (not ``contextlib``, ``x.context``): a cheap look before a deep copy."""
+
+
 def _context(code: str, args: dict[str, Any], ctx: ToolContext) -> Mapping[str, Any] | None:
     """NoETL's ``context``: the template scope the task rendered in, read-only (a copy: changing what it
     holds changes nothing else). Built only for code that names it and has no input of that name."""
-    if "context" not in code or "context" in args or ctx.scope is None:
+    if "context" in args or ctx.scope is None or _NAMES_CONTEXT.search(code) is None:
         return None
     return MappingProxyType(copy.deepcopy(dict(ctx.scope)))
 

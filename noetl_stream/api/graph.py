@@ -9,7 +9,6 @@ is the one the execution ran, whatever happened to the catalog since.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import json
 from collections.abc import AsyncGenerator, Iterable
@@ -24,7 +23,7 @@ from noetl_stream.dsl.graph import build_graph
 from noetl_stream.dsl.model import Playbook, Step
 from noetl_stream.kv.history import read_events
 from noetl_stream.protocol import events as E
-from noetl_stream.protocol.wire import Event
+from noetl_stream.protocol.wire import Event, seconds_between
 
 __all__ = ["ExecutionGraph", "GraphArc", "GraphStep", "LoopProgress", "execution_graph", "fold_graph"]
 
@@ -200,17 +199,6 @@ def _node(step: Step, where: tuple[int, int]) -> GraphStep:
         line=step.line,
         loop=loop,
     )
-
-
-def seconds_between(start: str | None, end: str | None) -> float | None:
-    if start is None or end is None:
-        return None
-    try:
-        a = datetime.datetime.fromisoformat(start.replace("Z", "+00:00"))
-        b = datetime.datetime.fromisoformat(end.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return round(max((b - a).total_seconds(), 0.0), 3)
 
 
 class _Fold:

@@ -16,10 +16,10 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from noetl_stream.api.graph import execution_events, request_playbook, seconds_between
+from noetl_stream.api.graph import execution_events, request_playbook
 from noetl_stream.api.http import ApiError, query_int, reply
 from noetl_stream.protocol import events as E
-from noetl_stream.protocol.wire import Event
+from noetl_stream.protocol.wire import Event, seconds_between
 
 __all__ = [
     "DeclaredTask",

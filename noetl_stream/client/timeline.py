@@ -14,11 +14,10 @@ earlier (a task, a loop iteration, a step run, the execution).
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from noetl_stream.protocol import events as E
-from noetl_stream.protocol.wire import Event
+from noetl_stream.protocol.wire import Event, epoch_of
 
 __all__ = ["Timeline", "duration_text"]
 
@@ -27,13 +26,6 @@ _STEP_END = frozenset({E.STEP_DONE, E.STEP_FAILED, E.LOOP_DONE, E.STEP_SKIPPED})
 _ITERATION_END = frozenset({E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED})
 _EXECUTION_END = frozenset({E.PLAYBOOK_PROCESSED, E.WORKFLOW_FINISHED})
 _MAX_ERROR = 160
-
-
-def _seconds(timestamp: str) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def duration_text(seconds: float) -> str:
@@ -89,7 +81,7 @@ class Timeline:
         self._started: dict[str, float] = {}
 
     def line(self, ev: Event) -> str:
-        t = _seconds(ev.timestamp)
+        t = epoch_of(ev.timestamp)
         if self._t0 is None and t is not None:
             self._t0 = t
         offset = f"+{t - self._t0:.3f}s" if t is not None and self._t0 is not None else "?"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +12,7 @@ from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import (
     Command,
     Event,
+    epoch_of,
     make_event,
 )
 
@@ -112,10 +112,7 @@ def _plain(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _epoch(timestamp: str) -> float:
-    try:
-        return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+    return epoch_of(timestamp) or 0.0
 
 
 def server_event(

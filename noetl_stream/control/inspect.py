@@ -38,7 +38,7 @@ from noetl_stream.protocol.operations import (
     ListExecutions,
 )
 from noetl_stream.protocol.subjects import Topology, check_token
-from noetl_stream.protocol.wire import decode_event
+from noetl_stream.protocol.wire import decode_event, seconds_between
 
 __all__ = ["Inspector", "QueryError", "summarize"]
 
@@ -76,22 +76,6 @@ class _Head(msgspec.Struct):
     retry_of: str | None = None
 
 
-def _between(start: str | None, end: str | None) -> float | None:
-    a = _parse_iso(start)
-    b = _parse_iso(end)
-    return None if a is None or b is None else round(max((b - a).total_seconds(), 0.0), 3)
-
-
-def _parse_iso(value: str | None) -> datetime.datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
-
-
 def summarize(
     state: ExecutionState | _Head,
     source: Literal["live", "snapshot", "stream"] = "snapshot",
@@ -114,7 +98,7 @@ def summarize(
         updated_at=updated_at,
         started_at=state.started_at,
         finished_at=state.finished_at,
-        duration_s=_between(state.started_at, state.finished_at),
+        duration_s=seconds_between(state.started_at, state.finished_at),
         retry_of=state.retry_of,
     )
 

@@ -16,7 +16,6 @@ Three sources, each as cheap as it can be:
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,7 @@ from noetl_stream.prometheus import DURATION_BUCKETS, runtime_collectors
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import decode_all, subject_names
 from noetl_stream.protocol.subjects import Topology
-from noetl_stream.protocol.wire import Event
+from noetl_stream.protocol.wire import Event, epoch_of
 
 __all__ = ["Metrics"]
 
@@ -43,10 +42,6 @@ log = structlog.get_logger(__name__)
 
 _BOUNDARIES = E.BOUNDARY_EVENTS
 _SCHEDULES = frozenset({E.STEP_SCHEDULED, E.LOOP_STARTED})
-
-
-def _seconds(iso: str) -> float:
-    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 _TASK_SUBJECTS = (f".{E.TASK_STARTED}", f".{E.TASK_DONE}")
@@ -250,15 +245,16 @@ class Metrics:
         attempt = ev.payload.get("attempt")
         key = (ev.execution_id, ev.task_run_id or ev.entity_id, attempt if isinstance(attempt, int) else 0)
         if ev.name == E.TASK_STARTED:
-            if len(self._tasks) < 100_000:
-                self._tasks[key] = _seconds(ev.timestamp)
+            at = epoch_of(ev.timestamp)
+            if at is not None and len(self._tasks) < 100_000:
+                self._tasks[key] = at
             return
         if ev.name != E.TASK_DONE:
             return
         kind = str(ev.payload.get("kind") or "unknown")
-        started = self._tasks.pop(key, None)
-        if started is not None:
-            self.task_seconds.labels(kind).observe(max(0.0, _seconds(ev.timestamp) - started))
+        started, ended = self._tasks.pop(key, None), epoch_of(ev.timestamp)
+        if started is not None and ended is not None:
+            self.task_seconds.labels(kind).observe(max(0.0, ended - started))
         if ev.payload.get("do") == "retry":
             self.retries.labels(kind).inc()
 

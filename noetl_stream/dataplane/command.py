@@ -11,7 +11,6 @@ pulls, supervises and settles.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.refs import may_hold_refs, resolve_refs
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.errorinfo import ErrorInfo
-from noetl_stream.protocol.wire import Command
+from noetl_stream.protocol.wire import Command, epoch_of
 
 if TYPE_CHECKING:
     from noetl_stream.dataplane.worker import Worker
@@ -169,9 +168,8 @@ class CommandRun:
         deadline = self.cmd.step_def.deadline_s
         if deadline is None or self.cmd.iteration is not None:
             return None
-        try:
-            issued = datetime.datetime.fromisoformat(self.cmd.issued_at.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+        issued = epoch_of(self.cmd.issued_at)
+        if issued is None:
             return deadline  # no issue time (a hand-made command): the deadline counts from now
         return issued + deadline - time.time()
 

@@ -5,6 +5,7 @@ Published JSON Schemas in ``schemas/`` are generated from these types.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import time
 import uuid
@@ -246,6 +247,25 @@ def iso_at(epoch_s: float) -> str:
     """`epoch_s` as UTC ISO-8601 with milliseconds, in `now_iso`'s format: the two compare as text."""
     ms = int(epoch_s * 1000)
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S.', time.gmtime(ms // 1000))}{ms % 1000:03d}Z"
+
+
+def epoch_of(iso: str | None) -> float | None:
+    """An ISO-8601 time (``...Z`` or with an offset; one without is UTC) as epoch seconds; None for no
+    time or text that is not one."""
+    if not iso:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)).timestamp()
+
+
+def seconds_between(start: str | None, end: str | None) -> float | None:
+    """Seconds from `start` to `end` (ISO-8601), rounded to milliseconds, never negative; None unless
+    both are times."""
+    a, b = epoch_of(start), epoch_of(end)
+    return None if a is None or b is None else round(max(b - a, 0.0), 3)
 
 
 def now_iso() -> str:

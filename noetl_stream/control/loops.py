@@ -15,6 +15,7 @@ from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Step
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Event, Iteration
 
 
@@ -38,18 +39,18 @@ class Loops(RunContext):
             lr.stopping = True
             lr.first_error_index = -2  # (below every index: no iteration's error replaces it)
             if _loop_limit(step) == step.timeout_s:
-                lr.first_error = {
-                    "kind": "timeout",
-                    "retryable": False,
-                    "message": f"step '{step.name}' ran longer than its lifecycle.timeout_s ({step.timeout_s} s)",
-                }
+                lr.first_error = ErrorInfo(
+                    kind="timeout",
+                    retryable=False,
+                    message=f"step '{step.name}' ran longer than its lifecycle.timeout_s ({step.timeout_s} s)",
+                ).to_dict()
             else:
-                lr.first_error = {
-                    "kind": "deadline",
-                    "retryable": False,
-                    "message": f"step '{step.name}' did not finish within its lifecycle.deadline_s "
+                lr.first_error = ErrorInfo(
+                    kind="deadline",
+                    retryable=False,
+                    message=f"step '{step.name}' did not finish within its lifecycle.deadline_s "
                     f"({step.deadline_s} s)",
-                }
+                ).to_dict()
 
     def fail_run(self, run: StepRun, error: dict[str, Any]) -> None:
         """The controller itself failed a run (e.g. a loop that cannot start): a step.failed boundary."""
@@ -64,29 +65,29 @@ class Loops(RunContext):
             items = render_value(step.loop.in_, scope, f"{where}.in", as_input=True)
             mif_raw = render_value(step.loop.spec.max_in_flight, scope, f"{where}.spec.max_in_flight")
         except RenderError as exc:
-            self.fail_run(run, {"kind": "template_error", "message": str(exc)})
+            self.fail_run(run, ErrorInfo(kind="template_error", message=str(exc)).to_dict())
             return
         if items is None:  # as NoETL: nothing to iterate over
             items = []
         if not isinstance(items, list):
             self.fail_run(
                 run,
-                {
-                    "kind": "loop_error",
-                    "message": f"{where}: 'in' must render to a list, got {type(items).__name__}",
-                },
+                ErrorInfo(
+                    kind="loop_error",
+                    message=f"{where}: 'in' must render to a list, got {type(items).__name__}",
+                ).to_dict(),
             )
             return
         try:
             mif = loop_max_in_flight(step.loop.spec, mif_raw, len(items), f"{where}.spec.max_in_flight")
         except MaxInFlightError as exc:
-            self.fail_run(run, {"kind": "loop_error", "message": str(exc)})
+            self.fail_run(run, ErrorInfo(kind="loop_error", message=str(exc)).to_dict())
             return
         try:
             packed = pack(items)
         except TypeError as exc:
             message = f"{where}: 'in' holds a value that cannot be sent to a worker as JSON: {exc}"
-            self.fail_run(run, {"kind": "loop_error", "message": message})
+            self.fail_run(run, ErrorInfo(kind="loop_error", message=message).to_dict())
             return
         run.status = "looping"
         eid, total = self.state.execution_id, len(items)

@@ -32,6 +32,7 @@ from noetl_stream.dsl.scope import render_workload
 from noetl_stream.dsl.templates import RenderError
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.decoding import shape_error
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import (
     Event,
     ExecutionRequest,
@@ -175,7 +176,7 @@ class Reducer:
         self, state: ExecutionState | None, event: Event, seq: int, exc: Exception
     ) -> tuple[ExecutionState | None, Effects]:
         fx = Effects(error=exc)
-        error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+        error = ErrorInfo(kind="internal_error", message=f"{type(exc).__name__}: {exc}").to_dict()
         if state is None or event.name == E.EXECUTION_REQUESTED:  # its request: never started
             if state is None:
                 state = ExecutionState(
@@ -250,7 +251,7 @@ class Reducer:
                 trace_id=event.trace_id,
                 started_at=event.timestamp or None,
             )
-            self._reject(state, fx, {"kind": "bad_request", "message": problem}, self.now(event))
+            self._reject(state, fx, ErrorInfo(kind="bad_request", message=problem).to_dict(), self.now(event))
             return state
         state = ExecutionState(
             execution_id=eid,
@@ -272,7 +273,7 @@ class Reducer:
         text = request.playbook
         if text is None:
             message = "no playbook text in the request (catalog lookup by path happens at intake)"
-            self._reject(state, fx, {"kind": "bad_request", "message": message}, self.now(event))
+            self._reject(state, fx, ErrorInfo(kind="bad_request", message=message).to_dict(), self.now(event))
             return state
         plan, diags = self.plans.load(text, state.file, request.extensions)
         if plan is None:
@@ -285,7 +286,9 @@ class Reducer:
         try:  # the workload's own templates render once, here: every step, and a replay, sees the values
             state.workload = render_workload(plan.playbook.workload, payload, eid)
         except RenderError as exc:
-            self._reject(state, fx, {"kind": "template_error", "message": str(exc)}, self.now(event))
+            self._reject(
+                state, fx, ErrorInfo(kind="template_error", message=str(exc)).to_dict(), self.now(event)
+            )
             return state
         deadline = request.deadline_s or plan.playbook.executor.spec.get("deadline_s")
         if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0:
@@ -326,7 +329,9 @@ class Reducer:
             for token in resume["tokens"]:
                 if token.get("step") not in plan.steps:
                     run.fail_execution(
-                        {"kind": "bad_request", "message": f"retry: no step '{token.get('step')}'"}
+                        ErrorInfo(
+                            kind="bad_request", message=f"retry: no step '{token.get('step')}'"
+                        ).to_dict()
                     )
                     continue
                 run.schedule(token["step"], dict(token.get("args") or {}), None)

@@ -16,6 +16,7 @@ from noetl_stream.dsl.policy import MAX_FAILED_REENTRIES, admit, route
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.dsl.views import result_meta
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Event
 
 _NO_SCOPE: Mapping[str, Any] = MappingProxyType({})
@@ -109,7 +110,7 @@ class Routing(Loops):
         try:
             allowed = admit(step.admit, scope, f"step '{name}' spec.policy")
         except RenderError as exc:
-            error = {"kind": "template_error", "message": str(exc)}
+            error = ErrorInfo(kind="template_error", message=str(exc)).to_dict()
             self.emit(
                 E.STEP_SKIPPED,
                 "step",
@@ -226,7 +227,9 @@ class Routing(Loops):
             ]
         except (RenderError, _Unroutable) as exc:
             error = (
-                exc.error if isinstance(exc, _Unroutable) else {"kind": "template_error", "message": str(exc)}
+                exc.error
+                if isinstance(exc, _Unroutable)
+                else ErrorInfo(kind="template_error", message=str(exc)).to_dict()
             )
             self.emit(
                 E.NEXT_EVALUATED, "next", run.run_id, "error", run.run_id, {"error": error}, name, run.run_id

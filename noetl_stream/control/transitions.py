@@ -10,6 +10,7 @@ from typing import Any
 from noetl_stream.control.keychaincheck import CHECK_RUN, check_error
 from noetl_stream.control.routing import Routing
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Event
 
 
@@ -30,16 +31,18 @@ class Run(Routing):
             self.on_keychain(event)
         elif event.name == E.EXECUTION_CANCEL_REQUESTED:
             self.stop(
-                "cancelled", {"kind": "cancelled", "message": str(event.payload.get("reason") or "cancelled")}
+                "cancelled",
+                ErrorInfo(
+                    kind="cancelled", message=str(event.payload.get("reason") or "cancelled")
+                ).to_dict(),
             )
         elif event.name == E.EXECUTION_DEADLINE_EXCEEDED:
             self.stop(
                 "failed",
-                {
-                    "kind": "deadline_exceeded",
-                    "message": "the execution did not finish before its "
-                    f"deadline ({self.state.deadline_s} s)",
-                },
+                ErrorInfo(
+                    kind="deadline_exceeded",
+                    message=f"the execution did not finish before its deadline ({self.state.deadline_s} s)",
+                ).to_dict(),
             )
         elif event.name == E.EXECUTION_PAUSE_REQUESTED:
             self.pause(event)
@@ -67,7 +70,7 @@ class Run(Routing):
         """``workflow.started`` and a token for ``start``."""
         self.workflow_started()
         if "start" not in self.plan.steps:
-            self.fail_execution({"kind": "invalid_playbook", "message": "no 'start' step"})
+            self.fail_execution(ErrorInfo(kind="invalid_playbook", message="no 'start' step").to_dict())
         else:
             self.deliver("start", pred=None, taken=True, args={}, cause=None)
             self.check_complete()

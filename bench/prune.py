@@ -35,7 +35,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision, stream_names

@@ -16,7 +16,7 @@ import nats.errors
 from nats.js import JetStreamContext, api
 
 from noetl_stream.control import replay
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.protocol import events as E

@@ -24,7 +24,7 @@ from nats.js.errors import NotFoundError
 
 from noetl_stream.client.submit import request_for
 from noetl_stream.client.tracking import RunSummary
-from noetl_stream.control.keychaincheck import CHECK_FLAG
+from noetl_stream.control.core.keychaincheck import CHECK_FLAG
 from noetl_stream.jetstream.acks import Acks
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats

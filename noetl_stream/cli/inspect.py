@@ -175,7 +175,7 @@ def replay(
 ) -> None:
     """Rebuild an execution's state by folding its stored events with the controller's reducer."""
     from noetl_stream.control import replay as rp
-    from noetl_stream.control.state import ExecutionState
+    from noetl_stream.control.core.state import ExecutionState
     from noetl_stream.kv.history import read_events
     from noetl_stream.protocol import events as E
 

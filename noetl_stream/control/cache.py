@@ -17,11 +17,12 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from noetl_stream.control.children import ChildWatch
-from noetl_stream.control.items import ItemsMissingError
-from noetl_stream.control.reducer import Reducer
+from noetl_stream.control.core.items import ItemsMissingError
+from noetl_stream.control.core.reducer import Reducer
+from noetl_stream.control.core.state import ExecutionState
+from noetl_stream.control.planload import load_off_loop
 from noetl_stream.control.resume import resume
 from noetl_stream.control.snapshotting import SnapshotWriter
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
@@ -125,8 +126,8 @@ class ExecutionCache:
         text = request.get("playbook")
         if not isinstance(text, str):
             raise RuntimeError(f"execution {state.execution_id}: its request has no playbook text")
-        plan, diagnostics = await self.reducer.plans.load_off_loop(
-            text, state.file, request.get("extensions") or ()
+        plan, diagnostics = await load_off_loop(
+            self.reducer.plans, text, state.file, request.get("extensions") or ()
         )
         if plan is None or plan.content_hash != state.content_hash:
             raise RuntimeError(

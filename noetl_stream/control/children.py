@@ -36,9 +36,9 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from noetl_stream.control.groupcommit import retry_delay
+from noetl_stream.control.backoff import retry_delay
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.indexwriter import IndexWriter
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.history import end_status, last_event

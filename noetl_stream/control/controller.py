@@ -6,14 +6,15 @@ effects with deterministic ids, wait for their acks, snapshot, then ack the inpu
 
 This module holds the partitions (leases, one puller each, their start and stop) and what runs
 beside them (intake, deadlines, pools, children, quiet snapshots). The events are filed and folded
-by batches in `folding`; a batch is folded, published, recorded and acked in `groupcommit`.
+by batches in `folding`; a batch is folded, published, recorded and acked in `commit`, both built from
+the parts of the controller they use (`commit.CommitParts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -22,6 +23,10 @@ from nats.aio.client import Client as NATS
 
 from noetl_stream.control.cache import ExecutionCache
 from noetl_stream.control.children import ChildWatch
+from noetl_stream.control.commit import CommitParts, Observer
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.deadlines import Deadlines
 from noetl_stream.control.folding import Folding
 from noetl_stream.control.intake import Intake
@@ -29,12 +34,7 @@ from noetl_stream.control.leases import Leases, default_controller_id
 from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES
 from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.pools import PoolWatch
-from noetl_stream.control.reducer import (
-    PlanCache,
-    Reducer,
-)
 from noetl_stream.control.snapshotting import RETENTION_REFRESH_S, SnapshotWriter
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.deadlines import DeadlineIndex
@@ -107,9 +107,6 @@ class Controller:
             plans=self.reducer.plans,
             max_child_depth=settings.max_child_depth,
         )
-        self.observer: Callable[[Event | None, list[Event], ExecutionState | None], None] | None = None
-        """Called with each folded input event and the events the reducer wrote for it (metrics); with
-        None and the effects a resume published (`ExecutionCache.on_resumed`)."""
         self.cache.on_resumed = self._observe_resumed
         self.poison = PoisonHandler(nc, topology)
         self.deadlines = Deadlines(
@@ -130,7 +127,19 @@ class Controller:
             is_terminal=self._is_terminal,
         )
         self.cache.children = self.children
-        self.folding = Folding(self)
+        self.commit_parts = CommitParts(
+            js=self.js,
+            topology=topology,
+            controller_id=self.controller_id,
+            reducer=self.reducer,
+            cache=self.cache,
+            results=self.results,
+            pools=self.pools,
+            deadlines=self.deadlines,
+            snapshots=self.snapshots,
+            fence_of=self.fence_of,
+        )
+        self.folding = Folding(self.commit_parts)
         self._background: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
         self._shutdown_at: float | None = None
@@ -155,6 +164,7 @@ class Controller:
         self.deadlines.open(DeadlineIndex(self.snapshots.store.kv), self.topology)
         self.children.open(ChildIndex(self.snapshots.store.kv), self.topology)
         self.pools.topology = self.topology
+        self.commit_parts.topology = self.topology
         await self.intake.start()
         await self.poison.start()
         await self.children.start()
@@ -184,6 +194,16 @@ class Controller:
             partitions=sorted(self._fences),
             of=self.topology.partitions,
         )
+
+    @property
+    def observer(self) -> Observer | None:
+        """Called with each folded input event and the events the reducer wrote for it (metrics); with
+        None and the effects a resume published (`ExecutionCache.on_resumed`)."""
+        return self.commit_parts.observer
+
+    @observer.setter
+    def observer(self, observer: Observer | None) -> None:
+        self.commit_parts.observer = observer
 
     def _holds(self, partition: int) -> bool:
         """Ours, and by our clock nobody else can hold it yet (a stalled loop or failing renewals

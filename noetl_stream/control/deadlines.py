@@ -17,10 +17,10 @@ from typing import Any
 import structlog
 from nats.js.client import JetStreamContext
 
-from noetl_stream.control.effects import server_event
-from noetl_stream.control.groupcommit import retry_delay
+from noetl_stream.control.backoff import retry_delay
+from noetl_stream.control.core.effects import server_event
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.indexwriter import IndexWriter
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.protocol import events as E

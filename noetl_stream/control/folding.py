@@ -4,7 +4,7 @@ Each event is filed in its execution's queue as nats-py parses it (`Folding.file
 pullers' intake: stream order, no task per event). The first event filed in a turn of the event loop
 starts a batch, a task of the controller's that, at the next turn, folds every execution that got
 events meanwhile, of every partition held, and commits them as a group (`Folding.fold_all`, then
-`GroupCommit.run`). An execution being folded stays claimed: its later events wait in its queue,
+`commit.GroupCommit.run`). An execution being folded stays claimed: its later events wait in its queue,
 folded right after. A partition's stop waits for the batches
 folding its executions, then cancels them (`end_batches_of`); a cancelled batch forgets what it was
 folding and hands its events back.
@@ -16,19 +16,16 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import structlog
 from nats.aio.msg import Msg
 
-from noetl_stream.control.groupcommit import GroupCommit, Item
-from noetl_stream.control.reducer import ITERATION_RESULTS, folds
+from noetl_stream.control.commit import CommitParts, GroupCommit, Item
+from noetl_stream.control.core.reducer import ITERATION_RESULTS, folds
 from noetl_stream.jetstream.fastpath import ack_soon, nak_soon, stream_seq, term_soon
 from noetl_stream.protocol.wire import decode_event
-
-if TYPE_CHECKING:
-    from noetl_stream.control.controller import Controller
 
 log = structlog.get_logger(__name__)
 
@@ -56,9 +53,9 @@ def _nak_quietly(msg: Msg) -> None:
 class Folding:
     """A controller's filed events and the batches folding them."""
 
-    def __init__(self, ctl: Controller) -> None:
-        self.ctl = ctl
-        self.commit = GroupCommit(ctl)
+    def __init__(self, parts: CommitParts) -> None:
+        self.parts = parts
+        self.commit = GroupCommit(parts)
         self.queues: dict[str, list[Item]] = {}
         """Executions whose events a batch folds (claimed), and the events queued for it meanwhile."""
         self.ready: _Batch | None = None
@@ -89,7 +86,7 @@ class Folding:
         """Forget the claims left on a partition that was stopped (a quiet write's: its writer sees the
         claim is no longer its own) and hand back what was filed behind them (a nak: redelivered to the
         next owner at once, not after AckWait)."""
-        partition_of = self.ctl.topology.partition_of
+        partition_of = self.parts.topology.partition_of
         for eid in [e for e in self.queues if partition_of(e) == partition]:
             for msg, _, _ in self.queues.pop(eid):
                 _nak_quietly(msg)
@@ -97,7 +94,7 @@ class Folding:
     async def end_batches_of(self, partition: int, deadline: float, lost: asyncio.Event) -> None:
         """Wait for the batches folding executions of `partition` until `deadline` (loop time), or until
         `lost` is set (the partition's lease is gone), then cancel those still running."""
-        partition_of = self.ctl.topology.partition_of
+        partition_of = self.parts.topology.partition_of
         loop = asyncio.get_running_loop()
         cut: asyncio.Task[Any] | None = None
         try:
@@ -133,7 +130,7 @@ class Folding:
             term_soon(msg)
             return
         eid = event.execution_id
-        named = self.ctl.topology.stored_event_names(msg.subject)
+        named = self.parts.topology.stored_event_names(msg.subject)
         if named is not None and named != (eid, event.name):  # the subject is what consumers filter on
             log.error(
                 "controller.bad_event",
@@ -144,7 +141,7 @@ class Folding:
             return
         if (
             event.name in ITERATION_RESULTS
-            and (state := self.ctl.states.get(eid)) is not None
+            and (state := self.parts.cache.states.get(eid)) is not None
             and not folds(state, event)
         ):
             # A local loop's iteration (most of a local loop's traffic here): nothing to fold or publish.
@@ -226,7 +223,7 @@ class Folding:
                 taken = {}
         except BaseException:
             for eid, items in taken.items():
-                self.ctl.cache.drop(eid)
+                self.parts.cache.drop(eid)
                 for msg, _, _ in items:
                     _nak_quietly(msg)
             raise

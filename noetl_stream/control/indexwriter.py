@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from noetl_stream.control.groupcommit import retry_delay
+from noetl_stream.control.backoff import retry_delay
 from noetl_stream.protocol.subjects import Topology
 
 log = structlog.get_logger(__name__)

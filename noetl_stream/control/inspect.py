@@ -21,7 +21,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.errors import NoetlError
 from noetl_stream.kv import scan
 from noetl_stream.kv.history import read_events

@@ -36,6 +36,10 @@ from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service, ServiceConfig
 
 from noetl_stream import __version__
+from noetl_stream.control.core.keychaincheck import CHECK_FLAG
+from noetl_stream.control.core.plans import PlanCache, plan_key
+from noetl_stream.control.core.reducer import invalid_playbook_error, rejection_events
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.endpoints import (
     ApiError,
     QueryEndpoints,
@@ -44,14 +48,7 @@ from noetl_stream.control.endpoints import (
     respond_error,
 )
 from noetl_stream.control.inspect import Inspector
-from noetl_stream.control.keychaincheck import CHECK_FLAG
-from noetl_stream.control.reducer import (
-    PlanCache,
-    invalid_playbook_error,
-    plan_key,
-    rejection_events,
-)
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.planload import load_off_loop
 from noetl_stream.dsl.vocabulary import EXTENSIONS
 from noetl_stream.errors import NoetlError, StateConflictError
 from noetl_stream.jetstream.fastpath import ack, stream_seq
@@ -522,7 +519,7 @@ class Intake:
                 # read from the request: requests stored before the pool was honoured replay as they ran.
                 **({"pool": request.pool} if request.pool else {}),
                 # That this controller resolves a declared keychain before the workflow starts: requests
-                # stored before it did replay as they ran (`control/keychaincheck.py`).
+                # stored before it did replay as they ran (`control/core/keychaincheck.py`).
                 **({"rejected": error} if error else {CHECK_FLAG: True}),
             },
             trace_id=request.trace_id,
@@ -646,7 +643,7 @@ class Intake:
         assert request.playbook is not None
         file = request.file or request.path or "<playbook>"
         # Into the reducer's cache: folding this request, it finds the plan compiled.
-        plan, diagnostics = await self.plans.load_off_loop(request.playbook, file, request.extensions)
+        plan, diagnostics = await load_off_loop(self.plans, request.playbook, file, request.extensions)
         if plan is None:
             return invalid_playbook_error(diagnostics), frozenset()
         return None, frozenset(step.name for step in plan.playbook.workflow)

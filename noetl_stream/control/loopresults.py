@@ -20,7 +20,7 @@ import msgspec
 import structlog
 from nats.js.client import JetStreamContext
 
-from noetl_stream.control.effects import LoopResults
+from noetl_stream.control.core.effects import LoopResults
 from noetl_stream.kv.history import scan
 from noetl_stream.kv.results import ResultStore
 from noetl_stream.protocol import events as E

@@ -28,8 +28,8 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from noetl_stream.control.reducer import PlanCache
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.prometheus import DURATION_BUCKETS, runtime_collectors
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import decode_all, subject_names

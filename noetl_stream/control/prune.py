@@ -45,12 +45,13 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.object_store import OBJ_ALL_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.kv.partindex import is_snapshot_key
-from noetl_stream.kv.results import REF, ResultStore
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.kv.scan import entries, last_messages
 from noetl_stream.kv.snapshots import SnapshotStore, pointed_object
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.refs import REF
 from noetl_stream.protocol.subjects import SubjectError, Topology, check_token
 
 __all__ = ["SNAPSHOT_OBJECT_GRACE_S", "PruneReport", "prune"]

@@ -11,8 +11,9 @@ from typing import Any
 import msgspec
 from nats.js.client import JetStreamContext
 
-from noetl_stream.control.reducer import PlanCache, Reducer
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.protocol import events as E

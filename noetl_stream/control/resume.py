@@ -20,10 +20,10 @@ from collections.abc import Callable
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.control.effects import Blob, LoopResults
+from noetl_stream.control.core.effects import Blob, LoopResults
+from noetl_stream.control.core.reducer import Reducer
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.loopresults import complete, fit
-from noetl_stream.control.reducer import Reducer
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.outbox import MSG_ID, Outbox
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.results import ResultStore

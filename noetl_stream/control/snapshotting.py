@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 import structlog
 from nats.js.client import JetStreamContext
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.provision import events_max_age_s
 from noetl_stream.kv.snapshots import SnapshotStore

@@ -20,7 +20,8 @@ from typing import Any
 import msgspec
 
 from noetl_stream.kv.checkpoints import KvCheckpoints
-from noetl_stream.kv.results import REF, ResultStore, is_ref
+from noetl_stream.kv.results import ResultStore
+from noetl_stream.protocol.refs import REF, is_ref
 from noetl_stream.protocol.wire import Checkpoint
 
 PREV = "_prev"

@@ -35,15 +35,16 @@ from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Command, epoch_of
 
 if TYPE_CHECKING:
-    from noetl_stream.dataplane.worker import Worker
+    from noetl_stream.dataplane.runparts import RunParts
 
 
 class CommandRun:
     """One delivery of a command: runs its step (pipeline, local loop or one distributed iteration) and
     writes its worker events (`events`), each fitted under the size limits before it is published."""
 
-    def __init__(self, worker: Worker, cmd: Command, outbox: Outbox, delivery: int = 1) -> None:
-        self.worker = worker
+    def __init__(self, parts: RunParts, cmd: Command, outbox: Outbox, delivery: int = 1) -> None:
+        self.parts = parts
+        """What it uses of the worker running it (`RunParts`)."""
         self.cmd = cmd
         self.delivery = delivery
         """How many times JetStream delivered the command (1 the first time)."""
@@ -55,11 +56,11 @@ class CommandRun:
         self.watcher: asyncio.Task[None] | None = None
         """Publishes progress and keeps the message alive while the command runs long (worker.py)."""
         # None unless OpenTelemetry tracing is on (a keychain check is no step run: no span)
-        self.trace = None if cmd.keychain_check else tracing.step_run(cmd, worker.name)
+        self.trace = None if cmd.keychain_check else tracing.step_run(cmd, parts.name)
         self.trace_id = cmd.trace_id if self.trace is None else self.trace.trace_id
         """What the events carry: the request's trace id, the trace's when tracing is on, else None."""
-        self.fitter = EventFitter(worker.results, cmd.executor_spec, self._id_suffix)
-        self.events = RunEvents(worker, cmd, outbox, self.fitter, self.trace, self.trace_id, self._id_suffix)
+        self.fitter = EventFitter(parts.results, cmd.executor_spec, self._id_suffix)
+        self.events = RunEvents(parts, cmd, outbox, self.fitter, self.trace, self.trace_id, self._id_suffix)
         """The worker events this run writes, until the `Worker` publishes them."""
         self.event = self.events.event
         """Queue a worker event (`RunEvents.event`; bound once: no call in between)."""
@@ -73,7 +74,7 @@ class CommandRun:
     def task_hook(self, scope_id: str) -> TaskEvents:
         """The pipeline's task-event callback for one scope (a step run or a loop iteration); the caller
         `settle`s it when the scope's pipeline ends."""
-        hold = self.worker.task_events == TASK_EVENTS_INFORMATIVE and not self.redelivered
+        hold = self.parts.task_events == TASK_EVENTS_INFORMATIVE and not self.redelivered
         hook = TaskEvents(self, scope_id, hold)
         if hook.held is not None:
             self._holding[scope_id] = hook
@@ -137,7 +138,7 @@ class CommandRun:
         cmd = self.cmd
         run_id = cmd.step_run_id
         try:
-            await resolve_keychain(cmd.keychain, self.worker.services)
+            await resolve_keychain(cmd.keychain, self.parts.services)
         except CredentialError as exc:
             self.event(
                 E.KEYCHAIN_FAILED,
@@ -204,7 +205,7 @@ class CommandRun:
         # Results by reference, at any depth: what the step reads, its args, a distributed iteration's
         # item and a large outer iteration (children.py). One encode each when there are none (kv/refs.py).
         # (`may_hold_refs` first: no coroutine for what holds none, the usual case)
-        fetch, fetched = self.worker.results.get, dict[str, Any]()
+        fetch, fetched = self.parts.results.get, dict[str, Any]()
         if cmd.results and may_hold_refs(cmd.results):
             cmd.results = await resolve_refs(cmd.results, fetch, fetched)
         if cmd.result_meta and may_hold_refs(cmd.result_meta):
@@ -228,16 +229,16 @@ class CommandRun:
             step=step,
             scope=scope,
             executor_spec=cmd.executor_spec,
-            services=self.worker.services,
+            services=self.parts.services,
             scope_id=cmd.step_run_id,
             workbook=cmd.workbook,
             attachments=cmd.attachments,
-            stop_check=lambda: self.worker.ended.get(cmd.execution_id),
+            stop_check=lambda: self.parts.ended.get(cmd.execution_id),
             # outcome.meta.trace_id: the events' trace id, else the one the execution's trace has.
             trace_id=self.trace_id or tracing.execution_trace_id(cmd.execution_id),
             checkpoints=Checkpoints(
-                KvCheckpoints(self.worker.js, self.worker.topology, cmd.execution_id),
-                self.worker.results,
+                KvCheckpoints(self.parts.js, self.parts.topology, cmd.execution_id),
+                self.parts.results,
                 budget=self.fitter.inline_limit,
                 tag=self._id_suffix,
             ),
@@ -249,15 +250,13 @@ class CommandRun:
         run_id = cmd.step_run_id
         if cmd.keychain:
             try:
-                resolved, secrets = await resolve_keychain(cmd.keychain, self.worker.services)
+                resolved, secrets = await resolve_keychain(cmd.keychain, self.parts.services)
             except CredentialError as exc:
                 self.fail(_credential_error(exc))
                 return
             scope["keychain"] = resolved
             # `auth: <name>` of a task resolves the step's declarations first, as templates do.
-            base = replace(
-                base, secrets=frozenset(secrets), services=self.worker.services.declaring(resolved)
-            )
+            base = replace(base, secrets=frozenset(secrets), services=self.parts.services.declaring(resolved))
         if step.input:
             # The step's own inputs (dialect `input:`), rendered once per step run before anything else.
             try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, run_local_loop
+from noetl_stream.dataplane.loops import Completed, HandedBackError, LoopResult, run_local_loop
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.pipeline import PipelineInput
 from noetl_stream.dataplane.tools import TOOLS, ToolContext
@@ -128,7 +128,7 @@ async def _records(run: CommandRun) -> tuple[dict[int, Completed], dict[int, Any
     done: dict[int, Completed] = {}
     claimed: dict[int, Any] = {}
     names = (E.LOOP_ITERATION_STARTED, E.LOOP_ITERATION_DONE)
-    async for _, ev in read_events(run.worker.js, run.worker.topology, cmd.execution_id, names=names):
+    async for _, ev in read_events(run.parts.js, run.parts.topology, cmd.execution_id, names=names):
         index = ev.payload.get("index")
         if ev.step_run_id != cmd.step_run_id or not isinstance(index, int):
             continue
@@ -137,7 +137,7 @@ async def _records(run: CommandRun) -> tuple[dict[int, Completed], dict[int, Any
         elif "item" in ev.payload:
             claimed[index] = ev.payload["item"]
     if claimed:
-        run.worker._log.info(
+        run.parts.log.info(
             "worker.loop_resumed", step_run_id=cmd.step_run_id, completed=len(done), claimed=len(claimed)
         )
     return done, claimed
@@ -193,8 +193,8 @@ async def run_cursor_loop(run: CommandRun, base: PipelineInput) -> None:
 
     while True:
         if not frame:
-            if run.worker.stopping:
-                raise HandedBack(f"{len(results)} of {next_index} claimed iterations settled")
+            if run.parts.stopping():
+                raise HandedBackError(f"{len(results)} of {next_index} claimed iterations settled")
             reason = base.stop_check() if base.stop_check is not None else None
             if reason is not None:
                 run.fail(ErrorInfo(kind="cancelled", retryable=False, message=reason).to_dict())
@@ -225,12 +225,12 @@ async def run_cursor_loop(run: CommandRun, base: PipelineInput) -> None:
             on_iteration=on_iteration,
             on_task=lambda i: run.task_hook(f"{run_id}.{i}"),
             parent_iter=cmd.parent_iter,
-            hand_back=lambda: run.worker.stopping,
+            hand_back=run.parts.stopping,
             indices=[i for i, _ in frame],
         )
         run.release_held()
         if res.handed_back:
-            raise HandedBack(f"{len(results) + res.done} of {next_index} claimed iterations settled")
+            raise HandedBackError(f"{len(results) + res.done} of {next_index} claimed iterations settled")
         for (index, _), value in zip(frame, res.results, strict=True):
             if index not in res.errors:
                 results[index] = value

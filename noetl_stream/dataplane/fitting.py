@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
-from noetl_stream.kv.results import ResultStore, inline_limit, is_ref
+from noetl_stream.kv.results import ResultStore, inline_limit
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.errorinfo import ErrorInfo
+from noetl_stream.protocol.refs import is_ref
 from noetl_stream.protocol.wire import Event, encode
 
 MAX_EVENT_BYTES = 900 * 1024

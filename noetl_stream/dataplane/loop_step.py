@@ -12,7 +12,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from noetl_stream.dataplane.children import in_iteration
-from noetl_stream.dataplane.loops import Completed, HandedBack, LoopResult, iteration_scope, run_local_loop
+from noetl_stream.dataplane.loops import (
+    Completed,
+    HandedBackError,
+    LoopResult,
+    iteration_scope,
+    run_local_loop,
+)
 from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
 from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.templates import RenderError, render_value
@@ -29,13 +35,13 @@ async def completed_iterations(run: CommandRun) -> dict[int, Completed]:
     cmd = run.cmd
     done: dict[int, Completed] = {}
     async for _, ev in read_events(
-        run.worker.js, run.worker.topology, cmd.execution_id, names=(E.LOOP_ITERATION_DONE,)
+        run.parts.js, run.parts.topology, cmd.execution_id, names=(E.LOOP_ITERATION_DONE,)
     ):
         index = ev.payload.get("index")
         if ev.step_run_id == cmd.step_run_id and isinstance(index, int):
             done[index] = Completed(ev.payload.get("result"), list(ev.payload.get("ctx_patches") or []))
     if done:
-        run.worker._log.info("worker.loop_resumed", step_run_id=cmd.step_run_id, completed=len(done))
+        run.parts.log.info("worker.loop_resumed", step_run_id=cmd.step_run_id, completed=len(done))
     return done
 
 
@@ -141,11 +147,11 @@ async def run_list_loop(run: CommandRun, base: PipelineInput) -> None:
         on_task=lambda i: run.task_hook(f"{run_id}.{i}"),
         completed=completed,
         parent_iter=cmd.parent_iter,
-        hand_back=lambda: run.worker.stopping,
+        hand_back=run.parts.stopping,
     )
     run.release_held()  # iterations a fail-fast stopped never settled: their tasks ran, write them
     if res.handed_back:
-        raise HandedBack(f"{res.done + res.failed} of {res.total} iterations settled")
+        raise HandedBackError(f"{res.done + res.failed} of {res.total} iterations settled")
     summary = {"total": res.total, "done": res.done, "failed": res.failed, "ctx_patches": res.ctx_patches}
     if res.failed and step.failure_mode == "fail_fast":
         run.event(E.STEP_FAILED, "step", run_id, "error", run_id, {"error": res.first_error, **summary})

@@ -18,6 +18,8 @@ from typing import Any
 
 from noetl_stream.dataplane.children import in_iteration
 from noetl_stream.dataplane.pipeline import PipelineInput, PipelineResult, TaskEvent, run_pipeline
+from noetl_stream.errors import NoetlError
+from noetl_stream.protocol.errorinfo import ErrorInfo
 
 IterationEvent = Callable[[str, int, dict[str, Any]], Awaitable[None]]
 
@@ -30,7 +32,7 @@ class Completed:
     ctx_patches: list[dict[str, Any]] = field(default_factory=list)
 
 
-class HandedBack(Exception):
+class HandedBackError(NoetlError):
     """A local loop stopped starting iterations because its worker is shutting down: the command goes
     back to the pool unsettled, and its next delivery skips the iterations recorded as done."""
 
@@ -121,7 +123,12 @@ async def run_local_loop(
                     await on_iteration("loop.iteration.done", index, payload)
             else:
                 out.failed += 1
-                out.errors[index] = res.error or {"kind": "error"}
+                out.errors[index] = (
+                    res.error
+                    or ErrorInfo(
+                        kind="error", message=f"iteration {index} failed; its outcome says no more"
+                    ).to_dict()
+                )
                 if on_iteration is not None:
                     await on_iteration("loop.iteration.failed", index, {"error": res.error})
         finally:

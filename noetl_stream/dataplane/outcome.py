@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
+from noetl_stream.protocol.errorinfo import ErrorInfo
+
 
 class Outcome(msgspec.Struct, omit_defaults=True):
     status: Literal["ok", "error"]
@@ -30,9 +32,8 @@ class Outcome(msgspec.Struct, omit_defaults=True):
 
     @classmethod
     def fail(cls, kind: str, message: str, *, retryable: bool = False, **helpers: Any) -> Outcome:
-        return cls(
-            status="error", error={"kind": kind, "message": message, "retryable": retryable}, helpers=helpers
-        )
+        error = ErrorInfo(kind=kind, retryable=retryable, message=message).to_dict()
+        return cls(status="error", error=error, helpers=helpers)
 
     def as_scope(self) -> dict[str, Any]:
         """What templates see as ``outcome``."""

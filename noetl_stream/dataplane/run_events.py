@@ -19,7 +19,7 @@ from noetl_stream.protocol.carried import carry
 from noetl_stream.protocol.wire import Command, Event, encode, make_event
 
 if TYPE_CHECKING:
-    from noetl_stream.dataplane.worker import Worker
+    from noetl_stream.dataplane.runparts import RunParts
     from noetl_stream.tracing import StepTrace
 
 
@@ -28,7 +28,7 @@ class RunEvents:
 
     def __init__(
         self,
-        worker: Worker,
+        parts: RunParts,
         cmd: Command,
         outbox: Outbox,
         fitter: EventFitter,
@@ -36,7 +36,7 @@ class RunEvents:
         trace_id: str | None,
         id_suffix: str,
     ) -> None:
-        self.worker = worker
+        self.parts = parts
         self.cmd = cmd
         self.outbox = outbox
         self.fitter = fitter
@@ -68,7 +68,7 @@ class RunEvents:
         if self.trace is not None:
             self.trace.on_event(name, status, entity_id, payload, at[1] if at is not None else None)
         if status == "error" and name in _FAILURES:
-            _log_failure(self.worker._log, name, payload)
+            _log_failure(self.parts.log, name, payload)
         self.pending.append(
             make_event(
                 cmd.execution_id,
@@ -84,7 +84,7 @@ class RunEvents:
                 step_run_id=cmd.step_run_id,
                 task_run_id=task_run_id,
                 trace_id=self.trace_id,
-                worker=self.worker.name,
+                worker=self.parts.name,
             )
         )
 
@@ -109,7 +109,7 @@ class RunEvents:
             if len(data) > limit:
                 return None
             ready.append((ev, data))
-        if self.worker.carry:
+        if self.parts.carry:
             ready = carry(ready, MAX_EVENT_BYTES)
         for ev, data in ready:
             outbox.event(ev, data)
@@ -139,7 +139,7 @@ class RunEvents:
                 ready.append((ev, data))
             else:
                 ready.append(await self.fitter.fit(ev, data))
-        if self.worker.carry:
+        if self.parts.carry:
             ready = carry(ready, MAX_EVENT_BYTES)
         for ev, data in ready:
             self.outbox.event(ev, data)

@@ -53,7 +53,7 @@ class TaskEvents:
         """When the scope's task run now running started (its tasks run one after another)."""
 
     def __call__(self, name: str, task: Task, run_no: int, attempt: int, payload: dict[str, Any]) -> None:
-        metrics = self.run.worker.metrics
+        metrics = self.run.parts.metrics
         if metrics is not None:  # every task run, whatever the events written for it
             if name == E.TASK_STARTED:
                 self.started = time.monotonic()

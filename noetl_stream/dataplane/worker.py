@@ -28,8 +28,9 @@ from nats.aio.msg import Msg
 
 from noetl_stream.dataplane.children import ChildRunner
 from noetl_stream.dataplane.command import CommandRun
-from noetl_stream.dataplane.loops import HandedBack
+from noetl_stream.dataplane.loops import HandedBackError
 from noetl_stream.dataplane.metrics import WorkerMetrics
+from noetl_stream.dataplane.runparts import RunParts
 from noetl_stream.dataplane.task_events import TASK_EVENTS, TASK_EVENTS_ALL, TASK_EVENTS_SEPARATE
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.jetstream.fastpath import ack_soon, num_delivered
@@ -88,7 +89,7 @@ class Worker:
         self._lookups: dict[str, asyncio.Future[None]] = {}
         """`_ended_before` in progress, by execution: the commands of a backlog share one."""
         self.stopping = False
-        """`shutdown` began: local loops start no more iterations (`HandedBack`)."""
+        """`shutdown` began: local loops start no more iterations (`HandedBackError`)."""
         self._listening_since = "~"  # (sorts after every ISO timestamp): until `start`, check them all
         self._stopped = asyncio.Event()
         self._log = log.bind(worker=self.name, pool=pool)
@@ -99,10 +100,31 @@ class Worker:
         self._unconfirmed: dict[asyncio.Future[Any], tuple[Msg, CommandRun]] = {}
         self._republishing: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.metrics = metrics
-        """Counts and times the task runs that end here (`WorkerMetrics`; None: nothing is counted)."""
+        self.run_parts = RunParts(
+            name=self.name,
+            js=self.js,
+            topology=topology,
+            results=self.results,
+            services=self.services,
+            log=self._log,
+            task_events=task_events,
+            carry=self.carry,
+            ended=self.ended,
+            stopping=lambda: self.stopping,
+            metrics=metrics,
+        )
+        """What each `CommandRun` uses of this worker."""
         if metrics is not None:
             metrics.track(self.commands_running, concurrency)
+
+    @property
+    def metrics(self) -> WorkerMetrics | None:
+        """Counts and times the task runs that end here (`WorkerMetrics`; None: nothing is counted)."""
+        return self.run_parts.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: WorkerMetrics | None) -> None:
+        self.run_parts.metrics = metrics
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -251,10 +273,10 @@ class Worker:
                     lookup.add_done_callback(lambda _: self._lookups.pop(eid, None))
                 await asyncio.shield(lookup)  # (a command cancelled meanwhile leaves it to the others)
             outbox = Outbox(self.js, self.topology)
-            run = CommandRun(self, cmd, outbox, delivery=num_delivered(msg))
+            run = CommandRun(self.run_parts, cmd, outbox, delivery=num_delivered(msg))
             try:
                 await self._supervise(msg, run)
-            except HandedBack as exc:  # shutting down mid-loop: another worker runs the rest
+            except HandedBackError as exc:  # shutting down mid-loop: another worker runs the rest
                 await run.events.publish_pending()
                 self._log.info("worker.loop_handed_back", settled=str(exc))
                 with contextlib.suppress(Exception):

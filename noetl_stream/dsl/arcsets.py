@@ -53,6 +53,7 @@ from noetl_stream.dsl.rewrite import (
     template,
 )
 from noetl_stream.dsl.templates import RenderError, attribute_reads, evaluate_when
+from noetl_stream.errors import NoetlError
 from noetl_stream.protocol.events import STEP_DONE, STEP_FAILED
 
 FAILURES = frozenset({STEP_FAILED, "step.exit"})
@@ -68,7 +69,7 @@ FAILED_SCOPE: dict[str, Any] = {
 """What a failed step's arcs read as its result and (in part) its boundary."""
 
 
-class Blocked(Exception):
+class BlockedError(NoetlError):
     """Why the arcs' ``set:`` of a step cannot be written in its policy."""
 
 
@@ -84,7 +85,7 @@ def move(step: dict[str, Any], origins: Origins) -> str | None:
         return None
     try:
         writes = _plan(step, arcs)
-    except Blocked as exc:
+    except BlockedError as exc:
         return str(exc)
     tasks = dialect._tasks(step)
     where = [(*(origins.path_of(arc) or ()), "set") for arc in arcs]  # (as the author wrote them)
@@ -99,20 +100,22 @@ def move(step: dict[str, Any], origins: Origins) -> str | None:
 def _plan(step: dict[str, Any], arcs: list[dict[str, Any]]) -> list[Write]:
     name = str(step.get("step"))
     if "loop" in step:
-        raise Blocked("the step has a loop (its arcs see the loop's end, which no task sees)")
+        raise BlockedError("the step has a loop (its arcs see the loop's end, which no task sees)")
     tasks = dialect._tasks(step)
     if not tasks:
-        raise Blocked("the step has no task to write it")
+        raise BlockedError("the step has no task to write it")
     nxt = step.get("next")
     spec = nxt.get("spec") if isinstance(nxt, dict) else None
     mode = spec.get("mode", "exclusive") if isinstance(spec, dict) else "exclusive"
     setting = [i for i, arc in enumerate(arcs) if "set" in arc]
     if mode != "exclusive" and len(setting) > 1:
-        raise Blocked(f"the router is '{mode}' and several arcs have a 'set:' (they may be taken together)")
+        raise BlockedError(
+            f"the router is '{mode}' and several arcs have a 'set:' (they may be taken together)"
+        )
     for n, (_, task, _) in enumerate(tasks):
         for rule in dialect._rules(task):
             if "else" not in rule and as_expression(rule.get("when", True)) is None:
-                raise Blocked(f"a rule of task {n + 1} has a condition that is not one expression")
+                raise BlockedError(f"a rule of task {n + 1} has a condition that is not one expression")
     side = _PolicySide(name, len(tasks))
     conditions: list[str | None] = []
     for i, arc in enumerate(arcs[: setting[-1] + 1]):
@@ -126,7 +129,7 @@ def _plan(step: dict[str, Any], arcs: list[dict[str, Any]]) -> list[Write]:
         values = arcs[i]["set"]
         cond = conditions[i]
         if not isinstance(values, dict) or cond is None:
-            raise Blocked(f"arc {i + 1} is never taken when the step succeeds")
+            raise BlockedError(f"arc {i + 1} is never taken when the step succeeds")
         moved = {str(k): side.value(v, f"arc {i + 1}'s set: value") for k, v in values.items()}
         # (exclusive: no arc before it holds. Those with a set: have their rules first, so only the others
         # are tested again.)
@@ -173,13 +176,13 @@ class _PolicySide:
     def value(self, value: Any, what: str) -> Any:
         found = reads(value)
         if self.tasks > 1 and (self.step in found or found & {"output", "result"}):
-            raise Blocked(
+            raise BlockedError(
                 f"{what} reads the result of a step of several tasks (its tasks' fields and labels)"
             )
         out = rewrite_value(copy.deepcopy(value), self.rw)
         late = sorted((reads(out) - {"outcome"}) & ARC_ONLY | (found & {"outcome"}))
         if late:
-            raise Blocked(f"{what} reads '{late[0]}', which a task policy does not see as an arc does")
+            raise BlockedError(f"{what} reads '{late[0]}', which a task policy does not see as an arc does")
         return out
 
 
@@ -209,7 +212,7 @@ def _split(when: Any) -> EventSplit:
     except SplitError:
         expr = inner(when)
         if expr is None:
-            raise Blocked("an arc's condition is not one expression") from None
+            raise BlockedError("an arc's condition is not one expression") from None
         return EventSplit(None, expr)
 
 
@@ -220,7 +223,7 @@ def _never_on_failure(arc: dict[str, Any], i: int) -> None:
     split = _split(arc["when"])
     if split.events is not None:
         if split.events & FAILURES:
-            raise Blocked(f"arc {i + 1} is taken on the step's failure, where its rules write nothing")
+            raise BlockedError(f"arc {i + 1} is taken on the step's failure, where its rules write nothing")
         return
     for part in conjuncts(split.rest) if split.rest else ():
         text = template(part)
@@ -231,7 +234,7 @@ def _never_on_failure(arc: dict[str, Any], i: int) -> None:
                     return
             except RenderError:
                 return  # (it fails on a failed step's null result: the arc is not taken)
-    raise Blocked(
+    raise BlockedError(
         f"arc {i + 1} may be taken on the step's failure (its condition does not exclude it), where its "
         "rules write nothing"
     )
@@ -278,7 +281,7 @@ def _check_ctx(
         read = _ctx_keys([template(guard), values])
         if own and (read is None or read & own):
             which = "ctx as a whole" if read is None else f"'{sorted(read & own)[0]}'"
-            raise Blocked(
+            raise BlockedError(
                 f"arc {i + 1}'s condition or set: reads {which}, which the step's own rules write in "
                 "the same block (the controller reads it after that write, a rule before it)"
             )
@@ -286,7 +289,7 @@ def _check_ctx(
         read = _ctx_keys([arc.get("when"), arc.get("args")])
         if read is None or read & written:
             which = "ctx as a whole" if read is None else f"'{sorted(read & written)[0]}'"
-            raise Blocked(
+            raise BlockedError(
                 f"arc {i + 1}'s condition or args read {which}, which an arc's set: writes (the controller "
                 "reads it before that write, and would read it after)"
             )

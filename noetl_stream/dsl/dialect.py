@@ -50,6 +50,7 @@ from noetl_stream.dsl.rewrite import (
     template,
 )
 from noetl_stream.dsl.source import SourceMap
+from noetl_stream.errors import NoetlError
 from noetl_stream.protocol.events import LOOP_DONE, STEP_DONE, STEP_FAILED
 
 SCOPES = {"ctx": "set_ctx", "iter": "set_iter"}
@@ -169,7 +170,7 @@ def _first_read(value: Any, path: Path, name: str) -> Path | None:
     return None
 
 
-class _Reject(Exception):
+class _RejectError(NoetlError):
     pass
 
 
@@ -182,9 +183,9 @@ class Dialect:
         """Step names and workload keys: a bare ``output`` or ``result`` that is one of them is not
         NoETL's name for a step's result."""
 
-    def error(self, path: Path, message: str) -> _Reject:
+    def error(self, path: Path, message: str) -> _RejectError:
         self.diagnostics.append(self.smap.diagnostic(path, message, at_key=True, code="dialect"))
-        return _Reject(message)
+        return _RejectError(message)
 
     def warn(self, path: Path, message: str, code: str = "dialect") -> None:
         self.diagnostics.append(
@@ -313,7 +314,7 @@ class Dialect:
                     f"{who}: 'set' on an arc writes ctx when the arc is taken, after the step run and its "
                     f"iter are gone: 'iter.{name}' cannot be written (write 'ctx.{name}')",
                 )
-        except _Reject:
+        except _RejectError:
             del arc["set"]
             return
         values = patches.get("set_ctx", {})
@@ -363,7 +364,7 @@ class Dialect:
             where: dict[tuple[str, str], Path] = {}
             try:
                 patches = self.scoped(raw, (*tp, "set"), who, where)
-            except _Reject:
+            except _RejectError:
                 patches = {}
             for key, values in patches.items():
                 given = then.get(key)
@@ -477,7 +478,7 @@ class Dialect:
                 given: set[str] = set()
                 try:
                     patches = self.scoped(raw, (*tpath, "set"), twho, where, given)
-                except _Reject:
+                except _RejectError:
                     continue
                 if not self._task_set_names(step, given, where, twho):
                     continue
@@ -503,7 +504,7 @@ class Dialect:
                 added = self._loop_set(step, raw, path, who, names) if "loop" in step else None
                 if "loop" not in step:
                     self._step_set(step, raw, path, who)
-            except _Reject:
+            except _RejectError:
                 return None
             self.warn(
                 (*path, "set"),

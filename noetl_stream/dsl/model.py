@@ -94,7 +94,7 @@ class Arc(msgspec.Struct, frozen=True, omit_defaults=True):
     spec: dict[str, Any] = {}
     set_ctx: dict[str, Any] | None = None
     """NoETL's arc ``set:`` (its keys as ctx names): rendered like ``args`` when the arc is taken and
-    written to ctx by the controller before the target is scheduled (control/routing.py)."""
+    written to ctx by the controller before the target is scheduled (control/core/routing.py)."""
 
 
 class Next(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -16,7 +16,7 @@ from noetl_stream.dsl.templates import evaluate_when
 MAX_RETRY_DELAY_S = 600.0
 MAX_FAILED_REENTRIES = 10
 """A step that fails this many times in a row (no successful run in between), re-entered each time by a
-cycle's arc taken on its failure, ends the execution (control/routing.py, ``failing_cycle``)."""
+cycle's arc taken on its failure, ends the execution (control/core/routing.py, ``failing_cycle``)."""
 CONTINUE = Then(do="continue")
 FAIL = Then(do="fail")
 

@@ -34,7 +34,7 @@ from noetl_stream.dsl.rewrite import (
     ChainRewrite,
     Rewrite,
     SplitError,
-    Untranslatable,
+    UntranslatableError,
     rewrite_chains,
     rewrite_text,
     split_event,
@@ -72,7 +72,7 @@ def envelope(attrs: tuple[str, ...], compared: Callable[[int], bool]) -> tuple[s
     only those it has: read elsewhere than in a comparison, a missing one gets the envelope's value
     (``outcome.error.retryable | default(false)``)."""
     if not attrs:
-        raise Untranslatable(
+        raise UntranslatableError(
             "'output' as a whole is NoETL's envelope, which has no canonical spelling: read its keys "
             "(output.status, output.data, output.error.kind, ...)"
         )
@@ -83,18 +83,18 @@ def envelope(attrs: tuple[str, ...], compared: Callable[[int], bool]) -> tuple[s
         return "outcome.result", 1
     if head == "meta":
         if attrs[1:2] == ("duration_ms",):
-            raise Untranslatable(
+            raise UntranslatableError(
                 "'output.meta.duration_ms' has no canonical spelling: read outcome.meta.duration_s (seconds)"
             )
         return "outcome.meta", 1
     fields = {"error": ERROR_FIELDS, "http": HTTP_FIELDS}.get(head)
     if fields is None:
-        raise Untranslatable(
+        raise UntranslatableError(
             f"'output.{head}' is not a key of NoETL's envelope (status, data, error, http, meta)"
         )
     if len(attrs) < 2 or attrs[1] not in fields:
         keys = ", ".join(fields)
-        raise Untranslatable(
+        raise UntranslatableError(
             f"'output.{head}' as a whole (or a key other than {keys}) has no canonical spelling: "
             f"read outcome.{head}.<key>"
         )
@@ -217,7 +217,7 @@ class Respell:
             for tpath, text in list(_strings(policy, ppath)):
                 try:
                     new = rewrite_chains(text, "output", envelope)
-                except Untranslatable as exc:
+                except UntranslatableError as exc:
                     self.refuse(smap, tpath, f"{who}: {exc}")
                     continue
                 if new != text:  # (dialect.normalize warned, once per policy)

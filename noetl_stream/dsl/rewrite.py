@@ -163,7 +163,7 @@ def rewrite_text(source: str, rw: Rewrite) -> str:
     return join(out)
 
 
-class Untranslatable(Exception):
+class UntranslatableError(NoetlError):
     """A reference a chain rewrite has no canonical expression for (the message says why)."""
 
 
@@ -177,7 +177,7 @@ _COMPARISONS = frozenset({"==", "!="})
 
 def rewrite_chains(source: str, name: str, rewrite: ChainRewrite) -> str:
     """Every reference to ``name`` in ``source`` with the attributes read after it (``name.a.b``)
-    replaced as `rewrite` says; `rewrite` raises `Untranslatable` for one it cannot spell."""
+    replaced as `rewrite` says; `rewrite` raises `UntranslatableError` for one it cannot spell."""
     if not has_template(source) or name not in undeclared_names(source):
         return source
     tokens = tokenize(source)

@@ -19,6 +19,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.reader import ReaderError
 
 from noetl_stream.dsl.diagnostics import Diagnostic, Path, PlaybookError, format_path
+from noetl_stream.errors import NoetlError
 
 # Alias expansion can make a small document enormous ("billion laughs").
 MAX_NODES = 200_000
@@ -107,9 +108,11 @@ class _Converter:
     def convert(self, node: Any, path: Path, depth: int = 0) -> Any:
         self.nodes += 1
         if self.nodes > MAX_NODES:
-            raise _TooLarge((), f"document is too large (more than {MAX_NODES} nodes after alias expansion)")
+            raise _TooLargeError(
+                (), f"document is too large (more than {MAX_NODES} nodes after alias expansion)"
+            )
         if depth > MAX_DEPTH:
-            raise _TooLarge(path, f"document is nested too deeply (more than {MAX_DEPTH} levels)")
+            raise _TooLargeError(path, f"document is nested too deeply (more than {MAX_DEPTH} levels)")
         if isinstance(node, CommentedMap):
             if not path:
                 self.smap.set_value(path, node.lc.line, node.lc.col)
@@ -170,15 +173,17 @@ def _check_size(node: Any, memo: dict[int, int], active: set[int], depth: int = 
     if key in memo:
         return memo[key]
     if key in active:
-        raise _TooLarge((), "document contains a recursive alias (a node that contains itself)")
+        raise _TooLargeError((), "document contains a recursive alias (a node that contains itself)")
     if depth > MAX_DEPTH:
-        raise _TooLarge((), f"document is nested too deeply (more than {MAX_DEPTH} levels)")
+        raise _TooLargeError((), f"document is nested too deeply (more than {MAX_DEPTH} levels)")
     active.add(key)
     total = 1
     for child in node.values() if isinstance(node, CommentedMap) else node:
         total += _check_size(child, memo, active, depth + 1)
         if total > MAX_NODES:
-            raise _TooLarge((), f"document is too large (more than {MAX_NODES} nodes after alias expansion)")
+            raise _TooLargeError(
+                (), f"document is too large (more than {MAX_NODES} nodes after alias expansion)"
+            )
     active.discard(key)
     memo[key] = total
     return total
@@ -195,7 +200,7 @@ class _Constructor(RoundTripConstructor):
         return super().construct_object(node, deep)
 
 
-class _TooLarge(Exception):
+class _TooLargeError(NoetlError):
     def __init__(self, path: Path, message: str) -> None:
         super().__init__(message)
         self.path = path
@@ -353,7 +358,7 @@ def load_yaml(text: str, file: str = "<playbook>") -> tuple[Any, SourceMap]:
     try:
         _check_size(docs[0], {}, set())
         data = converter.convert(docs[0], ())
-    except _TooLarge as exc:
+    except _TooLargeError as exc:
         raise PlaybookError([smap.diagnostic(exc.path, exc.message, code="too-large")]) from None
     except RecursionError:
         raise PlaybookError(

@@ -28,6 +28,7 @@ from noetl_stream.dsl.diagnostics import Diagnostic, Path
 from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.source import SourceMap
 from noetl_stream.dsl.templates import has_template
+from noetl_stream.errors import NoetlError
 
 SUGAR = ("choose", "while", "until")
 KEYS = {"choose": ("choose", "name"), "while": ("while", "do", "name"), "until": ("until", "do", "name")}
@@ -47,7 +48,7 @@ def has_sugar(data: Any) -> bool:
     return False
 
 
-class _Error(Exception):
+class _SugarError(NoetlError):
     pass
 
 
@@ -57,9 +58,9 @@ class Sugar:
         self.smap = smap
         self.diagnostics: list[Diagnostic] = []
 
-    def error(self, path: Path, message: str) -> _Error:
+    def error(self, path: Path, message: str) -> _SugarError:
         self.diagnostics.append(self.smap.diagnostic(path, message, at_key=True, code="sugar"))
-        return _Error(message)
+        return _SugarError(message)
 
     def step(self, step: dict[str, Any], path: Path) -> None:
         tool = step.get("tool")
@@ -74,7 +75,7 @@ class Sugar:
         who = f"step '{step.get('step')}'"
         try:
             tasks = self.items(tool, tpath, who, "", top=True, single=single)
-        except _Error:  # reported: keep the blocks from being reported again as tasks without a kind
+        except _SugarError:  # reported: keep the blocks from being reported again as tasks without a kind
             step["tool"] = [
                 {"name": f"sugar_{i}", "kind": "noop"} if is_sugar(x) else x for i, x in enumerate(tool)
             ]

@@ -96,10 +96,10 @@ TOOL_KNOBS: Final = tuple(sorted({k for keys in TOOL_SPEC_KEYS.values() for k in
 TASK_SPEC_KEYS: Final = ("policy", "timeout_s")
 """Every task's: its outcome policy (003 §5.4) and the bound of one run (``dataplane/pipeline.py``)."""
 EXECUTOR_SPEC_KEYS: Final = ("policy", "extensions", "pool", "deadline_s", "max_task_runs")
-"""The executor's own (``compiler.py``, ``control/plan.py``, ``control/reducer.py``,
+"""The executor's own (``compiler.py``, ``control/core/plan.py``, ``control/core/reducer.py``,
 ``dataplane/pipeline.py``, ``kv/results.py``); its tool knobs layer into every task."""
 STEP_SPEC_KEYS: Final = ("policy", "pool")
-"""The step's own (``steps.py``, ``control/routing.py``, ``control/runcontext.py``); its tool knobs layer
+"""The step's own (``steps.py``, ``control/core/routing.py``, ``control/core/runcontext.py``); its tool knobs layer
 into its tasks."""
 LOOP_SPEC_KEYS: Final = LOOP_SPEC_TYPED
 """The loop's own (``steps.py``); its other keys (``Loop.raw_spec``) layer into the step's tasks."""
@@ -143,7 +143,7 @@ ITER_RESERVED: Final = frozenset({"index", "parent", "item_id"})
 EXTENSIONS: Final = ("legacy", "custom_kinds")
 
 LEGACY_HINT: Final = " (enable legacy extensions to translate it)"
-"""After a legacy construct the extension translates (``control/effects.py`` looks for it)."""
+"""After a legacy construct the extension translates (``control/core/effects.py`` looks for it)."""
 LEGACY_HOW: Final = ": validate or run with --legacy, or declare executor.spec.extensions: [legacy]"
 LEGACY_UNTRANSLATED: Final = " (the legacy extension has no translation for this form)"
 LEGACY_NOT_A_PLAYBOOK: Final = (

@@ -31,6 +31,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from noetl_stream.errors import NoetlError
 from noetl_stream.jetstream.fastpath import subscribe_inline
 from noetl_stream.protocol.decoding import explain
 
@@ -62,7 +63,7 @@ TICK_S = 0.25
 _NO_RESPONDERS = "503"
 
 
-class AckTimeoutError(nats.errors.TimeoutError):
+class AckTimeoutError(NoetlError, nats.errors.TimeoutError):
     """No JetStream ack came within the publish's deadline (a ``nats.errors.TimeoutError``, as nats-py's
     ``js.publish`` raises, which is a ``TimeoutError`` too)."""
 

@@ -23,6 +23,8 @@ from nats.errors import (
     OutboundBufferLimitError,
 )
 
+from noetl_stream.errors import ConfigurationError
+
 __all__ = [
     "NATS_PY_TESTED",
     "UnsupportedClientError",
@@ -97,7 +99,7 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     return out
 
 
-class UnsupportedClientError(RuntimeError):
+class UnsupportedClientError(ConfigurationError, RuntimeError):
     """The installed nats-py lacks internals the runtime's hot path uses."""
 
 

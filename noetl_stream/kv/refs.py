@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from noetl_stream.kv.results import REF, is_ref
+from noetl_stream.protocol.refs import REF, is_ref
 
 MARKER = b'"' + REF.encode() + b'":{'
 MAX_ROUNDS = 8

@@ -28,14 +28,10 @@ from nats.js.object_store import (
 )
 
 from noetl_stream.errors import StoreMissingError
+from noetl_stream.protocol.refs import REF
 from noetl_stream.protocol.subjects import Topology
 
-REF = "$ref"
 DEFAULT_INLINE_LIMIT = 256 * 1024
-
-
-def is_ref(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(REF), dict)
 
 
 def inline_limit(executor_spec: dict[str, Any]) -> int:

@@ -32,6 +32,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
+from noetl_stream.errors import NoetlError
 from noetl_stream.jetstream.fastpath import num_pending
 
 __all__ = ["Entry", "ScanError", "direct_entries", "entries", "keys", "last_messages"]
@@ -46,7 +47,7 @@ MAX_READ_EXTRA = 10_000
 _DELETED = frozenset({"DEL", "PURGE"})
 
 
-class ScanError(Exception):
+class ScanError(NoetlError):
     """A stream or bucket could not be read to its end (messages stopped coming)."""
 
 

@@ -101,7 +101,7 @@ def too_deep() -> DecodingError:
 # -- syntax -----------------------------------------------------------------------------------------
 
 
-class _ConstantError(Exception):
+class _ConstantError(NoetlError):
     pass
 
 

@@ -25,6 +25,14 @@ class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The keychain entry a credential error names."""
     diagnostics: list[str] | None = None
     """An invalid playbook's diagnostics, each formatted."""
+    key: str | None = None
+    """The ctx key a ``ctx_conflict`` is over."""
+    step_run_id: str | None = None
+    """The step run whose ctx patches a ``ctx_conflict`` refused."""
+    other_step_run_id: str | None = None
+    """The step run that changed the key first (a ``ctx_conflict``)."""
+    cause: Any = None
+    """The error that led to this one (a ``failing_cycle``'s last failure), as its payload held it."""
 
     def to_dict(self) -> dict[str, Any]:
         """The error as the payloads hold it."""

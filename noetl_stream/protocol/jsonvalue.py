@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
+from noetl_stream.errors import NoetlError
+
 PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
 """Exact types that are JSON as they are (a subclass is converted)."""
 
@@ -30,7 +32,7 @@ _SEQUENCES: tuple[type, ...] = (
 MAX_DEPTH = 100
 
 
-class NotJSONError(TypeError):
+class NotJSONError(NoetlError, TypeError):
     """A value has no JSON form. ``path`` says where inside the value (``""``: the value itself)."""
 
     def __init__(self, value: Any, path: str = "") -> None:

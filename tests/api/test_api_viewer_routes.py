@@ -12,7 +12,7 @@ from apiserver import Api, serve
 from helpers import playbook
 from viewer_support import GATE_BOOK, graph_when, open_gate, pipeline_book, start
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.runtime.local import Runtime
 

@@ -18,8 +18,8 @@ from procs import run_cli
 
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import follow
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.prune import _in_history, prune
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.errors import StoreMissingError
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision

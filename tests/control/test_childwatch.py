@@ -28,10 +28,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from noetl_stream.control import children, groupcommit
+from noetl_stream.control import backoff, children
 from noetl_stream.control.children import ChildWatch
-from noetl_stream.control.effects import server_event
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.effects import server_event
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.jetstream.outbox import Outbox
@@ -196,7 +196,7 @@ async def test_a_parents_end_heard_before_it_is_stored_cancels_a_child_added_rig
 async def test_a_childs_index_key_whose_write_failed_is_written_again(
     nc: NATS, js: JetStreamContext, topology: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.1)  # (the controller's retry_delay)
+    monkeypatch.setattr(backoff, "RETRY_DELAY_S", 0.1)  # (the controller's retry_delay)
     await provision(js, topology, ("default",))
     index = await ChildIndex.open(js, topology)
     parent, child = new_execution_id(), new_execution_id()
@@ -231,7 +231,7 @@ async def test_a_parents_end_that_cannot_be_read_is_read_again_later_and_later(
     """While NATS does not answer, a parent's end is read again after 1 s doubling to 30 s (here 0.05 s
     doubling): one warning per try, not one a second for as long as the outage lasts. Once read, its
     child is cancelled."""
-    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.05)  # (the controller's retry_delay)
+    monkeypatch.setattr(backoff, "RETRY_DELAY_S", 0.05)  # (the controller's retry_delay)
     await provision(js, topology, ("default",))
     parent, child = new_execution_id(), new_execution_id()
     await js.publish(topology.event_subject(parent, E.WORKFLOW_FINISHED), encode(_finished(parent, "failed")))

@@ -22,7 +22,7 @@ from helpers import playbook, requested, step_done
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream.control import groupcommit
+from noetl_stream.control import commit
 from noetl_stream.control.controller import Controller
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
@@ -58,7 +58,7 @@ class Gate:
                 finally:
                     gate.in_flush.difference_update(eids)
 
-        monkeypatch.setattr(groupcommit, "Outbox", GatedOutbox)
+        monkeypatch.setattr(commit, "Outbox", GatedOutbox)
 
 
 def recorded_batches(ctl: Controller) -> list[list[str]]:

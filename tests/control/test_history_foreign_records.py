@@ -26,7 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import Processes, provisioned, replay_verify, run_cli
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from noetl_stream.control.core.state import ExecutionState, StepRun
 from noetl_stream.control.inspect import summarize
-from noetl_stream.control.state import ExecutionState, StepRun
 
 
 @pytest.mark.parametrize("status", ["cancelled", "failed"])

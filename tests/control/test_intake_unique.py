@@ -19,9 +19,9 @@ from nats.js import JetStreamContext
 
 from noetl_stream.client.submit import request_for
 from noetl_stream.client.tracking import follow
+from noetl_stream.control.core.reducer import rejection_events
 from noetl_stream.control.inspect import Inspector
 from noetl_stream.control.intake import Intake
-from noetl_stream.control.reducer import rejection_events
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
 from noetl_stream.protocol import events as E

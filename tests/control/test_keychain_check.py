@@ -13,8 +13,9 @@ from helpers import playbook, requested, run
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from noetl_stream.control.keychaincheck import CHECK_RUN
-from noetl_stream.control.reducer import PlanCache, Reducer
+from noetl_stream.control.core.keychaincheck import CHECK_RUN
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
 from noetl_stream.control.resume import queued_command_ids, resume
 from noetl_stream.dataplane.command import CommandRun
 from noetl_stream.dataplane.worker import Worker
@@ -214,7 +215,7 @@ async def test_a_worker_of_an_earlier_release_answers_the_check_with_a_step_boun
     (check,) = fx.commands
     assert check.keychain_check and check.step_def.tasks == ()
     blind = msgspec.structs.replace(check, keychain_check=False)  # what an earlier worker decodes
-    old = CommandRun(Worker(nc, topology), blind, Outbox(nc.jetstream(), topology))
+    old = CommandRun(Worker(nc, topology).run_parts, blind, Outbox(nc.jetstream(), topology))
 
     await old.execute()
 

@@ -22,10 +22,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from noetl_stream.control.commit import Item
 from noetl_stream.control.controller import Controller
-from noetl_stream.control.groupcommit import Item
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.leases import DuplicateControllerError, Leases
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.jetstream.fastpath import ack_soon

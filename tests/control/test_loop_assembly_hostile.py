@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from noetl_stream.control.effects import LoopResults
+from noetl_stream.control.core.effects import LoopResults
 from noetl_stream.control.loopresults import assemble
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event, now_iso

@@ -1,5 +1,5 @@
 """The packed items of a distributed loop above the inline limit are stored once in the results object
-store (`control/items.py`); once the execution is over and its final snapshot is written, the
+store (`control/core/items.py`); once the execution is over and its final snapshot is written, the
 controller deletes them, leaving no message of them in the bucket's stream. Step results stay.
 """
 
@@ -16,15 +16,16 @@ from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import follow
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.replay import verify
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.provision import provision
-from noetl_stream.kv.results import ResultStore, is_ref
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.refs import is_ref
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, control_event
 from noetl_stream.runtime.local import Runtime, local_runtime

@@ -25,21 +25,23 @@ from nats.js import JetStreamContext
 
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import follow
-from noetl_stream.control import groupcommit
+from noetl_stream.control import backoff
 from noetl_stream.control.controller import Controller
+from noetl_stream.control.core.items import INLINE_ITEMS_BYTES, ItemsMissingError, checksum
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.deadlines import Deadlines
-from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, checksum
-from noetl_stream.control.reducer import PlanCache, Reducer
 from noetl_stream.control.replay import verify
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.deadlines import DeadlineIndex
 from noetl_stream.kv.history import read_events, scan
 from noetl_stream.kv.provision import provision
-from noetl_stream.kv.results import ResultStore, is_ref
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.refs import is_ref
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.protocol.wire import Event, now_iso
 from noetl_stream.runtime.local import Runtime
@@ -443,7 +445,7 @@ async def test_a_deadline_index_write_that_failed_is_written_again(
 ) -> None:
     """An execution in one long task sends no event that would write its key again: the controller
     tries the write again itself, so the partition's next owner still re-arms its timer."""
-    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.1)
+    monkeypatch.setattr(backoff, "RETRY_DELAY_S", 0.1)
     await provision(js, topology, ("default",))
     store = await SnapshotStore.open(js, topology, ExecutionState)
     index = DeadlineIndex(store.kv)
@@ -497,7 +499,7 @@ async def test_a_deadline_whose_event_could_not_be_published_fires_again(
 ) -> None:
     """Its execution may send no event for hours (one long task): the timer is armed again, not left
     for the execution's next event."""
-    monkeypatch.setattr(groupcommit, "RETRY_DELAY_S", 0.1)
+    monkeypatch.setattr(backoff, "RETRY_DELAY_S", 0.1)
     await provision(js, topology, ("default",))
     eid = "fired-again"
     partition = topology.partition_of(eid)

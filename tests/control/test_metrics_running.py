@@ -8,8 +8,8 @@ from __future__ import annotations
 from helpers import event
 from prometheus_client import generate_latest
 
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.metrics import Metrics
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.subjects import Topology
 

@@ -36,8 +36,8 @@ from nats.js.errors import KeyNotFoundError, NoKeysError
 from procs import Processes, replay_verify
 
 from noetl_stream.control.controller import Controller
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.leases import DuplicateControllerError
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore
@@ -233,7 +233,7 @@ async def test_killing_one_of_three_controllers_under_load_loses_nothing_and_no_
 
 
 def _epoch(ev: Event) -> float:
-    from noetl_stream.control.effects import _epoch as parse
+    from noetl_stream.control.core.effects import _epoch as parse
 
     return parse(ev.timestamp)
 

@@ -12,8 +12,8 @@ from helpers import requested
 from nats.js.client import JetStreamContext
 
 from noetl_stream.cli import main
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.prune import CONCURRENCY, SNAPSHOT_OBJECT_GRACE_S, _mtime, prune
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.results import ResultStore

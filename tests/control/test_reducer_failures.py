@@ -8,8 +8,9 @@ import msgspec
 import pytest
 from helpers import playbook, requested
 
-from noetl_stream.control.reducer import NotLoadedError, PlanCache, Reducer
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import NotLoadedError, Reducer
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Event, now_iso
 

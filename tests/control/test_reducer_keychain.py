@@ -10,10 +10,11 @@ import msgspec
 import pytest
 from helpers import playbook, requested
 
-from noetl_stream.control.keychaincheck import CHECK_FLAG, CHECK_RUN
+from noetl_stream.control.core.keychaincheck import CHECK_FLAG, CHECK_RUN
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.poison import failure_for
-from noetl_stream.control.reducer import PlanCache, Reducer
-from noetl_stream.control.state import ExecutionState
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Command, Event, control_event, now_iso
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from helpers import playbook, requested
 from nats.js import JetStreamContext
 
-from noetl_stream.control.reducer import PlanCache, Reducer
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
 from noetl_stream.control.resume import queued_command_ids, resume
 from noetl_stream.jetstream.outbox import Outbox
 from noetl_stream.kv.history import read_events

@@ -10,8 +10,9 @@ import pytest
 from helpers import Run, playbook, run
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.kv.results import REF, ResultStore, is_ref
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.refs import REF, is_ref
 from noetl_stream.protocol.subjects import Topology
 from noetl_stream.runtime.local import Runtime, local_runtime
 

@@ -14,7 +14,7 @@ from migrate_support import migrated, migrated_steps, refused, rules
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dsl.migrate import migrate_text
 from noetl_stream.dsl.respell import envelope
-from noetl_stream.dsl.rewrite import Untranslatable, rewrite_chains
+from noetl_stream.dsl.rewrite import UntranslatableError, rewrite_chains
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.dsl.views import result_view
 
@@ -159,7 +159,7 @@ def test_how_the_envelope_is_spelled(read: str, spelled: str) -> None:
     ],
 )
 def test_envelope_reads_without_a_canonical_spelling(read: str) -> None:
-    with pytest.raises(Untranslatable):
+    with pytest.raises(UntranslatableError):
         rewrite_chains(read, "output", envelope)
 
 

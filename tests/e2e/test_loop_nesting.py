@@ -15,8 +15,8 @@ from helpers import playbook, run
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.children import PARENT_ITER_INLINE
 from noetl_stream.kv.history import read_events
-from noetl_stream.kv.results import is_ref
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.refs import is_ref
 from noetl_stream.protocol.wire import Event, derived_execution_id
 from noetl_stream.runtime.local import Runtime
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from helpers import playbook, requested, run
 
-from noetl_stream.control.reducer import PlanCache, Reducer
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.wire import Command, Event
 from noetl_stream.runtime.local import Runtime

@@ -18,7 +18,8 @@ from procs import NOETL_STREAM
 
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import follow
-from noetl_stream.control.reducer import PlanCache, Reducer
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.reducer import Reducer
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.worker import Worker
 from noetl_stream.jetstream.embedded import EmbeddedNats

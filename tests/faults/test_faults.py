@@ -54,7 +54,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from procs import NoetlProcess, Processes, provisioned, replay_verify, run_cli
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.provision import provision

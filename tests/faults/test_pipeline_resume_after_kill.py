@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from procs import Processes, provisioned, run_cli
 
 from noetl_stream.jetstream.embedded import EmbeddedNats
-from noetl_stream.kv.results import is_ref
+from noetl_stream.protocol.refs import is_ref
 from noetl_stream.protocol.subjects import Topology
 
 ACK_WAIT_S = 2.0

@@ -15,7 +15,7 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.kv import forget
 from noetl_stream.kv.checkpoints import KvCheckpoints
 from noetl_stream.kv.deadlines import DeadlineIndex

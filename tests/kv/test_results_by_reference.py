@@ -7,8 +7,9 @@ from helpers import playbook
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import follow
 from noetl_stream.kv.history import read_events
-from noetl_stream.kv.results import ResultStore, is_ref
+from noetl_stream.kv.results import ResultStore
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.refs import is_ref
 from noetl_stream.runtime.local import Runtime
 
 BIG = """

@@ -17,7 +17,7 @@ from nats.js.errors import NotFoundError
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import Completions
 from noetl_stream.control.controller import Controller
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.jetstream.connection import connect
 from noetl_stream.jetstream.embedded import EmbeddedNats

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from nats.js import JetStreamContext
 
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.errors import StateConflictError
 from noetl_stream.kv.provision import provision
 from noetl_stream.kv.snapshots import SnapshotStore

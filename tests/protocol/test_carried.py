@@ -11,7 +11,7 @@ from eventlog import count_by_execution, total
 from helpers import Run, playbook, run
 from structlog.testing import capture_logs
 
-from noetl_stream.control.effects import server_event
+from noetl_stream.control.core.effects import server_event
 from noetl_stream.control.replay import verify
 from noetl_stream.dataplane.fitting import MAX_EVENT_BYTES
 from noetl_stream.jetstream.embedded import EmbeddedNats

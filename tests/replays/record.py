@@ -25,7 +25,7 @@ import msgspec
 
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import follow
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.kv.history import read_events
 from noetl_stream.kv.snapshots import SnapshotStore
 from noetl_stream.protocol import events as E

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.errors import NoetlError
 
 CredentialResolver = Callable[[str], Awaitable[dict[str, Any]]]
 """Resolve a keychain entry by name to its (decrypted) fields; raises ``KeyError`` if unknown."""
@@ -156,7 +157,7 @@ def timeout_seconds(value: Any) -> float | None:
     return None if isinstance(value, Mapping) else seconds(value)
 
 
-class DuplicateColumnsError(ValueError):
+class DuplicateColumnsError(NoetlError, ValueError):
     """A SQL result with two columns of one name: a row (a mapping) would keep one value and lose the other."""
 
 

@@ -49,6 +49,7 @@ from noetl_stream.dataplane.outcome import INFINITE_DATETIMES, Outcome, json_saf
 from noetl_stream.dataplane.tools import duckdbfiles
 from noetl_stream.dataplane.tools.base import DuplicateColumnsError, ToolContext, check_columns
 from noetl_stream.dataplane.tools.sqlresult import command_result, rows_result, task_result
+from noetl_stream.errors import NoetlError
 
 MEMORY = ":memory:"
 _RESOURCE = "duckdb.memory"
@@ -59,7 +60,7 @@ _COUNTED = {"INSERT": "INSERT", "UPDATE": "UPDATE", "DELETE": "DELETE", "COPY": 
 _ALIAS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class _ConfigError(ValueError):
+class _ConfigError(NoetlError, ValueError):
     pass
 
 
@@ -67,7 +68,7 @@ class _AttachError(_ConfigError):
     pass
 
 
-class _StatementError(Exception):
+class _StatementError(NoetlError):
     """A statement of the task failed: `index` is its number (``command_<i>``)."""
 
     def __init__(self, index: int, error: BaseException) -> None:

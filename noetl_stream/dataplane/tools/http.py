@@ -70,7 +70,7 @@ from noetl_stream.dataplane.tools.httpresponse import (
     status_error,
 )
 from noetl_stream.dataplane.tools.urlmask import mask_urls, masked_url
-from noetl_stream.errors import ConfigurationError
+from noetl_stream.errors import ConfigurationError, NoetlError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
 
 if TYPE_CHECKING:  # client middlewares: aiohttp >= 3.12
@@ -87,7 +87,7 @@ BASIC_KINDS = ("basic", "http_basic")
 API_KEY_KINDS = ("api_key",)
 
 
-class _ConfigError(Exception):
+class _ConfigError(NoetlError):
     pass
 
 
@@ -151,7 +151,7 @@ def _max_body(spec: Mapping[str, Any]) -> int:
     return value
 
 
-class _TooLarge(Exception):
+class _TooLargeError(NoetlError):
     """The response body is longer than ``spec.max_body_bytes``."""
 
 
@@ -371,7 +371,7 @@ async def run_http(config: dict[str, Any], ctx: ToolContext) -> Outcome:
                 verify,
             )
         answered = True
-    except _TooLarge as exc:
+    except _TooLargeError as exc:
         outcome = Outcome.fail(
             "response_too_large",
             f"{method} {shown}: the response body is longer than {max_body} bytes{exc} (spec.max_body_bytes)",
@@ -454,14 +454,14 @@ async def _request(
         # An error status is the task's answer whatever its body's size: its body is cut at the limit
         # rather than failing the task with `response_too_large`, which would hide the status.
         if ok and not bodiless and resp.content_length is not None and resp.content_length > max_body:
-            raise _TooLarge(f" ({resp.content_length} announced)")
+            raise _TooLargeError(f" ({resp.content_length} announced)")
         chunks: list[bytes] = []
         size = 0
         cut = False
         async for chunk in resp.content.iter_chunked(256 * 1024):
             if size + len(chunk) > max_body:  # no Content-Length (chunked), or more than it said
                 if ok:
-                    raise _TooLarge("")
+                    raise _TooLargeError("")
                 chunks.append(chunk[: max_body - size])
                 cut = True
                 break

@@ -70,7 +70,7 @@ from noetl_stream.dataplane.tools.base import (
     seconds,
 )
 from noetl_stream.dataplane.tools.sqlresult import command_result, rows_result, task_result
-from noetl_stream.errors import ConfigurationError
+from noetl_stream.errors import ConfigurationError, NoetlError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
 
 CREDENTIAL_KINDS = ("postgres_credential", "postgres")
@@ -123,11 +123,11 @@ _INFINITE = (
 )
 
 
-class _ConfigError(Exception):
+class _ConfigError(NoetlError):
     pass
 
 
-class _ScriptError(Exception):
+class _ScriptError(NoetlError):
     """A script pglast could not parse: PostgreSQL's syntax error, raised before any statement ran."""
 
     def __init__(self, where: str, exc: ParseError) -> None:

@@ -46,6 +46,7 @@ from noetl_stream.dataplane.tools.pycode import (
     run_program,
 )
 from noetl_stream.dsl.pylibs import LibImport, lib_imports
+from noetl_stream.errors import NoetlError
 
 CAPTURE_LIMIT = 64 * 1024
 PYTHON_ERROR = "python_error"
@@ -133,7 +134,7 @@ def _context(code: str, args: dict[str, Any], ctx: ToolContext) -> Mapping[str, 
     return MappingProxyType(copy.deepcopy(dict(ctx.scope)))
 
 
-class _TaskExitError(Exception):
+class _TaskExitError(NoetlError):
     """Task code raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
     ``KeyboardInterrupt``, ``CancelledError``): reported like any error, never let through to the
     worker's event loop (where ``SystemExit`` stops the process and ``CancelledError`` reads as a

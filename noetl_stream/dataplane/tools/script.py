@@ -41,6 +41,7 @@ import structlog
 
 from noetl_stream.dataplane.outcome import Outcome
 from noetl_stream.dataplane.tools.base import ToolContext, timeout_seconds
+from noetl_stream.errors import NoetlError
 
 LANGUAGES = {"sh": ["/bin/sh"], "bash": ["bash"], "python": [sys.executable, "-I"]}
 """Interpreters by ``language``; each runs the script file given as its last argument."""
@@ -67,7 +68,7 @@ PROC = "/proc"
 log = structlog.get_logger(__name__)
 
 
-class _ConfigError(ValueError):
+class _ConfigError(NoetlError, ValueError):
     pass
 
 

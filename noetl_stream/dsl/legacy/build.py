@@ -22,7 +22,7 @@ from typing import Any
 
 from noetl_stream.dsl.diagnostics import Path
 from noetl_stream.dsl.legacy.case import LegacyRule, guard, guard_expr, parse_case, parse_retry
-from noetl_stream.dsl.legacy.context import Translation, Untranslatable
+from noetl_stream.dsl.legacy.context import Translation, UntranslatableError
 from noetl_stream.dsl.legacy.routes import routes
 from noetl_stream.dsl.legacy.scopes import ERR, OK, RETRY_INDEX, ScopeError, Scopes
 from noetl_stream.dsl.legacy.shapes import (
@@ -536,4 +536,4 @@ class LegacyStep:
     # -- routing -------------------------------------------------------------------------------
 
 
-__all__ = ["LegacyStep", "Untranslatable"]
+__all__ = ["LegacyStep", "UntranslatableError"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_stream.dsl.diagnostics import Path
-from noetl_stream.dsl.legacy.context import Translation, Untranslatable
+from noetl_stream.dsl.legacy.context import Translation, UntranslatableError
 from noetl_stream.dsl.legacy.scopes import ERR, OK
 from noetl_stream.dsl.rewrite import SplitError, inner, literal, reads, split_event, template
 from noetl_stream.dsl.templates import has_template
@@ -425,7 +425,7 @@ __all__ = [
     "PER_CALL",
     "Collect",
     "LegacyRule",
-    "Untranslatable",
+    "UntranslatableError",
     "guard",
     "guard_expr",
     "parse_case",

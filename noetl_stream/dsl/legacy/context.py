@@ -7,12 +7,13 @@ from typing import Any, TypeVar
 from noetl_stream.dsl.diagnostics import Diagnostic, Path
 from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.source import SourceMap
+from noetl_stream.errors import NoetlError
 
 CODE = "legacy"
 T = TypeVar("T")
 
 
-class Untranslatable(Exception):
+class UntranslatableError(NoetlError):
     """A construct without a faithful canonical translation (already reported)."""
 
 
@@ -49,9 +50,9 @@ class Translation:
             self.smap.diagnostic(path, message, severity="warning", at_key=at_key, code=CODE)
         )
 
-    def error(self, path: Path, message: str, *, at_key: bool = True) -> Untranslatable:
+    def error(self, path: Path, message: str, *, at_key: bool = True) -> UntranslatableError:
         self.diagnostics.append(self.smap.diagnostic(path, message, at_key=at_key, code=CODE))
-        return Untranslatable(message)
+        return UntranslatableError(message)
 
     def mark(self, node: T, path: Path) -> T:
         return self.origins.mark(node, path)

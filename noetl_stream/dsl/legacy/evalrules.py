@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_stream.dsl.diagnostics import Path
-from noetl_stream.dsl.legacy.context import Translation, Untranslatable
+from noetl_stream.dsl.legacy.context import Translation, UntranslatableError
 from noetl_stream.dsl.rewrite import template
 
 THEN_FLAT = (
@@ -268,4 +268,4 @@ def check_no_task_legacy(t: Translation, task: dict[str, Any], path: Path, who: 
             del task[key]
 
 
-__all__ = ["Untranslatable", "check_no_task_legacy", "expand_set_prev", "translate_rule_list"]
+__all__ = ["UntranslatableError", "check_no_task_legacy", "expand_set_prev", "translate_rule_list"]

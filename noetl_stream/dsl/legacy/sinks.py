@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from noetl_stream.dsl.diagnostics import Path
-from noetl_stream.dsl.legacy.context import Translation, Untranslatable
+from noetl_stream.dsl.legacy.context import Translation, UntranslatableError
 from noetl_stream.dsl.rewrite import Rewrite, as_expression, rewrite_value
 
 TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -99,4 +99,4 @@ def default_auth(t: Translation, task: dict[str, Any], path: Path, who: str) -> 
         )
 
 
-__all__ = ["DEFAULT_DB", "Untranslatable", "default_auth", "sink_task"]
+__all__ = ["DEFAULT_DB", "UntranslatableError", "default_auth", "sink_task"]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from noetl_stream.dsl.diagnostics import Diagnostic, Path
-from noetl_stream.dsl.legacy.context import Translation, Untranslatable
+from noetl_stream.dsl.legacy.context import Translation, UntranslatableError
 from noetl_stream.dsl.legacy.steps import STEP_000, translate_step
 from noetl_stream.dsl.origins import Origins
 from noetl_stream.dsl.rewrite import (
@@ -44,7 +44,7 @@ def translate(data: Any, origins: Origins, smap: SourceMap) -> list[Diagnostic]:
             if isinstance(step, dict) and isinstance(step.get("step"), str):
                 try:
                     out.extend(translate_step(t, step, ("workflow", i), names, plain))
-                except Untranslatable:  # reported; keep the validator from reporting its other parts
+                except UntranslatableError:  # reported; keep the validator from reporting its other parts
                     for key in STEP_000:
                         step.pop(key, None)
                     if isinstance(step.get("next"), (str, list)):

@@ -2,7 +2,7 @@
 (``env:``, ``file:``) before the encrypted store, as ``{{ keychain.<name> }}`` does.
 
 The controller ships a step its declarations only when the step's templates read ``keychain``
-(``control/plan.py`` ``keychain_readers``): these steps do (a header, a parameter), and the case of a
+(``control/core/plan.py`` ``keychain_readers``): these steps do (a header, a parameter), and the case of a
 step that names the entry in ``auth`` only gets the declarations too (the plan counts ``auth``)."""
 
 from __future__ import annotations

@@ -16,12 +16,13 @@ from typing import Any
 
 from jinja2.exceptions import TemplateError
 
-from noetl_stream.kv.results import REF, is_ref
+from noetl_stream.errors import NoetlError
+from noetl_stream.protocol.refs import REF, is_ref
 
 __all__ = ["ByReference", "ByReferenceError", "guard"]
 
 
-class ByReferenceError(TemplateError):
+class ByReferenceError(NoetlError, TemplateError):
     """A controller-side template read a field of a result it only has a reference to."""
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_stream.control.keychaincheck import CHECK_RUN, check_error
-from noetl_stream.control.routing import Routing
+from noetl_stream.control.core.keychaincheck import CHECK_RUN, check_error
+from noetl_stream.control.core.routing import Routing
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Event
@@ -76,7 +76,7 @@ class Run(Routing):
             self.check_complete()
 
     def on_keychain(self, event: Event) -> None:
-        """A worker's answer to the keychain check (`control/keychaincheck.py`): the workflow starts, or
+        """A worker's answer to the keychain check (`control/core/keychaincheck.py`): the workflow starts, or
         the execution fails with the entry that could not be resolved, before any step runs. A worker of
         an earlier release answers with ``step.done`` or ``step.failed``."""
         s = self.state

@@ -8,135 +8,49 @@ publish. Every id it mints is deterministic, so publishing the same effects twic
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from noetl_stream.control.effects import (
+from noetl_stream.control.core.effects import (
     Effects,
     _epoch,
     invalid_playbook_error,
     rejection_events,
     server_event,
 )
-from noetl_stream.control.items import ItemsMissingError, LoopItems
-from noetl_stream.control.keychaincheck import CHECK_FLAG, check_command
-from noetl_stream.control.plan import Plan
-from noetl_stream.control.state import ExecutionState
-from noetl_stream.control.transitions import Run as _Run
-from noetl_stream.dsl.compiler import compile_playbook
-from noetl_stream.dsl.diagnostics import Diagnostic
+from noetl_stream.control.core.items import ItemsMissingError, LoopItems
+from noetl_stream.control.core.keychaincheck import CHECK_FLAG, check_command
+from noetl_stream.control.core.plans import PlanCache
+from noetl_stream.control.core.state import ExecutionState
+from noetl_stream.control.core.transitions import Run as _Run
 from noetl_stream.dsl.scope import render_workload
 from noetl_stream.dsl.templates import RenderError
+from noetl_stream.errors import NoetlError
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.decoding import shape_error
 from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import (
     Event,
     ExecutionRequest,
-    content_hash,
 )
-
-PlanLoader = Callable[[str, str, str], "Plan | list[Diagnostic]"]
 
 Clock = Callable[[], str]
 """What the reducer stamps the events and commands it mints with (ISO-8601 UTC): the controller passes the
 wall clock (`protocol.wire.now_iso`); none stamps them with the timestamp of the event being folded."""
 
 __all__ = [
-    "COMPILE_INLINE_CHARS",
     "Clock",
     "Effects",
     "NotLoadedError",
-    "PlanCache",
     "Reducer",
     "invalid_playbook_error",
-    "plan_key",
     "rejection_events",
 ]
 
-COMPILE_INLINE_CHARS = 16 * 1024
-"""Playbooks up to this long are compiled on the controller's event loop (milliseconds); intake and the
-controller, before a fold, compile longer ones in a thread (`PlanCache.load_off_loop`)."""
 
-
-def plan_key(text: str, extensions: Iterable[str] = ()) -> str:
-    """What identifies a compiled plan: the text's sha256, followed by ``+<extension>`` for each DSL
-    extension it was compiled with (``<sha256>+legacy``). The execution's ``content_hash``."""
-    return "+".join([content_hash(text), *sorted(set(extensions))])
-
-
-class PlanCache:
-    """Compiled plans by content hash and extensions (compiling is pure, so caching is safe)."""
-
-    def __init__(self, default_pool: str = "default", max_size: int = 256) -> None:
-        self.default_pool = default_pool
-        self.max_size = max_size
-        self._plans: dict[str, Plan] = {}
-        self._warnings: dict[str, tuple[Diagnostic, ...]] = {}
-        """The warnings each cached plan compiled with: a cache hit reports them too (the intake compiles a
-        request's playbook first; the fold that records `playbook.request.evaluated` finds it cached)."""
-
-    def get(self, digest: str) -> Plan | None:
-        return self._plans.get(digest)
-
-    def load(
-        self, text: str, file: str, extensions: Iterable[str] = ()
-    ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
-        """The plan of ``text`` compiled with ``extensions`` (those recorded with the request)."""
-        extensions = tuple(extensions)
-        digest = plan_key(text, extensions)
-        plan = self._plans.get(digest)
-        if plan is not None:
-            return plan, self._warnings.get(digest, ())
-        plan, diagnostics = self.compile(text, file, extensions, digest)
-        if plan is not None:
-            self.store(plan, diagnostics)
-        return plan, diagnostics
-
-    async def load_off_loop(
-        self, text: str, file: str, extensions: Iterable[str] = ()
-    ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
-        """`load`, compiling a playbook longer than `COMPILE_INLINE_CHARS` in a thread: seconds of parsing
-        would hold up the caller's event loop (every other execution, the partition leases)."""
-        extensions = tuple(extensions)
-        if len(text) <= COMPILE_INLINE_CHARS:
-            return self.load(text, file, extensions)
-        digest = plan_key(text, extensions)
-        plan = self._plans.get(digest)
-        if plan is not None:
-            return plan, self._warnings.get(digest, ())
-        plan, diagnostics = await asyncio.to_thread(self.compile, text, file, extensions, digest)
-        if plan is not None:
-            self.store(plan, diagnostics)
-        return plan, diagnostics
-
-    def compile(
-        self, text: str, file: str, extensions: Iterable[str], digest: str
-    ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
-        """Compile without touching the cache (pure: `load_off_loop` runs it in a thread). `digest` is
-        ``plan_key(text, extensions)``."""
-        result = compile_playbook(text, file, extensions=tuple(extensions))
-        if result.playbook is None:
-            return None, result.diagnostics
-        return Plan.build(result.playbook, text, digest, self.default_pool), result.diagnostics
-
-    def store(self, plan: Plan, diagnostics: Iterable[Diagnostic] = ()) -> None:  # on the event loop only
-        if len(self._plans) >= self.max_size:
-            evicted = next(iter(self._plans))
-            self._plans.pop(evicted)
-            self._warnings.pop(evicted, None)
-        self._plans[plan.content_hash] = plan
-        warnings = tuple(d for d in diagnostics if d.severity == "warning")
-        if warnings:
-            self._warnings[plan.content_hash] = warnings
-        else:
-            self._warnings.pop(plan.content_hash, None)
-
-
-class NotLoadedError(LookupError):
+class NotLoadedError(NoetlError, LookupError):
     """The execution's compiled playbook is not in the plan cache (the controller loads it first)."""
 
 
@@ -151,7 +65,7 @@ class Reducer:
         self.plans = plans
         self.clock = clock
         self.items = LoopItems()
-        """The packed items of running distributed loops (not in the state: see `control/items.py`)."""
+        """The packed items of running distributed loops (not in the state: see `control/core/items.py`)."""
 
     def now(self, event: Event) -> str:
         """The time of what folding `event` mints: the clock's, else the event's own."""

@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from noetl_stream.control.effects import _plain
-from noetl_stream.control.loops import Loops
-from noetl_stream.control.state import JoinState, StepRun
+from noetl_stream.control.core.effects import _plain
+from noetl_stream.control.core.loops import Loops
+from noetl_stream.control.core.state import JoinState, StepRun
 from noetl_stream.dsl.policy import MAX_FAILED_REENTRIES, admit, route
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.dsl.views import result_meta
+from noetl_stream.errors import NoetlError
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Event
@@ -23,21 +24,26 @@ _NO_SCOPE: Mapping[str, Any] = MappingProxyType({})
 """What routing without conditions or args renders with: nothing (`Plan.scoped_routes`)."""
 
 
+def _no_error(step: str) -> dict[str, Any]:
+    """What a failure recorded without its error is said to be (a malformed or foreign event)."""
+    return ErrorInfo(kind="error", message=f"step '{step}' failed; its event says no more").to_dict()
+
+
 def failing_cycle(step: str, times: int, error: Any) -> dict[str, Any]:
     """The error that ends an execution whose cycle keeps re-entering a step that fails."""
     last = error.get("message") if isinstance(error, dict) else None
-    return {
-        "kind": "failing_cycle",
-        "retryable": False,
-        "message": f"step '{step}' failed {times} times in a row, routed back into its cycle each time (an "
+    return ErrorInfo(
+        kind="failing_cycle",
+        retryable=False,
+        message=f"step '{step}' failed {times} times in a row, routed back into its cycle each time (an "
         "arc whose 'when' does not test event.name is taken on step.failed too): the execution ends "
         "here rather than run it again; loop on success only (\"... and event.name != 'step.failed'\"), "
         "retry the failing task with its policy" + (f"; its last error: {last}" if last else ""),
-        "cause": error,
-    }
+        cause=error,
+    ).to_dict()
 
 
-class _Unroutable(Exception):
+class _UnroutableError(NoetlError):
     """A boundary the controller cannot route (its error is the execution's, unhandled)."""
 
     def __init__(self, error: dict[str, Any]) -> None:
@@ -207,10 +213,12 @@ class Routing(Loops):
         )
         try:
             if conflict is not None:  # not routed, like a routing error: the playbook must change
-                raise _Unroutable(conflict)
+                raise _UnroutableError(conflict)
             fired = route(step.next, scope, f"step '{name}'", failed=failed)
             if failed and fired and self.state.failed_in_row[name] >= MAX_FAILED_REENTRIES:
-                raise _Unroutable(failing_cycle(name, self.state.failed_in_row[name], payload.get("error")))
+                raise _UnroutableError(
+                    failing_cycle(name, self.state.failed_in_row[name], payload.get("error"))
+                )
             arcs = [
                 (
                     a,
@@ -225,10 +233,10 @@ class Routing(Loops):
                 for a in fired
                 if a.set_ctx
             ]
-        except (RenderError, _Unroutable) as exc:
+        except (RenderError, _UnroutableError) as exc:
             error = (
                 exc.error
-                if isinstance(exc, _Unroutable)
+                if isinstance(exc, _UnroutableError)
                 else ErrorInfo(kind="template_error", message=str(exc)).to_dict()
             )
             self.emit(
@@ -253,7 +261,7 @@ class Routing(Loops):
         )
         if failed and not arcs:
             self.state.unhandled.append(
-                {"step": name, "step_run_id": run.run_id, "error": payload.get("error") or {"kind": "error"}}
+                {"step": name, "step_run_id": run.run_id, "error": payload.get("error") or _no_error(name)}
             )
         if writes:
             self.write_ctx(run, writes)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_stream.control.plan import Plan
-from noetl_stream.control.state import ExecutionState
+from noetl_stream.control.core.plan import Plan
+from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.dsl.model import KeychainEntry, Step
 from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Command, KeychainDecl

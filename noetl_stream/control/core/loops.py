@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_stream.control.effects import Blob, LoopResults
-from noetl_stream.control.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
-from noetl_stream.control.runcontext import RunContext
-from noetl_stream.control.state import LoopRun, StepRun
+from noetl_stream.control.core.effects import Blob, LoopResults
+from noetl_stream.control.core.items import INLINE_ITEMS_BYTES, ItemsMissingError, Packed, checksum, pack
+from noetl_stream.control.core.runcontext import RunContext
+from noetl_stream.control.core.state import LoopRun, StepRun
 from noetl_stream.dsl.inflight import MaxInFlightError, loop_max_in_flight
 from noetl_stream.dsl.model import Step
 from noetl_stream.dsl.templates import RenderError, render_value
@@ -24,6 +24,14 @@ def _loop_limit(step: Step) -> float | None:
     ``lifecycle.deadline_s`` (one step run, one loop: both bound it as a whole)."""
     limits = [t for t in (step.timeout_s, step.deadline_s) if t]
     return min(limits) if limits else None
+
+
+_STOPPED = ErrorInfo(kind="loop_error", message="the loop stopped before all its iterations ran").to_dict()
+
+
+def _no_error(index: int) -> dict[str, Any]:
+    """What an iteration's failure recorded without its error is said to be (a malformed event)."""
+    return ErrorInfo(kind="error", message=f"iteration {index} failed; its event says no more").to_dict()
 
 
 class Loops(RunContext):
@@ -171,7 +179,7 @@ class Loops(RunContext):
                 self.fx.dropped.append(lr.items_key)
             counts = {"total": lr.total, "done": lr.done, "failed": lr.failed}
             if lr.stopping:
-                error = lr.first_error if lr.first_error is not None else {"kind": "loop_error"}
+                error = lr.first_error if lr.first_error is not None else _STOPPED
                 self.emit(
                     E.STEP_FAILED,
                     "step",
@@ -218,7 +226,7 @@ class Loops(RunContext):
             lr.failed += 1
             if lr.first_error is None or index < lr.first_error_index:
                 lr.first_error_index = index
-                lr.first_error = conflict or event.payload.get("error") or {"kind": "error"}
+                lr.first_error = conflict or event.payload.get("error") or _no_error(index)
             if step.failure_mode == "fail_fast":
                 lr.stopping = True
         self.pump_loop(step, run)

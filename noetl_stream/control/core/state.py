@@ -15,7 +15,7 @@ class LoopRun(msgspec.Struct):
 
     Its size does not grow with the results: which iterations are settled is a bitmap, only the first
     failure (by index) is kept, and the results stay in their ``loop.iteration.done`` events, assembled
-    once for ``loop.done`` (`control/loopresults.py`). The items are packed once (`control/items.py`):
+    once for ``loop.done`` (`control/loopresults.py`). The items are packed once (`control/core/items.py`):
     inline when small, else in the object store under ``items_key``.
     """
 
@@ -114,7 +114,7 @@ class ExecutionState(msgspec.Struct):
     steps without a ``spec.pool`` of their own run (before the playbook's ``executor.spec.pool`` and the
     controller's default pool)."""
     keychain_check: bool = False
-    """The playbook's keychain is being checked (`control/keychaincheck.py`): the workflow starts when a
+    """The playbook's keychain is being checked (`control/core/keychaincheck.py`): the workflow starts when a
     worker answers ``keychain.resolved``; until then no step runs and the execution does not complete."""
     paused: bool = False
     deferred: list[dict[str, Any]] = []

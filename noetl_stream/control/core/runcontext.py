@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from noetl_stream.control.byref import guard
-from noetl_stream.control.effects import Effects, _epoch, server_event
-from noetl_stream.control.plan import Plan
-from noetl_stream.control.state import ExecutionState, StepRun
+from noetl_stream.control.core.byref import guard
+from noetl_stream.control.core.effects import Effects, _epoch, server_event
+from noetl_stream.control.core.plan import Plan
+from noetl_stream.control.core.state import ExecutionState, StepRun
 from noetl_stream.dsl.model import Step
 from noetl_stream.dsl.scope import build_scope
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.wire import Command, Event, Iteration, KeychainDecl
 
 if TYPE_CHECKING:
-    from noetl_stream.control.reducer import Reducer
+    from noetl_stream.control.core.reducer import Reducer
 
 
 class RunContext:
@@ -172,19 +173,19 @@ class RunContext:
                 continue
             if key in s.ctx and s.ctx[key] == value:
                 continue  # the same value: nothing is lost
-            return {
-                "kind": "ctx_conflict",
-                "message": (
+            return ErrorInfo(
+                kind="ctx_conflict",
+                message=(
                     f"step '{run.step}' (run '{run.run_id}') sets ctx.{key}, which step run '{written[1]}' "
                     "changed after this run started from the older value: applying it would lose that "
                     "change, so none of this run's ctx patches is applied. Steps that run in parallel "
                     "must set different ctx keys (each branch its own key; combine them in a step after "
                     "the join)"
                 ),
-                "key": key,
-                "step_run_id": run.run_id,
-                "other_step_run_id": written[1],
-            }
+                key=key,
+                step_run_id=run.run_id,
+                other_step_run_id=written[1],
+            ).to_dict()
         suffix = f".{event.payload['index']}" if "index" in event.payload else ""
         self._patch_ctx(run, patches, f"{run.run_id}{suffix}", event.step, event.step_run_id)
         return None

@@ -24,7 +24,6 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from bench import api, footprint, raw, runtime, scale, tools
@@ -36,7 +35,7 @@ from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.logs import configure
 from noetl_stream.loop import run_event_loop
 from noetl_stream.protocol.subjects import Topology
-from noetl_stream.runtime.local import Runtime, local_runtime
+from noetl_stream.runtime.local import local_runtime
 
 API_CONCURRENCY = 16
 INFORMATIVE_PREFIX = "noetlinf"
@@ -57,57 +56,7 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-class Services:
-    """The local HTTP server and PostgreSQL the tool figures use, and their sizes."""
-
-    def __init__(self, http: HttpServer, pg: PgServer, quick: bool) -> None:
-        self.http, self.pg = http, pg
-        factor = 0.2 if quick else 1.0
-        self.http_n, self.http_concurrency = int(2000 * factor), 50
-        self.pg_n, self.pg_concurrency = int(2000 * factor), 10
-        self.pg_many_n = int(5000 * factor)
-
-    def sizes(self) -> dict[str, int]:
-        return {
-            "http_requests": self.http_n,
-            "http_concurrency": self.http_concurrency,
-            "pg_inserts": self.pg_n,
-            "pg_concurrency": self.pg_concurrency,
-            "pg_executemany_rows": self.pg_many_n,
-        }
-
-
-async def _warm_tools(rt: Runtime, clients: tools.DirectClients, svc: Services) -> None:
-    """First use creates the worker's HTTP session and pool, and the direct ones: not timed."""
-    await tools.http_direct_per_s(clients, svc.http.url, 50, svc.http_concurrency)
-    await tools.http_tasks_per_s(rt, svc.http.url, 50, svc.http_concurrency)
-    await tools.pg_direct_inserts_per_s(clients, 50, svc.pg_concurrency)
-    await tools.pg_tool_inserts_per_s(rt, clients, 50, svc.pg_concurrency)
-    await tools.pg_tool_executemany_per_s(rt, clients, 50)
-
-
-async def _tools_round(
-    rt: Runtime, clients: tools.DirectClients, svc: Services, add: Callable[[str, float], None], label: str
-) -> None:
-    url = svc.http.url
-    _say(f"{label}: {svc.http_n} http requests, {svc.http_concurrency} at once (direct, runtime) ...")
-    add("http_direct_per_s", await tools.http_direct_per_s(clients, url, svc.http_n, svc.http_concurrency))
-    add("http_tasks_per_s", await tools.http_tasks_per_s(rt, url, svc.http_n, svc.http_concurrency))
-    _say(f"{label}: {svc.pg_n} postgres inserts, {svc.pg_concurrency} at once (direct, runtime) ...")
-    add("pg_direct_inserts_per_s", await tools.pg_direct_inserts_per_s(clients, svc.pg_n, svc.pg_concurrency))
-    add(
-        "pg_tool_inserts_per_s",
-        await tools.pg_tool_inserts_per_s(rt, clients, svc.pg_n, svc.pg_concurrency),
-    )
-    _say(f"{label}: {svc.pg_many_n} rows in one executemany (direct, runtime) ...")
-    add("pg_direct_executemany_rows_per_s", await tools.pg_direct_executemany_per_s(clients, svc.pg_many_n))
-    add(
-        "pg_tool_executemany_rows_per_s",
-        await tools.pg_tool_executemany_per_s(rt, clients, svc.pg_many_n),
-    )
-
-
-async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> dict[str, Any]:
+async def measure(url: str, quick: bool, repeat: int, svc: tools.Services | None) -> dict[str, Any]:
     samples: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
@@ -176,9 +125,9 @@ async def measure(url: str, quick: bool, repeat: int, svc: Services | None) -> d
                 await block()
             add("concurrent_short_steps_per_s", await runtime.concurrent_steps_per_s(rt, 100, 10))
         if svc is not None and clients is not None:
-            await _warm_tools(rt, clients, svc)
+            await tools.warm(rt, clients, svc)
             for i in range(repeat):
-                await _tools_round(rt, clients, svc, add, f"tools round {i + 1}/{repeat}")
+                await tools.round_of(rt, clients, svc, add, f"tools round {i + 1}/{repeat}")
         api_n = int(1000 * factor)
         await api.measure(rt, url, add, repeat=repeat, n=api_n, concurrency=API_CONCURRENCY, say=_say)
         _say(f"{items}-item parallel loops, max_in_flight 100 (local, distributed) ...")
@@ -310,7 +259,9 @@ def main() -> None:
         svc = None
         if not args.no_services:
             _say("starting the bench http server and an embedded PostgreSQL ...")
-            svc = Services(stack.enter_context(HttpServer()), stack.enter_context(PgServer()), args.quick)
+            svc = tools.Services(
+                stack.enter_context(HttpServer()), stack.enter_context(PgServer()), args.quick
+            )
         server = stack.enter_context(EmbeddedNats())
         results = run_event_loop(measure(server.url, args.quick, max(1, args.repeat), svc))
         if not args.no_procs:

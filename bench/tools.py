@@ -22,8 +22,11 @@ checks its work (HTTP tasks succeeded, the table holds `n` rows).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,15 +36,21 @@ import asyncpg
 import msgspec
 
 from bench.runtime import run_one
+from bench.services import HttpServer, PgServer
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import Completions
-from noetl_stream.runtime.local import Runtime
+from noetl_stream.jetstream.embedded import EmbeddedNats
+from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
+from noetl_stream.logs import configure
+from noetl_stream.loop import run_event_loop
+from noetl_stream.runtime.local import Runtime, local_runtime
 
 __all__ = [
     "HTTP_PATH",
     "PG_CREDENTIAL",
     "TABLE",
     "DirectClients",
+    "Services",
     "http_direct_per_s",
     "http_tasks_per_s",
     "pg_direct_executemany_per_s",
@@ -260,3 +269,108 @@ async def _run_with_payload(rt: Runtime, text: str, file: str, payload: dict[str
     if ev.payload.get("status") != "success":
         raise RuntimeError(f"{file}: {ev.payload.get('status')} {ev.payload.get('error')}")
     return dt
+
+
+class Services:
+    """The local HTTP server and PostgreSQL the tool figures use, and their sizes."""
+
+    def __init__(self, http: HttpServer, pg: PgServer, quick: bool) -> None:
+        self.http, self.pg = http, pg
+        factor = 0.2 if quick else 1.0
+        self.http_n, self.http_concurrency = int(2000 * factor), 50
+        self.pg_n, self.pg_concurrency = int(2000 * factor), 10
+        self.pg_many_n = int(5000 * factor)
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "http_requests": self.http_n,
+            "http_concurrency": self.http_concurrency,
+            "pg_inserts": self.pg_n,
+            "pg_concurrency": self.pg_concurrency,
+            "pg_executemany_rows": self.pg_many_n,
+        }
+
+
+async def warm(rt: Runtime, clients: DirectClients, svc: Services) -> None:
+    """First use creates the worker's HTTP session and pool, and the direct ones: not timed."""
+    await http_direct_per_s(clients, svc.http.url, 50, svc.http_concurrency)
+    await http_tasks_per_s(rt, svc.http.url, 50, svc.http_concurrency)
+    await pg_direct_inserts_per_s(clients, 50, svc.pg_concurrency)
+    await pg_tool_inserts_per_s(rt, clients, 50, svc.pg_concurrency)
+    await pg_tool_executemany_per_s(rt, clients, 50)
+
+
+async def round_of(
+    rt: Runtime, clients: DirectClients, svc: Services, add: Callable[[str, float], None], label: str
+) -> None:
+    url = svc.http.url
+    _say(f"{label}: {svc.http_n} http requests, {svc.http_concurrency} at once (direct, runtime) ...")
+    add("http_direct_per_s", await http_direct_per_s(clients, url, svc.http_n, svc.http_concurrency))
+    add("http_tasks_per_s", await http_tasks_per_s(rt, url, svc.http_n, svc.http_concurrency))
+    _say(f"{label}: {svc.pg_n} postgres inserts, {svc.pg_concurrency} at once (direct, runtime) ...")
+    add("pg_direct_inserts_per_s", await pg_direct_inserts_per_s(clients, svc.pg_n, svc.pg_concurrency))
+    add(
+        "pg_tool_inserts_per_s",
+        await pg_tool_inserts_per_s(rt, clients, svc.pg_n, svc.pg_concurrency),
+    )
+    _say(f"{label}: {svc.pg_many_n} rows in one executemany (direct, runtime) ...")
+    add("pg_direct_executemany_rows_per_s", await pg_direct_executemany_per_s(clients, svc.pg_many_n))
+    add(
+        "pg_tool_executemany_rows_per_s",
+        await pg_tool_executemany_per_s(rt, clients, svc.pg_many_n),
+    )
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def _main(quick: bool, repeat: int, url: str, svc: Services) -> dict[str, Any]:
+    samples: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        samples.setdefault(key, []).append(value)
+
+    key = KeychainKey([generate_key()])
+    async with local_runtime(url, workers=1, concurrency=128, keychain_key=key) as rt:
+        await Keychain(rt.nc.jetstream(), rt.topology, key).put(
+            PG_CREDENTIAL, "postgres_credential", svc.pg.credential()
+        )
+        async with DirectClients(svc.pg.dsn, max(svc.pg_concurrency, 1)) as clients:
+            await warm(rt, clients, svc)
+            for i in range(repeat):
+                await round_of(rt, clients, svc, add, f"round {i + 1}/{repeat}")
+    out: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    for ratio, num, den in RATIOS:
+        out[ratio] = out[num] / out[den]
+        rounds = [a / b for a, b in zip(samples[num], samples[den], strict=True)]
+        out[f"{ratio}_paired"] = statistics.median(rounds)
+    out["samples"] = samples
+    return out
+
+
+RATIOS = (
+    ("http_ratio", "http_tasks_per_s", "http_direct_per_s"),
+    ("pg_ratio", "pg_tool_inserts_per_s", "pg_direct_inserts_per_s"),
+    ("pg_executemany_ratio", "pg_tool_executemany_rows_per_s", "pg_direct_executemany_rows_per_s"),
+)
+"""Each tool figure's ratio: through the runtime over the same work done directly, same run."""
+
+
+def main() -> None:
+    """``python -m bench.tools [--quick] [--repeat N]``: the tool figures of ``make bench`` alone."""
+    parser = argparse.ArgumentParser(prog="python -m bench.tools")
+    parser.add_argument("--quick", action="store_true", help="a fifth of the sizes")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (medians, and paired ratios)")
+    args = parser.parse_args()
+    configure("warning")
+    with HttpServer() as http, PgServer() as pg, EmbeddedNats() as server:
+        svc = Services(http, pg, args.quick)
+        out = run_event_loop(_main(args.quick, max(1, args.repeat), server.url, svc))
+    for name, value in out.items():
+        if name != "samples":
+            print(f"{name:40} {value:12.3f}" if value < 100 else f"{name:40} {value:12.0f}")
+
+
+if __name__ == "__main__":
+    main()

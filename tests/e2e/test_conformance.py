@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pgserver import PgServer
 
 from noetl_stream.client.tracking import RunSummary
 from noetl_stream.dsl import compile_playbook
+from noetl_stream.dsl.migrate import migrate_text
 from noetl_stream.jetstream.embedded import EmbeddedNats
 from noetl_stream.kv.keychain import Keychain, KeychainKey, generate_key
 from noetl_stream.protocol import events as E
@@ -264,35 +264,32 @@ async def test_playbook_runs_to_success(world: World, path: Path) -> None:
     assert outcome.ok, outcome.failure()
 
 
-async def _migrate(source: Path, out_dir: Path) -> tuple[Path, str | None]:
-    """``noetl-stream migrate SOURCE -o OUT_DIR/<name>``: the output's path, and the command's complaint
-    when it wrote nothing."""
+def _migrate(source: Path, out_dir: Path) -> tuple[Path, str | None]:
+    """What ``noetl-stream migrate SOURCE -o OUT_DIR/<name>`` writes (`migrate_text`, the function the
+    command writes the output of; the command's own behaviour is tests/dsl/test_migrate_dialect.py's): the
+    output's path, and the first error when it writes nothing."""
     target = out_dir / source.name
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "noetl_stream",
-        "migrate",
-        "--quiet",
-        str(source),
-        "-o",
-        str(target),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await proc.communicate()
-    if proc.returncode != 0:
-        lines = [line for line in err.decode().splitlines() if line.strip()]
-        return target, f"exit {proc.returncode}: {lines[0] if lines else ''}"
+    migration = migrate_text(source.read_text(encoding="utf-8"), str(source))
+    if migration.text is None:
+        return target, _first_error(migration.diagnostics) or "no output"
+    target.write_text(migration.text, encoding="utf-8")
     return target, None
+
+
+@pytest.fixture(scope="module")
+def migrated_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the migrated playbooks go, with the children they name by path migrated beside them once."""
+    out = tmp_path_factory.mktemp("migrated")
+    for child in CHILDREN:
+        _, complaint = _migrate(child, out)
+        assert complaint is None, f"{child.name}: {complaint}"
+    return out
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", _cases(MIGRATE_GAPS))
-async def test_migrated_playbook_runs_the_same(world: World, path: Path, tmp_path: Path) -> None:
-    migrated, complaint = await _migrate(path, tmp_path)
-    for child in CHILDREN:  # the children it names by path, migrated beside it
-        await _migrate(child, tmp_path)
+async def test_migrated_playbook_runs_the_same(world: World, path: Path, migrated_dir: Path) -> None:
+    migrated, complaint = _migrate(path, migrated_dir)
     problems: list[str] = []
     if complaint is None:
         check = compile_playbook(migrated.read_text(encoding="utf-8"), str(migrated))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 import msgspec
 
+from noetl_stream import tracing
 from noetl_stream.cli.common import (
     EXIT_FAILED,
     EXIT_INVALID,
@@ -261,6 +262,10 @@ def run(
     # A failed step's warning would say what the progress (or the JSON outcome) says.
     hush = Hush(frozenset({E.STEP_FAILED}))
     configure("warning", hush=hush)
+    # The controller's and the workers' spans, when the environment enables tracing (OTEL_*): a console
+    # exporter prints them on stderr (stdout is the outcome's); all are exported before the process ends.
+    if tracing.setup_from_env("noetl-stream", console=sys.stderr):
+        click.get_current_context().call_on_close(tracing.flush)
     started: list[str] = []
     try:
         text = read_playbook(file)

@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_stream.protocol import events as E
+from noetl_stream.protocol.errorinfo import error_text
 from noetl_stream.protocol.wire import Event, epoch_of
 
-__all__ = ["Timeline", "duration_text"]
+__all__ = ["Timeline", "duration_text", "error_text"]
 
 _STATUS = {"success": "ok", "error": "error", "skipped": "skipped", "in_progress": ""}
 _STEP_END = frozenset({E.STEP_DONE, E.STEP_FAILED, E.LOOP_DONE, E.STEP_SKIPPED})
@@ -44,20 +45,6 @@ def duration_text(seconds: float) -> str:
 def _compact(text: str, limit: int | None = _MAX_ERROR) -> str:
     text = " ".join(str(text).split())
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
-
-
-def error_text(error: Any, limit: int | None = _MAX_ERROR) -> str:
-    """An event's error (``{kind, message, ...}``) on one line: ``kind: message``, the message alone when
-    it names its kind already (a python error's does), the kind alone without a message; cut after
-    `limit` characters (None: whole)."""
-    if not isinstance(error, dict):
-        return _compact(str(error), limit)
-    kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
-    if not message:
-        return _compact(kind, limit)
-    return _compact(
-        message if message == kind or message.startswith(f"{kind}:") else f"{kind}: {message}", limit
-    )
 
 
 class Timeline:
@@ -141,7 +128,7 @@ class Timeline:
     def _detail(ev: Event, payload: dict[str, Any]) -> str:
         error = payload.get("error")
         if error:
-            return error_text(error)
+            return error_text(error, _MAX_ERROR)
         name = ev.name
         if name == E.LOOP_DONE or (name == E.STEP_FAILED and "total" in payload):
             return (

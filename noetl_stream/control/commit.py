@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["CommitParts", "GroupCommit", "Item", "Observer", "PartitionReleasedError"]
+__all__ = ["CommitParts", "GroupCommit", "Item", "Observer", "PartitionReleasedError", "Spans"]
 
 Item = tuple["Msg", Event, int]
 """A filed event: its message, the event and its stream sequence."""
@@ -59,6 +59,11 @@ Item = tuple["Msg", Event, int]
 Observer = Callable[[Event | None, list[Event], ExecutionState | None], None]
 """Called with each folded input event and the events the reducer wrote for it (metrics); with None and
 the effects a resume published."""
+
+Spans = Callable[[list[Event], list[Effects], ExecutionState | None, bool, int], None]
+"""Called once a fold's effects are stored, before its acks: the events folded, each one's effects, the
+state after them, whether it had ended before, and when the effects were stored (epoch ns). The
+controller's trace spans (`control.tracespans.CommitSpans`)."""
 
 
 @dataclass(slots=True)
@@ -79,12 +84,15 @@ class CommitParts:
     fence_of: Callable[[int], int | None]
     """The fencing token of a partition validly held here, else None."""
     observer: Observer | None = None
+    spans: Spans | None = None
+    """The controller's trace spans of each stored fold (they cost one global read with tracing off)."""
 
 
 class _Folded:
-    """One execution's fold of a batch: its state after, what to publish, and what it was before."""
+    """One execution's fold of a batch: its state after, what to publish (each input's effects), and
+    what it was before."""
 
-    __slots__ = ("before", "effects", "ended_before", "state", "was_terminal")
+    __slots__ = ("before", "effects", "ended_before", "inputs", "state", "was_terminal")
 
     def __init__(self, before: tuple[int, int, int, str], was_terminal: bool, ended_before: bool) -> None:
         self.before = before
@@ -92,6 +100,8 @@ class _Folded:
         self.ended_before = ended_before
         self.state: ExecutionState | None = None
         self.effects: list[Effects] = []
+        self.inputs: list[Event] = []
+        """The events folded (those not applied before), one per entry of `effects`."""
 
 
 class PartitionReleasedError(NoetlError, LookupError):
@@ -248,6 +258,7 @@ class GroupCommit:
             if self.parts.observer is not None:
                 self.parts.observer(event, fx.events, state)
             f.effects.append(fx)
+            f.inputs.append(event)
         f.state = state
         return f
 
@@ -307,6 +318,7 @@ class GroupCommit:
     async def _after(self, eid: str, batch: list[Item], f: _Folded, fence: int) -> None:
         """The fold's effects are stored: record the state, index its deadline, write its snapshot when
         due, delete what it no longer needs, and ack the batch."""
+        stored_ns = time.time_ns()
         state = f.state
         if state is not None and _version(state) != f.before:
             if not f.ended_before:
@@ -328,6 +340,8 @@ class GroupCommit:
         dropped = [key for fx in f.effects for key in fx.dropped]
         if dropped:  # a finished loop's items: what needs them now is rebuilt from the events
             await self.parts.cache.delete_items(eid, dropped)
+        if self.parts.spans is not None:
+            self.parts.spans(f.inputs, f.effects, state, f.ended_before, stored_ns)
         for msg, _, _ in batch:
             ack_soon(msg)
 

@@ -35,6 +35,7 @@ from noetl_stream.control.loopresults import SAFE_MESSAGE_BYTES
 from noetl_stream.control.poison import PoisonHandler
 from noetl_stream.control.pools import PoolWatch
 from noetl_stream.control.snapshotting import RETENTION_REFRESH_S, SnapshotWriter
+from noetl_stream.control.tracespans import CommitSpans
 from noetl_stream.jetstream.puller import ContinuousPuller
 from noetl_stream.kv.children import ChildIndex
 from noetl_stream.kv.deadlines import DeadlineIndex
@@ -138,6 +139,7 @@ class Controller:
             deadlines=self.deadlines,
             snapshots=self.snapshots,
             fence_of=self.fence_of,
+            spans=CommitSpans(self.controller_id),  # nothing but a global read with tracing off
         )
         self.folding = Folding(self.commit_parts)
         self._background: set[asyncio.Task[None]] = set()

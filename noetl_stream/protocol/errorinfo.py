@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["ErrorInfo"]
+__all__ = ["ErrorInfo", "error_text"]
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -38,3 +38,23 @@ class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         """The error as the payloads hold it."""
         out: dict[str, Any] = msgspec.to_builtins(self)
         return out
+
+
+def error_text(error: Any, limit: int | None = None) -> str:
+    """An event's error (``{kind, message, ...}``) on one line: ``kind: message``, the message alone when
+    it names its kind already (``ZeroDivisionError: ...`` of kind ``ZeroDivisionError``), the kind alone
+    without a message; cut after `limit` characters (None: whole). The CLI's lines and the spans' error
+    statuses say an error with it."""
+    if not isinstance(error, dict):
+        return _one_line(str(error), limit)
+    kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
+    if not message:
+        return _one_line(kind, limit)
+    return _one_line(
+        message if message == kind or message.startswith(f"{kind}:") else f"{kind}: {message}", limit
+    )
+
+
+def _one_line(text: str, limit: int | None) -> str:
+    text = " ".join(text.split())
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"

@@ -126,7 +126,9 @@ async def run_controller(
 
     ``extensions`` (``legacy``) are DSL extensions every request is compiled with."""
     from noetl_stream.api import ApiServer
+    from noetl_stream.tracing import setup_from_env
 
+    setup_from_env("noetl-stream-controller")  # OpenTelemetry spans, when installed and enabled
     stop = asyncio.Event()
     _stop_on_signals(stop)
     nc = await _start(url, "noetl-controller", topology, pools, stop)

@@ -69,6 +69,7 @@ from noetl_stream.dataplane.tools.base import (
     script_file,
     seconds,
 )
+from noetl_stream.dataplane.tools.pgstatements import run_prepared
 from noetl_stream.dataplane.tools.sqlresult import command_result, rows_result, task_result
 from noetl_stream.errors import ConfigurationError, NoetlError
 from noetl_stream.kv.keychain import CredentialNotFoundError, redact, secret_strings
@@ -368,21 +369,24 @@ def _rows(records: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> dict[str, Any]:
-    """One statement's result: prepared first, so that its columns are known (none: it returns no
-    rows), also when no row comes back."""
-    prepared = await conn.prepare(stmt.sql, timeout=timeout)
-    columns = [a.name for a in prepared.get_attributes()]
-    check_columns(columns)
-    if stmt.many:
+    """One statement's result: prepared first (from the connection's statement cache, pgstatements.py), so that its
+    columns are known (none: it returns no rows), also when no row comes back."""
+
+    async def run(prepared: Any) -> dict[str, Any]:
+        columns = [a.name for a in prepared.get_attributes()]
+        check_columns(columns)
+        if stmt.many:
+            if columns:
+                return rows_result(columns, _rows(await prepared.fetchmany(stmt.params, timeout=timeout)))
+            await prepared.executemany(stmt.params, timeout=timeout)
+            return {**command_result(None, f"EXECUTEMANY {len(stmt.params)}"), "executed": len(stmt.params)}
+        records = await prepared.fetch(*stmt.params, timeout=timeout)
         if columns:
-            return rows_result(columns, _rows(await prepared.fetchmany(stmt.params, timeout=timeout)))
-        await prepared.executemany(stmt.params, timeout=timeout)
-        return {**command_result(None, f"EXECUTEMANY {len(stmt.params)}"), "executed": len(stmt.params)}
-    records = await prepared.fetch(*stmt.params, timeout=timeout)
-    if columns:
-        return rows_result(columns, _rows(records))
-    status = prepared.get_statusmsg() or ""
-    return command_result(_rowcount(status), status)
+            return rows_result(columns, _rows(records))
+        status = prepared.get_statusmsg() or ""
+        return command_result(_rowcount(status), status)
+
+    return await run_prepared(conn, stmt.sql, timeout, run)
 
 
 def _transaction(raw: Any) -> str | None:

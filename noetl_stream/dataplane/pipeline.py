@@ -19,6 +19,7 @@ import msgspec
 
 from noetl_stream.dataplane.children import current_iteration
 from noetl_stream.dataplane.outcome import Outcome
+from noetl_stream.dataplane.taskconfig import render_config, resolve_workbook, with_caller_args
 from noetl_stream.dataplane.tools import TOOLS, ToolContext, close_resources
 from noetl_stream.dataplane.tools.base import WorkerServices
 from noetl_stream.dsl.kinds import kind_info
@@ -118,212 +119,322 @@ async def run_pipeline(
     on_task: TaskEvent | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> PipelineResult:
-    step = inp.step
-    tasks = step.tasks
-    scope = dict(inp.scope)
-    ctx = CtxView(scope.get("ctx") or {}, scope)
-    scope["ctx"] = ctx
-    if ctx:  # (the ctx an earlier iteration of a sequential loop wrote, too)
-        layer_ctx(scope, ctx, frozenset())
-    iter_scope: dict[str, Any] = dict(inp.iter or {})
-    extras: frozenset[str] = frozenset()
-    """Names this iteration binds (the iterator bare, its position): ctx values do not shadow them."""
-    if step.loop is not None and isinstance(index := iter_scope.get("index"), int):
-        iterator = step.loop.iterator
-        iter_scope = IterView(iter_scope, index, inp.iteration_total)
-        scope.update(iteration_names(iterator, iter_scope.get(iterator), index, inp.iteration_total))
-        extras = ITERATION_NAMES | {iterator}
-    scope["iter"] = iter_scope
-    out = PipelineResult(status="ok", iter=iter_scope)
-    prev: Any = None
-    secrets: set[str] = set(inp.secrets)
-    hide = Redactor(secrets) if secrets else NOTHING_HIDDEN
-    pc = 0
-    named: set[str] = set()
-    """Tasks whose result is in the scope under their name (the last run's, if it was ok)."""
-    secret: set[str] = set()
-    """Those whose result is secret: while there is one, no checkpoint is saved (none is ever written
-    to the KV bucket; a redelivery runs the pipeline from its last checkpoint, or its start, again)."""
-    saved = await inp.checkpoints.load(inp.scope_id) if inp.resume and inp.checkpoints is not None else None
-    if saved is not None:  # continue a pipeline run that an earlier delivery checkpointed
-        pc = min(max(0, saved.pc), len(tasks))
-        out.task_runs = max(0, saved.task_runs)
-        iter_scope.update(saved.iter)
-        names = {t.name for t in tasks}
-        restored = {name: value for name, value in saved.results.items() if name in names}
-        scope.update({name: result_view(value) for name, value in restored.items()})
-        named.update(restored)
-        prev = saved.prev
-        out.ctx_patches.extend(saved.ctx_patches)
-        for patch in saved.ctx_patches:
-            ctx.update(patch)
-            layer_ctx(scope, patch, extras | named)
-    checkpointed = saved is not None
-    attempt = 1
-    resources: dict[str, Any] = {}
+    """Run the step's tasks in order, each under its policy, and say how the pipeline ended: its result
+    (the last result a task handed on), its ctx patches and ``iter`` values, its error. `on_task` hears
+    every task run's ``task.started`` and ``task.done``; `sleep` waits out a retry's delay."""
+    run = _PipelineRun(inp, on_task)
+    if inp.resume and inp.checkpoints is not None:  # an earlier delivery may have checkpointed this run
+        await run.resume(inp.checkpoints)
     max_runs = int(inp.executor_spec.get("max_task_runs", DEFAULT_MAX_TASK_RUNS))
     # A loop iteration's pipeline: the children its tasks start read this copy, with its set_iter values,
     # as their iter.parent (the worker set the iteration's own dict around it).
     nested = (
-        current_iteration.set(iter_scope)
+        current_iteration.set(run.iter_scope)
         if inp.iter is not None and current_iteration.get() is inp.iter
         else None
     )
+    tasks, out, scope = inp.step.tasks, run.out, run.scope
     try:
-        while pc < len(tasks):
-            task = tasks[pc]
+        while run.pc < len(tasks):
+            task = tasks[run.pc]
             reason = inp.stop_check() if inp.stop_check is not None else None
-            if reason is not None:  # the execution ended (cancelled, failed, deadline): stop between tasks
-                out.status = "error"
-                out.error = ErrorInfo(kind="cancelled", retryable=False, message=reason).to_dict()
+            if (
+                reason is not None or out.task_runs >= max_runs
+            ):  # the execution ended, or a jump loop ran away
+                run.stop(reason, max_runs)
                 break
-            out.task_runs += 1
-            if out.task_runs > max_runs:
-                out.status = "error"
-                out.error = ErrorInfo(
-                    kind="pipeline_limit",
-                    retryable=False,
-                    message=f"step '{step.name}': more than {max_runs} task runs (a jump loop "
-                    "that never breaks?)",
-                ).to_dict()
-                break
-            scope["_prev"] = prev
+            out.task_runs += 1  # (what every task run does is inline here: a call costs, per task)
+            scope["_prev"] = run.prev
             scope["_task"] = task.name
-            scope["_attempt"] = attempt
+            scope["_attempt"] = run.attempt
             if on_task is not None:
-                on_task("task.started", task, out.task_runs, attempt, {})
-            spec = _task_spec(inp, task)
+                on_task("task.started", task, out.task_runs, run.attempt, {})
             ran_with: dict[str, Any] = {}
             outcome = await _run_task(
-                inp, task, spec, scope, attempt, prev, resources, out.task_runs, ran_with
-            )
-            # (what a policy's error names; without a policy nothing renders)
-            where = f"step '{step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
-            scope["outcome"] = outcome.as_scope()
-            view = scope["outcome"]["result"] = result_view(outcome.result)  # (`.data`, an http `.body`)
-            shadowed = scope.get("output", _NONE)  # (a task or step named `output`: read again after)
-            scope["output"] = outcome.as_output()  # NoETL's envelope, a view (built only where read)
-            delay = 0.0
-            try:
-                then, rule = decide(task.policy, outcome.status, scope, where)
-                patches = _render_patches(then, scope, where)
-                if then.do == "retry":  # may read outcome (e.g. Retry-After)
-                    delay = _delay(then, attempt, scope, f"{where}.rules[{rule}].then.delay")
-            except RenderError as exc:
-                then, rule, patches = Then(do="fail"), None, (None, None)
-                meta, outcome = outcome.meta, Outcome.fail("template_error", str(exc))
-                outcome.meta = meta
-            scope.pop("outcome", None)
-            if shadowed is _NONE:
-                del scope["output"]
-            else:
-                scope["output"] = shadowed
-            if outcome.secret:
-                secrets |= secret_strings(outcome.result)
-                hide = Redactor(secrets)
-            if on_task is not None:
-                meta = outcome.meta
-                payload: dict[str, Any] = {
-                    "status": outcome.status,
-                    "result": "***" if outcome.secret else outcome.result,
-                    "error": outcome.error,
-                    "do": then.do,
-                    "rule": rule,
-                }  # the run's ids and times are the envelope's (task_run_id, trace_id, timestamps)
-                if "stdout" in meta or "stderr" in meta:
-                    payload["output"] = {"stdout": meta.get("stdout", ""), "stderr": meta.get("stderr", "")}
-                payload.update(recorded_args(ran_with))
-                on_task(
-                    "task.done",
-                    task,
-                    out.task_runs,
-                    attempt,
-                    hide(payload),
-                )
-            set_iter, set_ctx = patches
-            if set_iter:
-                iter_scope.update(set_iter)
-                if step.loop is not None and step.loop.iterator in set_iter and step.loop.iterator in extras:
-                    scope[step.loop.iterator] = set_iter[step.loop.iterator]
-            if set_ctx:  # (in parallel iterations too: the iteration that ends last wins, docs/semantics.md)
-                ctx.update(set_ctx)
-                layer_ctx(scope, set_ctx, extras | named)  # ({{ page }} after set_ctx: {page: 2})
-                out.ctx_patches.append(set_ctx)
-            if outcome.status == "ok":  # (the outcome the policy read: a failed render replaced it)
-                scope[task.name] = view
-                named.add(task.name)
-                (secret.add if outcome.secret else secret.discard)(task.name)
-            else:  # an error has no result: the name is what it was before the task ran, not its last run's
-                _forget(scope, inp.scope, task.name)
-                named.discard(task.name)
-                secret.discard(task.name)
-            do = then.do
-            if do == "retry":
-                limit = then.attempts if then.attempts is not None else 3
-                if attempt < limit:
-                    if delay > 0:
-                        await sleep(delay)
-                    attempt += 1
-                    continue
-                if outcome.status == "error":
-                    out.status, out.error = "error", _error(outcome, task)
-                    break
-                do = "continue"
-            attempt = 1
-            if do == "continue":
-                prev = outcome.result
-                pc += 1
-            elif do == "jump":
-                prev = outcome.result
-                target = next((i for i, t in enumerate(tasks) if t.name == then.to), len(tasks))
-                if target <= pc and inp.checkpoints is not None and not (secret or outcome.secret):
-                    # A backward jump is a loop inside the pipeline (pagination): remember where it
-                    # stands, so a redelivered command resumes at this page instead of the first, with
-                    # the results its tasks read by name (the store keeps large ones out of the record).
-                    cp = Checkpoint(
-                        pc=target,
-                        iter=dict(iter_scope),
-                        prev=prev,
-                        ctx_patches=list(out.ctx_patches),
-                        task_runs=out.task_runs,
-                        results={name: plain(scope[name]) for name in named},
-                    )
-                    await inp.checkpoints.save(inp.scope_id, cp)
-                    checkpointed = True
-                pc = target
-            elif do == "break":
-                prev = outcome.result
-                break
-            else:  # fail
-                out.status = "error"
-                out.error = (
-                    _error(outcome, task)
-                    if outcome.status == "error"
-                    else ErrorInfo(
-                        kind="policy_fail",
-                        retryable=False,
-                        task=task.name,
-                        message=f"step '{step.name}' task '{task.name}': policy rule {rule} chose 'fail'",
-                    ).to_dict()
-                )
-                break
-        out.result = prev
-        if out.status == "ok" and len(tasks) > 1:
-            out.tasks, out.result_task = _task_results(tasks, scope, named - secret, prev)
-        if checkpointed and inp.checkpoints is not None:
+                inp, task, _task_spec(inp, task), scope, run.attempt, run.prev, run.resources,
+                out.task_runs, ran_with,
+            )  # fmt: skip
+            outcome, view, then, rule, patches, delay = run.apply_policy(task, outcome)
+            run.report(task, outcome, then, rule, ran_with)
+            run.keep(task, outcome, view, patches)
+            if then.do == "retry" and run.attempt < (then.attempts if then.attempts is not None else 3):
+                if delay > 0:
+                    await sleep(delay)
+                run.attempt += 1
+                continue
+            run.attempt = 1
+            if then.do == "continue":  # (the usual case, inline)
+                run.prev = outcome.result
+                run.pc += 1
+                continue
+            target = run.next_task(task, outcome, then, rule)
+            if target <= run.pc and inp.checkpoints is not None and not (run.secret or outcome.secret):
+                await run.save_checkpoint(inp.checkpoints, target)  # a backward jump: a page of a loop
+            run.pc = target
+        result = run.result()
+        if run.checkpointed and inp.checkpoints is not None:
             await inp.checkpoints.clear(inp.scope_id)
-        if hide:  # a secret read by a task never leaves the pipeline in what it reports
+        return result
+    finally:
+        if nested is not None:
+            current_iteration.reset(nested)
+        if run.resources:  # (what its tasks opened: most open nothing)
+            close_resources(run.resources)
+
+
+class _PipelineRun:
+    """One run of a pipeline: the scope its tasks render with and write to, where it stands (the next
+    task, the attempt of its run, the result handed on), what is secret, and what it reports (`out`)."""
+
+    __slots__ = (
+        "attempt",
+        "checkpointed",
+        "ctx",
+        "extras",
+        "hide",
+        "inp",
+        "iter_scope",
+        "named",
+        "on_task",
+        "out",
+        "pc",
+        "prev",
+        "resources",
+        "scope",
+        "secret",
+        "secrets",
+    )
+
+    def __init__(self, inp: PipelineInput, on_task: TaskEvent | None) -> None:
+        """The task scope: the base scope with ctx as a view (its values bare too), ``iter`` and, in a
+        loop iteration, the iterator's names."""
+        self.inp = inp
+        self.on_task = on_task
+        scope = self.scope = dict(inp.scope)
+        ctx = self.ctx = CtxView(scope.get("ctx") or {}, scope)
+        scope["ctx"] = ctx
+        if ctx:  # (the ctx an earlier iteration of a sequential loop wrote, too)
+            layer_ctx(scope, ctx, frozenset())
+        iter_scope: dict[str, Any] = dict(inp.iter or {})
+        self.extras: frozenset[str] = frozenset()
+        """Names this iteration binds (the iterator bare, its position): ctx values do not shadow them."""
+        loop = inp.step.loop
+        if loop is not None and isinstance(index := iter_scope.get("index"), int):
+            iterator = loop.iterator
+            iter_scope = IterView(iter_scope, index, inp.iteration_total)
+            scope.update(iteration_names(iterator, iter_scope.get(iterator), index, inp.iteration_total))
+            self.extras = ITERATION_NAMES | {iterator}
+        scope["iter"] = self.iter_scope = iter_scope
+        self.out = PipelineResult(status="ok", iter=iter_scope)
+        self.prev: Any = None
+        """The result the last task handed on (``_prev``; the pipeline's result when it ends)."""
+        self.secrets = inp.secrets
+        """The keychain values it resolved and the strings of secret results: hidden from what it reports."""
+        self.hide = Redactor(self.secrets) if self.secrets else NOTHING_HIDDEN
+        self.pc = 0
+        """The index of the task that runs next."""
+        self.attempt = 1
+        self.named: set[str] = set()
+        """Tasks whose result is in the scope under their name (the last run's, if it was ok)."""
+        self.secret: set[str] = set()
+        """Those whose result is secret: while there is one, no checkpoint is saved (none is ever written
+        to the KV bucket; a redelivery runs the pipeline from its last checkpoint, or its start, again)."""
+        self.checkpointed = False
+        """A checkpoint of this run is stored: cleared when the pipeline ends."""
+        self.resources: dict[str, Any] = {}
+        """What its tasks opened for the tasks after them (closed when the pipeline ends)."""
+
+    async def resume(self, checkpoints: CheckpointStore) -> None:
+        """Continue a pipeline run that an earlier delivery checkpointed (at a backward jump): at its next
+        task, with its task runs counted so far, its ``iter`` values, the results its tasks read by name,
+        the result handed on and its ctx patches. Nothing changes when it saved none."""
+        saved = await checkpoints.load(self.inp.scope_id)
+        if saved is None:
+            return
+        tasks = self.inp.step.tasks
+        scope, out = self.scope, self.out
+        self.pc = min(max(0, saved.pc), len(tasks))
+        out.task_runs = max(0, saved.task_runs)
+        self.iter_scope.update(saved.iter)
+        names = {t.name for t in tasks}
+        restored = {name: value for name, value in saved.results.items() if name in names}
+        scope.update({name: result_view(value) for name, value in restored.items()})
+        self.named.update(restored)
+        self.prev = saved.prev
+        out.ctx_patches.extend(saved.ctx_patches)
+        for patch in saved.ctx_patches:
+            self.ctx.update(patch)
+            layer_ctx(scope, patch, self.extras | self.named)
+        self.checkpointed = True
+
+    def stop(self, reason: str | None, max_runs: int) -> None:
+        """The pipeline stops before its next task run: the execution ended (`reason`: cancelled, failed,
+        past its deadline), or that run would be one more than `max_runs` (a jump loop that never breaks)."""
+        out = self.out
+        out.status = "error"
+        if reason is not None:
+            out.error = ErrorInfo(kind="cancelled", retryable=False, message=reason).to_dict()
+            return
+        out.task_runs += 1
+        out.error = ErrorInfo(
+            kind="pipeline_limit",
+            retryable=False,
+            message=f"step '{self.inp.step.name}': more than {max_runs} task runs (a jump loop "
+            "that never breaks?)",
+        ).to_dict()
+
+    def apply_policy(
+        self, task: Task, outcome: Outcome
+    ) -> tuple[Outcome, Any, Then, int | None, _Patches, float]:
+        """What the task's policy does with its outcome: the outcome (a template that fails to render
+        fails the task: ``template_error``), its result as templates read it, the ``then`` chosen and the
+        index of its rule, its rendered ``set_iter`` and ``set_ctx``, and a retry's delay. The policy reads
+        ``outcome`` and ``output`` (NoETL's envelope), in the scope only while it decides."""
+        scope = self.scope
+        # (what a policy's error names; without a policy nothing renders)
+        where = (
+            f"step '{self.inp.step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
+        )
+        scope["outcome"] = outcome.as_scope()
+        view = scope["outcome"]["result"] = result_view(outcome.result)  # (`.data`, an http `.body`)
+        shadowed = scope.get("output", _NONE)  # (a task or step named `output`: read again after)
+        scope["output"] = outcome.as_output()  # NoETL's envelope, a view (built only where read)
+        delay = 0.0
+        try:
+            then, rule = decide(task.policy, outcome.status, scope, where)
+            patches = _render_patches(then, scope, where) if then.set_iter or then.set_ctx else _NO_PATCHES
+            if then.do == "retry":  # may read outcome (e.g. Retry-After)
+                delay = _delay(then, self.attempt, scope, f"{where}.rules[{rule}].then.delay")
+        except RenderError as exc:
+            then, rule, patches = Then(do="fail"), None, _NO_PATCHES
+            meta, outcome = outcome.meta, Outcome.fail("template_error", str(exc))
+            outcome.meta = meta
+        scope.pop("outcome", None)
+        if shadowed is _NONE:
+            del scope["output"]
+        else:
+            scope["output"] = shadowed
+        return outcome, view, then, rule, patches, delay
+
+    def report(
+        self, task: Task, outcome: Outcome, then: Then, rule: int | None, ran_with: dict[str, Any]
+    ) -> None:
+        """The run's ``task.done``: its outcome, what its policy chose, its captured output and the args it
+        ran with. A secret result is reported as ``***``, and its strings are hidden from everything the
+        pipeline reports from now on."""
+        if outcome.secret:
+            self.secrets = self.secrets | secret_strings(outcome.result)
+            self.hide = Redactor(self.secrets)
+        if self.on_task is not None:
+            meta = outcome.meta
+            payload: dict[str, Any] = {
+                "status": outcome.status,
+                "result": "***" if outcome.secret else outcome.result,
+                "error": outcome.error,
+                "do": then.do,
+                "rule": rule,
+            }  # the run's ids and times are the envelope's (task_run_id, trace_id, timestamps)
+            if "stdout" in meta or "stderr" in meta:
+                payload["output"] = {"stdout": meta.get("stdout", ""), "stderr": meta.get("stderr", "")}
+            if ran_with:  # (what it rendered: a task without args has none to record)
+                payload.update(recorded_args(ran_with))
+            self.on_task("task.done", task, self.out.task_runs, self.attempt, self.hide(payload))
+
+    def keep(self, task: Task, outcome: Outcome, view: Any, patches: _Patches) -> None:
+        """What the run leaves for the tasks after it: its ``set_iter`` and ``set_ctx`` (visible at once),
+        and its result under its name if it succeeded; after an error the name reads what it read before
+        the task ran, not its last run's result."""
+        set_iter, set_ctx = patches
+        scope = self.scope
+        if set_iter:
+            self.iter_scope.update(set_iter)
+            loop = self.inp.step.loop
+            if loop is not None and loop.iterator in set_iter and loop.iterator in self.extras:
+                scope[loop.iterator] = set_iter[loop.iterator]
+        if set_ctx:  # (in parallel iterations too: the iteration that ends last wins, docs/semantics.md)
+            self.ctx.update(set_ctx)
+            layer_ctx(scope, set_ctx, self.extras | self.named)  # ({{ page }} after set_ctx: {page: 2})
+            self.out.ctx_patches.append(set_ctx)
+        name = task.name
+        if outcome.status == "ok":  # (the outcome the policy read: a failed render replaced it)
+            scope[name] = view
+            self.named.add(name)
+            if outcome.secret:
+                self.secret.add(name)
+            else:
+                self.secret.discard(name)
+        else:
+            _forget(scope, self.inp.scope, name)
+            self.named.discard(name)
+            self.secret.discard(name)
+
+    def next_task(self, task: Task, outcome: Outcome, then: Then, rule: int | None) -> int:
+        """Where the pipeline goes after a run it neither retries nor continues from (`run_pipeline` does
+        those): the next task after a ``retry`` whose attempts are spent on a success, a ``jump``'s target,
+        or past the last task when it stops (``break``; ``fail``, and a ``retry`` whose attempts are spent
+        on an error, with `out` saying why). All but a failure hand the run's result on."""
+        tasks = self.inp.step.tasks
+        do = then.do
+        if do == "retry":  # (its attempts spent)
+            if outcome.status == "error":
+                self.out.status, self.out.error = "error", _error(outcome, task)
+                return len(tasks)
+            self.prev = outcome.result
+            return self.pc + 1
+        if do == "jump":
+            self.prev = outcome.result
+            return next((i for i, t in enumerate(tasks) if t.name == then.to), len(tasks))
+        if do == "break":
+            self.prev = outcome.result
+            return len(tasks)
+        self.out.status = "error"  # fail
+        self.out.error = (
+            _error(outcome, task)
+            if outcome.status == "error"
+            else ErrorInfo(
+                kind="policy_fail",
+                retryable=False,
+                task=task.name,
+                message=f"step '{self.inp.step.name}' task '{task.name}': policy rule {rule} chose 'fail'",
+            ).to_dict()
+        )
+        return len(tasks)
+
+    async def save_checkpoint(self, checkpoints: CheckpointStore, target: int) -> None:
+        """A backward jump is a loop inside the pipeline (pagination): remember where it stands, so a
+        redelivered command resumes at this page instead of the first, with the results its tasks read by
+        name (the store keeps large ones out of the record)."""
+        checkpoint = Checkpoint(
+            pc=target,
+            iter=dict(self.iter_scope),
+            prev=self.prev,
+            ctx_patches=list(self.out.ctx_patches),
+            task_runs=self.out.task_runs,
+            results={name: plain(self.scope[name]) for name in self.named},
+        )
+        await checkpoints.save(self.inp.scope_id, checkpoint)
+        self.checkpointed = True
+
+    def result(self) -> PipelineResult:
+        """What the pipeline reports: the result handed on last and, of a pipeline of several tasks that
+        succeeded, its results by task label; a secret read by a task never leaves it in any of it."""
+        out, tasks = self.out, self.inp.step.tasks
+        out.result = self.prev
+        if out.status == "ok" and len(tasks) > 1:
+            out.tasks, out.result_task = _task_results(tasks, self.scope, self.named - self.secret, self.prev)
+        hide = self.hide
+        if hide:
             out.result = hide(out.result)
             out.error = hide(out.error)
             out.ctx_patches = hide(out.ctx_patches)
             out.iter = hide(out.iter)
             out.tasks = hide(out.tasks)
         return out
-    finally:
-        if nested is not None:
-            current_iteration.reset(nested)
-        close_resources(resources)
 
+
+_Patches = tuple[dict[str, Any] | None, dict[str, Any] | None]
+"""A policy's rendered ``set_iter`` and ``set_ctx`` (None: it sets none)."""
+_NO_PATCHES: _Patches = (None, None)
 
 _NONE = object()
 
@@ -381,95 +492,10 @@ def _seconds(value: Any) -> float | None:
     return float(value) if math.isfinite(value) and value >= 0 else None
 
 
-def _render_patches(
-    then: Then, scope: dict[str, Any], where: str
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _render_patches(then: Then, scope: dict[str, Any], where: str) -> _Patches:
     set_iter = render_value(then.set_iter, scope, f"{where}.set_iter") if then.set_iter else None
     set_ctx = render_value(then.set_ctx, scope, f"{where}.set_ctx") if then.set_ctx else None
     return set_iter, set_ctx
-
-
-@dataclass
-class _Workbook:
-    """A ``kind: workbook`` task resolved: the template to run, its spec, its scope, the caller's args."""
-
-    task: Task
-    spec: dict[str, Any]
-    scope: dict[str, Any]
-    args: dict[str, Any]
-
-
-def _resolve_workbook(
-    inp: PipelineInput, task: Task, spec: dict[str, Any], scope: dict[str, Any]
-) -> _Workbook | Outcome:
-    """``kind: workbook`` runs a root workbook template with the caller's rendered ``args`` as ``args``:
-    in the scope its fields render with, and as its tool's ``args`` (`_with_caller_args`)."""
-    name = str(task.config.get("task") or task.name)
-    template = inp.workbook.get(name)
-    if template is None:
-        return Outcome.fail("config_error", f"task '{task.name}': no workbook template '{name}'")
-    try:
-        rendered = render_value(
-            task.config.get("args") or {},
-            scope,
-            f"step '{inp.step.name}' task '{task.name}'.args",
-            as_input=True,
-        )
-    except RenderError as exc:
-        return Outcome.fail("template_error", str(exc))
-    args = rendered if isinstance(rendered, dict) else {"value": rendered}
-    inner = dict(scope)
-    inner["args"] = args
-    return _Workbook(template, merge_layers(template.spec, spec), inner, args)
-
-
-def _with_caller_args(config: dict[str, Any], caller_args: dict[str, Any]) -> dict[str, Any]:
-    """A workbook template's rendered config with the caller's args as its ``args``: the template's own
-    ``args`` (its ``input``; rendered with the caller's as ``args``) are defaults, and the caller's keys
-    win, as in NoETL. Already rendered values are never rendered again. Own ``args`` that render to no
-    mapping are left for its tool to report; a caller without args leaves the config as the template
-    wrote it."""
-    if not caller_args:
-        return config
-    own = config.get("args")
-    if own is None:
-        merged = dict(caller_args)
-    elif isinstance(own, dict):
-        merged = {**own, **caller_args}
-    else:
-        return config
-    return {**config, "args": merged}
-
-
-_MISSING = object()
-
-
-def render_config(
-    config: dict[str, Any], scope: dict[str, Any], where: str, step_input: dict[str, Any] | None
-) -> dict[str, Any]:
-    """A task's config rendered. Its ``args`` (``input:``) render first, with the step's ``input:`` merged
-    over them (the step's keys win); the other fields then read them as ``input`` and, over the step's
-    ``args``, as ``args``. A task without inputs (and a step without) renders in one pass."""
-    if "args" not in config and not step_input:
-        rendered: dict[str, Any] = render_value(config, scope, where)
-        return rendered
-    own = render_value(config["args"], scope, f"{where}.args") if "args" in config else {}
-    if not isinstance(own, dict):  # its tool reports it (a template that rendered to no mapping)
-        return {**render_value({k: v for k, v in config.items() if k != "args"}, scope, where), "args": own}
-    inputs = {**own, **step_input} if step_input else own
-    saved_input, saved_args = scope.get("input", _MISSING), scope.get("args", _MISSING)
-    outer = saved_args if isinstance(saved_args, dict) else {}
-    scope["input"] = inputs
-    scope["args"] = {**outer, **inputs}
-    try:
-        rest = render_value({k: v for k, v in config.items() if k != "args"}, scope, where)
-    finally:
-        for key, saved in (("input", saved_input), ("args", saved_args)):
-            if saved is _MISSING:
-                scope.pop(key, None)
-            else:
-                scope[key] = saved
-    return {**rest, "args": inputs}
 
 
 async def _run_task(
@@ -490,7 +516,7 @@ async def _run_task(
     run_id = task_run_id(inp.scope_id, label, run_no)
     caller_args: dict[str, Any] | None = None
     if task.kind == "workbook":
-        resolved = _resolve_workbook(inp, task, spec, scope)
+        resolved = resolve_workbook(inp.workbook, inp.step.name, task, spec, scope)
         if isinstance(resolved, Outcome):
             resolved.meta = _meta({}, inp, run_id, attempt, 0.0, started_at, started_at)
             return resolved
@@ -512,7 +538,7 @@ async def _run_task(
         else:
             config = json_inputs(task.config, config)  # a tool's input: '{"a": 1}' from a template is {a: 1}
             if caller_args is not None:
-                config = _with_caller_args(config, caller_args)
+                config = with_caller_args(config, caller_args)
             if ran_with is not None and "args" in config:
                 ran_with["args"] = config["args"]
             ctx = ToolContext(

@@ -22,7 +22,7 @@ from noetl_stream.dataplane.cursor import run_cursor_loop, with_ref
 from noetl_stream.dataplane.fitting import EventFitter
 from noetl_stream.dataplane.keychain import CredentialError, resolve_keychain
 from noetl_stream.dataplane.loop_step import run_distributed_iteration, run_list_loop
-from noetl_stream.dataplane.pipeline import PipelineInput, run_pipeline
+from noetl_stream.dataplane.pipeline import PipelineInput, PipelineResult, run_pipeline
 from noetl_stream.dataplane.run_events import RunEvents
 from noetl_stream.dataplane.task_events import TASK_EVENTS_INFORMATIVE, TaskEvents
 from noetl_stream.dsl.scope import build_scope
@@ -200,10 +200,43 @@ class CommandRun:
             self.fail(error)
 
     async def run(self) -> None:
+        """Run the command's step: its results by reference fetched, its scope built with its keychain
+        entries and its ``input:``, then one distributed iteration, or ``step.started`` and a loop or the
+        pipeline, which write the step's boundary (a failure before the step runs writes its own)."""
         cmd = self.cmd
-        step = cmd.step_def
-        # Results by reference, at any depth: what the step reads, its args, a distributed iteration's
-        # item and a large outer iteration (children.py). One encode each when there are none (kv/refs.py).
+        await self._resolve_refs()
+        scope = build_scope(
+            workload=cmd.workload,
+            ctx=cmd.ctx,
+            execution_id=cmd.execution_id,
+            args=cmd.args,
+            results=cmd.results,
+            result_meta=cmd.result_meta,
+        )
+        base = self._pipeline_input(scope)
+        if cmd.keychain:
+            with_keychain = await self._resolve_keychain(base, scope)
+            if with_keychain is None:
+                return
+            base = with_keychain
+        if cmd.step_def.input and not self._render_input(scope):
+            return
+        if cmd.iteration is not None:
+            await run_distributed_iteration(self, base)
+            return
+        self._step_started()
+        loop = cmd.step_def.loop
+        if loop is not None:
+            await (run_cursor_loop(self, base) if loop.cursor is not None else run_list_loop(self, base))
+            return
+        with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
+            res = await run_pipeline(base, self.task_hook(cmd.step_run_id))
+        self._step_ended(res)
+
+    async def _resolve_refs(self) -> None:
+        """Results by reference, at any depth: what the step reads, its args, a distributed iteration's
+        item and a large outer iteration (children.py). One encode each when there are none (kv/refs.py)."""
+        cmd = self.cmd
         # (`may_hold_refs` first: no coroutine for what holds none, the usual case)
         fetch, fetched = self.parts.results.get, dict[str, Any]()
         if cmd.results and may_hold_refs(cmd.results):
@@ -216,17 +249,13 @@ class CommandRun:
             cmd.iteration.item = await resolve_refs(cmd.iteration.item, fetch, fetched)
         if cmd.parent_iter is not None:
             cmd.parent_iter = await resolve_refs(cmd.parent_iter, fetch, fetched)
-        scope = build_scope(
-            workload=cmd.workload,
-            ctx=cmd.ctx,
+
+    def _pipeline_input(self, scope: dict[str, Any]) -> PipelineInput:
+        """What the step's pipeline runs with (a loop's iterations too, each with its own ``iter``)."""
+        cmd = self.cmd
+        return PipelineInput(
             execution_id=cmd.execution_id,
-            args=cmd.args,
-            results=cmd.results,
-            result_meta=cmd.result_meta,
-        )
-        base = PipelineInput(
-            execution_id=cmd.execution_id,
-            step=step,
+            step=cmd.step_def,
             scope=scope,
             executor_spec=cmd.executor_spec,
             services=self.parts.services,
@@ -247,45 +276,55 @@ class CommandRun:
             iter={"parent": cmd.parent_iter} if cmd.parent_iter is not None else None,
             iteration_total=cmd.iteration.total if cmd.iteration is not None else None,
         )
-        run_id = cmd.step_run_id
-        if cmd.keychain:
-            try:
-                resolved, secrets = await resolve_keychain(cmd.keychain, self.parts.services)
-            except CredentialError as exc:
-                self.fail(_credential_error(exc))
-                return
-            scope["keychain"] = resolved
-            # `auth: <name>` of a task resolves the step's declarations first, as templates do.
-            base = replace(base, secrets=frozenset(secrets), services=self.parts.services.declaring(resolved))
-        if step.input:
-            # The step's own inputs (dialect `input:`), rendered once per step run before anything else.
-            try:
-                rendered = render_value(step.input, scope, f"step '{step.name}' input", as_input=True)
-            except RenderError as exc:
-                self.event(
-                    E.STEP_FAILED,
-                    "step",
-                    run_id,
-                    "error",
-                    run_id,
-                    {"error": ErrorInfo(kind="template_error", retryable=False, message=str(exc)).to_dict()},
-                )
-                return
-            scope["input"] = rendered
-            if isinstance(rendered, dict):
-                scope["args"] = {**scope.get("args", {}), **rendered}
-        if cmd.iteration is not None:
-            await run_distributed_iteration(self, base)
-            return
+
+    async def _resolve_keychain(self, base: PipelineInput, scope: dict[str, Any]) -> PipelineInput | None:
+        """The step's keychain entries resolved: ``keychain`` in its scope, their values secret, and an
+        ``auth: <name>`` of a task resolving the step's declarations first, as templates do. None when one
+        cannot be resolved: the step failed."""
+        try:
+            resolved, secrets = await resolve_keychain(self.cmd.keychain, self.parts.services)
+        except CredentialError as exc:
+            self.fail(_credential_error(exc))
+            return None
+        scope["keychain"] = resolved
+        return replace(base, secrets=frozenset(secrets), services=self.parts.services.declaring(resolved))
+
+    def _render_input(self, scope: dict[str, Any]) -> bool:
+        """The step's own inputs (dialect ``input:``), rendered once per step run before anything else:
+        ``input`` in its scope, and over its ``args`` when a mapping. False when they do not render: the
+        step failed."""
+        step, run_id = self.cmd.step_def, self.cmd.step_run_id
+        try:
+            rendered = render_value(step.input, scope, f"step '{step.name}' input", as_input=True)
+        except RenderError as exc:
+            self.event(
+                E.STEP_FAILED,
+                "step",
+                run_id,
+                "error",
+                run_id,
+                {"error": ErrorInfo(kind="template_error", retryable=False, message=str(exc)).to_dict()},
+            )
+            return False
+        scope["input"] = rendered
+        if isinstance(rendered, dict):
+            scope["args"] = {**scope.get("args", {}), **rendered}
+        return True
+
+    def _step_started(self) -> None:
+        """``step.started``: the pool that runs it, and which delivery of its command this is after the
+        first."""
+        cmd = self.cmd
         started: dict[str, Any] = {"pool": cmd.pool}
         if self.redelivered:
             started["delivery"] = self.delivery
-        self.event(E.STEP_STARTED, "step", run_id, "in_progress", run_id, started)
-        if step.loop is not None:
-            await (run_cursor_loop(self, base) if step.loop.cursor is not None else run_list_loop(self, base))
-            return
-        with in_iteration(cmd.parent_iter):  # not a loop: its children nest in the same outer iteration
-            res = await run_pipeline(base, self.task_hook(run_id))
+        self.event(E.STEP_STARTED, "step", cmd.step_run_id, "in_progress", cmd.step_run_id, started)
+
+    def _step_ended(self, res: PipelineResult) -> None:
+        """The step's boundary after its pipeline: ``step.done`` with its result, its ctx patches and (of a
+        pipeline of several tasks) its results by task label, or ``step.failed`` with its error."""
+        cmd = self.cmd
+        run_id = cmd.step_run_id
         self.settle(run_id, res.status == "ok")
         if res.status == "ok":
             done: dict[str, Any] = {"result": with_ref(cmd, res.result), "ctx_patches": res.ctx_patches}

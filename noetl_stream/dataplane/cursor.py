@@ -188,8 +188,7 @@ async def run_cursor_loop(run: CommandRun, base: PipelineInput) -> None:
         run.settle(sid, name == E.LOOP_ITERATION_DONE)
         status = "success" if name == E.LOOP_ITERATION_DONE else "error"
         run.event(name, "loop", sid, status, sid, {"index": index, **payload})
-        if name == E.LOOP_ITERATION_DONE:  # recorded at once: a redelivery skips it
-            await run.events.send_pending_now()
+        await run.events.record()  # recorded before its slot takes the next row: a redelivery skips it
 
     while True:
         if not frame:

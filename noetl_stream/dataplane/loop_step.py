@@ -131,9 +131,10 @@ async def run_list_loop(run: CommandRun, base: PipelineInput) -> None:
             name, "error"
         )
         run.event(name, "loop", sid, status, sid, {"index": index, **payload})
-        if name == E.LOOP_ITERATION_DONE:
-            # Recorded at once: a redelivered command skips the iterations its events show as done.
-            await run.events.send_pending_now()
+        if name != E.LOOP_ITERATION_STARTED:
+            # Recorded before its slot takes the next item (with the others finishing in this turn): a
+            # redelivered command skips the iterations its events show as done.
+            await run.events.record()
 
     completed = await completed_iterations(run) if run.redelivered else None
 

@@ -70,7 +70,7 @@ async def read_events(
     a fold without it is the live projection, and one bad message does not stop an execution's resume.
     """
     wanted = None if names is None else frozenset(names)
-    carried_wanted = wanted is None or bool(wanted & E.CARRIED_EVENTS)
+    carried_wanted = wanted is None or bool(wanted & E.MAY_BE_CARRIED)
     filters = _filters(topology, execution_id, None if wanted is None else subject_names(wanted))
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
@@ -152,6 +152,8 @@ async def scan(
     buffered beyond what ``on_event`` keeps (it runs as each message arrives, under flow control).
     Raises `HistoryReadError` when no message arrives for ``idle_timeout_s`` before the end.
     """
+    # (A distributed loop's iteration boundaries, which the controller scans, are never carried: only a
+    # local loop's are, `E.ITERATION_EVENTS`; a scan for those is a local loop's, which none makes.)
     if names is not None and frozenset(names) & E.CARRIED_EVENTS:
         raise ValueError("scan reads stored messages: events that may be carried are read with read_events")
     filters = _filters(topology, execution_id, names)

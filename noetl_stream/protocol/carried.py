@@ -4,7 +4,10 @@ A noop step run writes four worker events: ``step.started``, ``task.started``, `
 ``step.done``. A step run that ends before they are published (the usual case: the worker publishes a
 command's events when it ends, or every ``PROGRESS_EVERY_S`` while it runs) sends the first three inside
 the boundary's message, in its ``carried`` list (`wire.Event`): one stored message instead of four; a
-loop iteration's boundary carries its task events alike. Each carried event is a whole event, with its
+loop iteration's boundary carries its task events alike. A local loop's iteration records are published
+by batches, those finished in one turn of the event loop at a time (`RunEvents.record`): the batch's last
+iteration boundary carries the rest of it, the earlier iterations' starts and boundaries too
+(`ITERATIONS_MAX_BYTES`); a distributed loop's iteration boundaries, which the controller folds, never are. Each carried event is a whole event, with its
 own id and the time it happened; nothing about it changes but where it is stored. The controller folds
 the boundary and never looks at what it carries. Which names each carrier carries: `E.CARRIED_BY` (the
 controller's own events are never carried: see there).
@@ -35,51 +38,67 @@ log = structlog.get_logger(__name__)
 
 CARRY_MAX_BYTES = 8 * 1024
 """The most bytes of events one boundary carries; the earlier events are published on their own."""
-MAX_CARRIED = 64
-"""The most events a reader takes out of one message: a writer carries at most `CARRY_MAX_BYTES` of them
-(each a few hundred bytes at least), so a message with more was forged (a flood of tiny records would
-otherwise make one stored message a page no reader can return)."""
+ITERATIONS_MAX_BYTES = 64 * 1024
+"""The most bytes of events a local loop's batch of iteration records carries (`RunEvents.record`)."""
+MAX_CARRIED = 256
+"""The most events one message carries, and a reader takes out of one: a message with more was forged (a
+flood of tiny records would otherwise make one stored message a page no reader can return)."""
 
 
-def carry(ready: list[tuple[Event, bytes]], max_message_bytes: int) -> list[tuple[Event, bytes]]:
+def carry(
+    ready: list[tuple[Event, bytes]], max_message_bytes: int, carry_max_bytes: int = CARRY_MAX_BYTES
+) -> list[tuple[Event, bytes]]:
     """``ready`` (events in publishing order, each with its encoding) with each carrier's carried events
     moved into its message: the longest run right before it of the names it carries (`E.CARRIED_BY`),
-    from the same execution, source and step run, within
-    `CARRY_MAX_BYTES` and with the carrier within ``max_message_bytes``. The same list (the same object)
-    when there is nothing to carry. Deterministic: the same events give the same messages, so a publish
-    retried after a crash has the same ``Nats-Msg-Id``s."""
+    from the same execution, source and step run, within `carry_max_bytes` and with the carrier within
+    ``max_message_bytes``. A carrier formed earlier in the same list is taken whole, flattened (what it
+    carries, then itself), when the later one may carry all of it: a local loop's batch of iterations is
+    one message. The same list (the same object) when there is nothing to carry. Deterministic: the same
+    events give the same messages, so a publish retried after a crash has the same ``Nats-Msg-Id``s."""
     if len(ready) < 2:
         return ready
     out: list[tuple[Event, bytes]] = []
+    held: list[list[tuple[Event, bytes]]] = []
+    """For each message of `out`, the events it holds in order, each as it was given (uncarried)."""
     for ev, data in ready:
         names = E.CARRIED_BY.get(ev.name)
         if names is None or ev.carried or not out:
             out.append((ev, data))
+            held.append([(ev, data)])
             continue
         start = end = len(out)
-        size = 0
-        room = min(CARRY_MAX_BYTES, max_message_bytes - len(data) - 32)  # (32: the field's name)
-        while start > 0 and end - start < MAX_CARRIED:
-            before, before_data = out[start - 1]
-            if (
-                before.name not in names
-                or before.carried
-                or before.execution_id != ev.execution_id
-                or before.source != ev.source
-                or before.step_run_id != ev.step_run_id
-            ):
+        size = count = 0
+        room = min(carry_max_bytes, max_message_bytes - len(data) - 32)  # (32: the field's name)
+        while start > 0:
+            group = held[start - 1]
+            if not all(_carries(ev, names, before) for before, _ in group):
                 break
-            size += len(before_data) + 1  # (a comma between them)
-            if size > room:
+            group_size = sum(len(d) + 1 for _, d in group)  # (a comma between them)
+            if size + group_size > room or count + len(group) > MAX_CARRIED:
                 break
+            size, count = size + group_size, count + len(group)
             start -= 1
         if start == end:
             out.append((ev, data))
+            held.append([(ev, data)])
             continue
-        carrier = msgspec.structs.replace(ev, carried=[msgspec.Raw(d) for _, d in out[start:end]])
-        del out[start:]
+        records = [item for group in held[start:end] for item in group]
+        carrier = msgspec.structs.replace(ev, carried=[msgspec.Raw(d) for _, d in records])
+        del out[start:], held[start:]
         out.append((carrier, encode(carrier)))
+        held.append([*records, (ev, data)])
     return out if len(out) < len(ready) else ready
+
+
+def _carries(carrier: Event, names: frozenset[str], before: Event) -> bool:
+    """Whether `carrier` may carry `before` (an event as given, written before it)."""
+    return (
+        before.name in names
+        and not before.carried
+        and before.execution_id == carrier.execution_id
+        and before.source == carrier.source
+        and before.step_run_id == carrier.step_run_id
+    )
 
 
 def expand(event: Event) -> list[Event]:
@@ -124,7 +143,7 @@ def subject_names(names: Iterable[str]) -> frozenset[str]:
     """The event names whose subjects hold the events named ``names``: a carried name's event may be
     stored inside a carrier's message."""
     wanted = frozenset(names)
-    if not wanted & E.CARRIED_EVENTS:
+    if not wanted & E.MAY_BE_CARRIED:
         return wanted
     return wanted | {carrier for carrier, carried in E.CARRIED_BY.items() if wanted & carried}
 

@@ -80,10 +80,18 @@ WORKER_EVENTS: Final = frozenset(
 # controller of an older release resuming an execution would not see a carried effect as stored, and
 # would write it again; and carrying `next.evaluated` in `step.scheduled` measured no faster.)
 CARRIED_EVENTS: Final = frozenset({STEP_STARTED, TASK_STARTED, TASK_DONE})
-CARRIED_BY: Final = dict.fromkeys(
-    (STEP_DONE, STEP_FAILED, LOOP_DONE, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED), CARRIED_EVENTS
-)
+# A local loop's iteration records, written by batches (one message per few milliseconds of iterations):
+# the last iteration boundary of a batch carries the batch's earlier records, its iterations' starts and
+# boundaries too. Only a local loop's: the controller folds a distributed loop's iteration boundaries, so
+# those are never carried (`history.scan` reads them as stored messages).
+ITERATION_EVENTS: Final = frozenset({LOOP_ITERATION_STARTED, LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED})
+CARRIED_BY: Final = {
+    **dict.fromkeys((STEP_DONE, STEP_FAILED, LOOP_DONE), CARRIED_EVENTS),
+    **dict.fromkeys((LOOP_ITERATION_DONE, LOOP_ITERATION_FAILED), CARRIED_EVENTS | ITERATION_EVENTS),
+}
 CARRIERS: Final = frozenset(CARRIED_BY)
+MAY_BE_CARRIED: Final = frozenset().union(*CARRIED_BY.values())
+"""Every name that may be stored inside another event's message (readers by name read the carriers too)."""
 
 # Terminal boundary events of a step run: the controller evaluates `next` arcs on these.
 BOUNDARY_EVENTS: Final = frozenset({STEP_DONE, STEP_FAILED, LOOP_DONE})

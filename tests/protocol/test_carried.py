@@ -19,6 +19,7 @@ from noetl_stream.kv.history import read_events, scan
 from noetl_stream.protocol import events as E
 from noetl_stream.protocol.carried import (
     CARRY_MAX_BYTES,
+    ITERATIONS_MAX_BYTES,
     MAX_CARRIED,
     carry,
     decode_all,
@@ -304,10 +305,80 @@ async def test_distributed_iterations_carry_their_task_events(runtime: Runtime, 
     ]
     assert len(r.named(E.TASK_DONE)) == 3 and len(r.named(E.TASK_STARTED)) == 3
     assert (await count_by_execution(js, topology, E.TASK_DONE)).get(eid, 0) == 0
+    # each boundary a message of its own: the controller folds them (never carried, unlike a local loop's)
+    assert (await count_by_execution(js, topology, E.LOOP_ITERATION_DONE))[eid] == 2
+    assert (await count_by_execution(js, topology, E.LOOP_ITERATION_FAILED))[eid] == 1
     for end in ends:  # each iteration's task events, right before its boundary
         i = r.events.index(end)
         assert [e.name for e in r.events[i - 2 : i]] == [E.TASK_STARTED, E.TASK_DONE]
         assert r.events[i - 1].payload["status"] == ("ok" if end.name == E.LOOP_ITERATION_DONE else "error")
+    diffs, _ = await verify(js, topology, eid)
+    assert diffs == []
+
+
+def iteration(index: int, end: str = E.LOOP_ITERATION_DONE) -> list[Event]:
+    """One local-loop iteration's events (start-1 is the loop step's run)."""
+    scope = f"start-1.{index}"
+    events = [event(E.LOOP_ITERATION_STARTED), event(E.TASK_STARTED), event(E.TASK_DONE), event(end)]
+    return [msgspec.structs.replace(e, entity_id=scope, event_id=f"{e.event_id}.{index}") for e in events]
+
+
+def test_a_batch_of_local_iterations_is_one_message_holding_them_all_in_order() -> None:
+    events = iteration(0) + iteration(1, E.LOOP_ITERATION_FAILED) + iteration(2)
+    (message,) = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES)
+    carrier, data = message
+    assert carrier.event_id == events[-1].event_id and len(carrier.carried) == len(events) - 1
+    assert expand(decode_event(data)) == events
+    assert decode_all(data) == events
+
+
+def test_a_loops_end_carries_no_iteration_records() -> None:
+    events = [*iteration(0), event(E.LOOP_DONE)]
+    out = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES)
+    assert [e.name for e, _ in out] == [E.LOOP_ITERATION_DONE, E.LOOP_DONE]
+    assert [e for m, _ in out for e in expand(m)] == events
+
+
+def test_a_batch_of_iterations_stays_within_its_bytes_and_count() -> None:
+    events = [e for i in range(100) for e in iteration(i)]
+    out = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES)
+    assert 1 < len(out) < 100
+    for message, _ in out:
+        assert len(message.carried) <= MAX_CARRIED
+        assert sum(len(r) + 1 for r in message.carried) <= ITERATIONS_MAX_BYTES
+        assert message.name == E.LOOP_ITERATION_DONE
+    assert [e for m, _ in out for e in expand(m)] == events
+    # the default bytes of a step's boundary: batches of a few iterations
+    assert len(carry(ready(*events), LIMIT)) > len(out)
+
+
+async def test_a_parallel_local_loop_stores_its_iterations_in_few_messages(
+    runtime: Runtime, no_progress: None
+) -> None:
+    items = 60
+    r = await run(
+        runtime,
+        playbook(
+            f"""
+            - step: start
+              loop:
+                in: "{{{{ range({items}) | list }}}}"
+                iterator: n
+                spec: {{mode: parallel, max_in_flight: 20}}
+              tool: {{kind: noop, result: "{{{{ iter.n * 2 }}}}"}}
+            """
+        ),
+    )
+    assert r.status == "success" and r.result == [n * 2 for n in range(items)], r.summary.error
+    js, topology = runtime.nc.jetstream(), runtime.topology
+    eid = r.summary.execution_id
+    stored = 0
+    for name in (E.LOOP_ITERATION_STARTED, E.LOOP_ITERATION_DONE, E.TASK_STARTED, E.TASK_DONE):
+        stored += (await count_by_execution(js, topology, name)).get(eid, 0)
+    assert stored < items  # four records per iteration, 4 * items before batches
+    done = [e async for _, e in read_events(js, topology, eid, names=(E.LOOP_ITERATION_DONE,))]
+    assert sorted(e.payload["index"] for e in done) == list(range(items))
+    assert len(r.named(E.LOOP_ITERATION_STARTED)) == len(r.named(E.TASK_DONE)) == items
     diffs, _ = await verify(js, topology, eid)
     assert diffs == []
 

@@ -24,6 +24,7 @@ a JSON string's escapes, the token of an ``Authorization: Basic`` header), since
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -349,7 +350,27 @@ def _basic_tokens(fields: Mapping[str, Any]) -> set[str]:
 def secret_strings(value: Any) -> set[str]:
     """The strings to redact for a secret value: a mapping's secret values as in `secret_values` (else
     every leaf), each also in its URL-encoded forms (`encoded_forms`), and the token of the Basic
-    authorization header a mapping's user name and password make."""
+    authorization header a mapping's user name and password make.
+
+    Remembered by the value's JSON (`SECRETS_REMEMBERED` of them): a loop's tasks ask for the same
+    credential's every time."""
+    try:
+        key = msgspec.json.encode(value)
+    except (TypeError, ValueError):  # (not JSON: worked out each time)
+        return _secret_strings(value)
+    known = _SECRETS.get(key)
+    if known is None:
+        if len(_SECRETS) >= SECRETS_REMEMBERED:
+            _SECRETS.clear()
+        known = _SECRETS[key] = frozenset(_secret_strings(value))
+    return set(known)
+
+
+SECRETS_REMEMBERED = 256
+_SECRETS: dict[bytes, frozenset[str]] = {}
+
+
+def _secret_strings(value: Any) -> set[str]:
     fields = value if isinstance(value, Mapping) else {"value": value}
     out = _basic_tokens(fields)
     for secret in secret_values(fields):
@@ -404,4 +425,10 @@ class Redactor:
 
 def redact(obj: Any, secrets: Iterable[str]) -> Any:
     """A copy of `obj` with every secret value replaced by ``"***"`` (`Redactor`)."""
-    return Redactor(secrets)(obj)
+    return redactor(frozenset(secrets))(obj)
+
+
+@functools.lru_cache(maxsize=256)
+def redactor(secrets: frozenset[str]) -> Redactor:
+    """The `Redactor` of `secrets`, built once (its pattern compiled once) for every task that hides them."""
+    return Redactor(secrets)

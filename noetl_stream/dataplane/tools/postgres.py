@@ -49,6 +49,7 @@ join's two ``id`` columns) is a ``pg_error`` naming them, never a row that silen
 from __future__ import annotations
 
 import decimal
+import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -343,7 +344,7 @@ def _pool_size(spec: Mapping[str, Any]) -> int:
 
 async def _pool(ctx: ToolContext, connect: dict[str, Any], connect_timeout: float | None, size: int) -> Any:
     # One pool per credential and size: a task asking for another size gets a pool of its own.
-    fingerprint = hashlib.sha256(msgspec.json.encode([sorted(connect.items()), size])).hexdigest()[:24]
+    fingerprint = _fingerprint(msgspec.json.encode([sorted(connect.items()), size]))
 
     async def create() -> Any:
         kwargs: dict[str, Any] = dict(connect)
@@ -356,6 +357,12 @@ async def _pool(ctx: ToolContext, connect: dict[str, Any], connect_timeout: floa
 
     assert ctx.services is not None
     return await ctx.services.get_or_create(f"postgres.pool.{fingerprint}", create, close)
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(settings: bytes) -> str:
+    """The pool's key: a digest of its connection settings (a password is in them), worked out once."""
+    return hashlib.sha256(settings).hexdigest()[:24]
 
 
 def _rowcount(status: str) -> int:

@@ -219,6 +219,33 @@ def _claimed_id(raw: bytes) -> str | None:
         return None
 
 
+def _requested_event(
+    execution_id: str, request: ExecutionRequest, pinned: dict[str, Any], error: dict[str, Any] | None
+) -> Event:
+    """``playbook.execution.requested``: the request as it will run (its playbook's text, its depth and
+    DSL extensions fixed), what it `pinned` of a catalog entry, and what this intake decided for it."""
+    return make_event(
+        execution_id,
+        E.EXECUTION_REQUESTED,
+        source="server",
+        entity_type="playbook",
+        entity_id=request.path or request.file or "<playbook>",
+        status="in_progress",
+        scope="execution",
+        payload={
+            "request": msgspec.to_builtins(request),
+            **pinned,
+            # Where steps naming no pool run (`ExecutionState.pool`). Recorded by this intake, not
+            # read from the request: requests stored before the pool was honoured replay as they ran.
+            **({"pool": request.pool} if request.pool else {}),
+            # That this controller resolves a declared keychain before the workflow starts: requests
+            # stored before it did replay as they ran (`control/core/keychaincheck.py`).
+            **({"rejected": error} if error else {CHECK_FLAG: True}),
+        },
+        trace_id=request.trace_id,
+    )
+
+
 class Intake:
     def __init__(
         self,
@@ -467,63 +494,72 @@ class Intake:
                 execution_id, ErrorInfo(kind="bad_request", message=str(exc)).to_dict()
             )
         execution_id = request.execution_id or _make(default_id)
-        pinned: dict[str, Any] = {}
         extensions = {*request.extensions, *self.extensions}
         if request.parent_execution_id is not None:
-            parent = await self._parent(request.parent_execution_id)
-            depth = parent.depth + 1 if parent.depth >= 0 else max(request.depth, 1)
-            problem = self._child_problem(request, parent, depth)
-            if problem is not None:
+            child = await self._as_child(request)
+            if isinstance(child, dict):  # why it must not run
                 entity = _short(request.file or request.path or "<request>")
-                return await self._reject_new(execution_id, problem, entity, request.trace_id)
-            extensions.update(parent.extensions)
-            if request.playbook is not None and request.file:  # shipped with the parent: its references
-                attachments = rebase_attachments(request.attachments, request.file)
-                request = msgspec.structs.replace(request, depth=depth, attachments=attachments)
-            else:
-                request = msgspec.structs.replace(request, depth=depth)
+                return await self._reject_new(execution_id, child, entity, request.trace_id)
+            request, parent_extensions = child
+            extensions.update(parent_extensions)
         elif request.depth:
             request = msgspec.structs.replace(request, depth=0)  # a root, whatever it says
+        pinned: dict[str, Any] = {}
         if request.playbook is None:
             assert request.path is not None
-            try:
-                entry, text, registered = await self.catalog.resolve_for_run(request.path, request.version)
-            except (CatalogNotFoundError, CatalogError, msgspec.DecodeError) as exc:
-                kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
-                message = str(exc)
-                if isinstance(exc, msgspec.DecodeError):  # a key of the bucket written by something else
-                    message = (
-                        f"the catalog entry of {request.path!r} cannot be read ({exc}): register it again"
-                    )
-                unknown = ErrorInfo(kind=kind, message=_short(message)).to_dict()
-                return await self._reject_new(execution_id, unknown, _short(request.path), request.trace_id)
-            request = msgspec.structs.replace(request, playbook=text, version=entry.version)
-            pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
-            pinned = {"catalog": pin}
+            found = await self._from_catalog(request)
+            if isinstance(found, dict):  # no such entry, or one that cannot be read
+                return await self._reject_new(execution_id, found, _short(request.path), request.trace_id)
+            request, pinned, registered = found
             extensions.update(registered)
         if sorted(extensions) != request.extensions:
             request = msgspec.structs.replace(request, extensions=sorted(extensions))
         error = await self._check_playbook(request)
-        requested = make_event(
-            execution_id,
-            E.EXECUTION_REQUESTED,
-            source="server",
-            entity_type="playbook",
-            entity_id=request.path or request.file or "<playbook>",
-            status="in_progress",
-            scope="execution",
-            payload={
-                "request": msgspec.to_builtins(request),
-                **pinned,
-                # Where steps naming no pool run (`ExecutionState.pool`). Recorded by this intake, not
-                # read from the request: requests stored before the pool was honoured replay as they ran.
-                **({"pool": request.pool} if request.pool else {}),
-                # That this controller resolves a declared keychain before the workflow starts: requests
-                # stored before it did replay as they ran (`control/core/keychaincheck.py`).
-                **({"rejected": error} if error else {CHECK_FLAG: True}),
-            },
-            trace_id=request.trace_id,
+        return await self._publish_requested(
+            execution_id, _requested_event(execution_id, request, pinned, error), error
         )
+
+    async def _as_child(
+        self, request: ExecutionRequest
+    ) -> tuple[ExecutionRequest, list[str]] | dict[str, Any]:
+        """A child playbook's request with its depth below its parent (and its attachments keyed for its own
+        file, when it was shipped with the parent), and the parent's DSL extensions (a child is compiled
+        like its parent); or why it must not run (`_child_problem`)."""
+        assert request.parent_execution_id is not None
+        parent = await self._parent(request.parent_execution_id)
+        depth = parent.depth + 1 if parent.depth >= 0 else max(request.depth, 1)
+        problem = self._child_problem(request, parent, depth)
+        if problem is not None:
+            return problem
+        if request.playbook is not None and request.file:  # shipped with the parent: its references
+            attachments = rebase_attachments(request.attachments, request.file)
+            return msgspec.structs.replace(request, depth=depth, attachments=attachments), parent.extensions
+        return msgspec.structs.replace(request, depth=depth), parent.extensions
+
+    async def _from_catalog(
+        self, request: ExecutionRequest
+    ) -> tuple[ExecutionRequest, dict[str, Any], tuple[str, ...]] | dict[str, Any]:
+        """A request naming a catalog ``path`` (and ``version``) with the entry's text and version, what
+        the requested event pins of it (``catalog``: path, version, content hash) and the DSL extensions
+        it was registered with; or the error when there is no such entry or it cannot be read."""
+        assert request.path is not None
+        try:
+            entry, text, registered = await self.catalog.resolve_for_run(request.path, request.version)
+        except (CatalogNotFoundError, CatalogError, msgspec.DecodeError) as exc:
+            kind = "unknown_playbook" if isinstance(exc, CatalogNotFoundError) else "bad_request"
+            message = str(exc)
+            if isinstance(exc, msgspec.DecodeError):  # a key of the bucket written by something else
+                message = f"the catalog entry of {request.path!r} cannot be read ({exc}): register it again"
+            return ErrorInfo(kind=kind, message=_short(message)).to_dict()
+        request = msgspec.structs.replace(request, playbook=text, version=entry.version)
+        pin = {"path": entry.path, "version": entry.version, "content_hash": entry.content_hash}
+        return request, {"catalog": pin}, registered
+
+    async def _publish_requested(
+        self, execution_id: str, requested: Event, error: dict[str, Any] | None
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Publish the requested event on the condition that the execution is not decided yet; answer
+        with what was decided if it is. A request too large to record is rejected instead."""
         data = encode(requested)
         if len(data) + HEADER_ROOM > self.nc.max_payload:
             # The server would refuse the event: reject the request (its rejection is small) instead.
@@ -533,7 +569,7 @@ class Intake:
                 f"most {self.nc.max_payload - HEADER_ROOM} (register a large playbook in the catalog, pass large inputs "
                 "by reference)",
             ).to_dict()
-            return await self._reject_new(execution_id, too_large, trace_id=request.trace_id)
+            return await self._reject_new(execution_id, too_large, trace_id=requested.trace_id)
         outbox = Outbox(self.js, self.topology)
         outbox.event(requested, data, new_on=self.topology.execution_claim_filter(execution_id))
         try:

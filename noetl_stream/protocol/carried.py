@@ -57,48 +57,61 @@ def carry(
     events give the same messages, so a publish retried after a crash has the same ``Nats-Msg-Id``s."""
     if len(ready) < 2:
         return ready
-    out: list[tuple[Event, bytes]] = []
-    held: list[list[tuple[Event, bytes]]] = []
-    """For each message of `out`, the events it holds in order, each as it was given (uncarried)."""
+    out: list[_Held] = []
     for ev, data in ready:
         names = E.CARRIED_BY.get(ev.name)
         if names is None or ev.carried or not out:
-            out.append((ev, data))
-            held.append([(ev, data)])
+            out.append(_Held(ev, data))
             continue
+        key = (ev.execution_id, ev.source, ev.step_run_id)
         start = end = len(out)
         size = count = 0
         room = min(carry_max_bytes, max_message_bytes - len(data) - 32)  # (32: the field's name)
         while start > 0:
-            group = held[start - 1]
-            if not all(_carries(ev, names, before) for before, _ in group):
+            group = out[start - 1]
+            if group.key != key or not group.names <= names:
                 break
-            group_size = sum(len(d) + 1 for _, d in group)  # (a comma between them)
-            if size + group_size > room or count + len(group) > MAX_CARRIED:
+            if size + group.size > room or count + len(group.records) > MAX_CARRIED:
                 break
-            size, count = size + group_size, count + len(group)
+            size, count = size + group.size, count + len(group.records)
             start -= 1
         if start == end:
-            out.append((ev, data))
-            held.append([(ev, data)])
+            out.append(_Held(ev, data))
             continue
-        records = [item for group in held[start:end] for item in group]
-        carrier = msgspec.structs.replace(ev, carried=[msgspec.Raw(d) for _, d in records])
-        del out[start:], held[start:]
-        out.append((carrier, encode(carrier)))
-        held.append([*records, (ev, data)])
-    return out if len(out) < len(ready) else ready
+        merged = out[start]  # taken whole: what it holds, then the others, then this carrier
+        for group in out[start + 1 : end]:
+            merged.records += group.records
+            merged.names |= group.names
+        merged.records.append((ev, data))
+        merged.names |= {ev.name}
+        merged.size = size + len(data) + 1
+        merged.key = key
+        del out[start + 1 :]
+    if len(out) == len(ready):
+        return ready
+    return [group.message() for group in out]
 
 
-def _carries(carrier: Event, names: frozenset[str], before: Event) -> bool:
-    """Whether `carrier` may carry `before` (an event as given, written before it)."""
-    return (
-        before.name in names
-        and not before.carried
-        and before.execution_id == carrier.execution_id
-        and before.source == carrier.source
-        and before.step_run_id == carrier.step_run_id
-    )
+class _Held:
+    """One message of `carry`'s output: the events it holds, each as it was given (uncarried), the last
+    its carrier; and what a later carrier needs to know to take it whole: their names, their bytes, and
+    whose they are (None when one is a carrier given as such: it is never carried)."""
+
+    __slots__ = ("key", "names", "records", "size")
+
+    def __init__(self, ev: Event, data: bytes) -> None:
+        self.records = [(ev, data)]
+        self.names = frozenset((ev.name,))
+        self.size = len(data) + 1  # (a comma between them)
+        self.key = None if ev.carried else (ev.execution_id, ev.source, ev.step_run_id)
+
+    def message(self) -> tuple[Event, bytes]:
+        """The message: the carrier, carrying the others."""
+        if len(self.records) == 1:
+            return self.records[0]
+        ev = self.records[-1][0]
+        carrier = msgspec.structs.replace(ev, carried=[msgspec.Raw(d) for _, d in self.records[:-1]])
+        return carrier, encode(carrier)
 
 
 def expand(event: Event) -> list[Event]:

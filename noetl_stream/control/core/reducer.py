@@ -22,9 +22,11 @@ from noetl_stream.control.core.effects import (
 )
 from noetl_stream.control.core.items import ItemsMissingError, LoopItems
 from noetl_stream.control.core.keychaincheck import CHECK_FLAG, check_command
+from noetl_stream.control.core.plan import Plan
 from noetl_stream.control.core.plans import PlanCache
 from noetl_stream.control.core.state import ExecutionState
 from noetl_stream.control.core.transitions import Run as _Run
+from noetl_stream.dsl.diagnostics import Diagnostic
 from noetl_stream.dsl.scope import render_workload
 from noetl_stream.dsl.templates import RenderError
 from noetl_stream.errors import NoetlError
@@ -155,6 +157,9 @@ class Reducer:
 
     # -- request ----------------------------------------------------------------------------------
     def _start(self, event: Event, fx: Effects) -> ExecutionState:
+        """A recorded request (``playbook.execution.requested``): the execution's state and what starts
+        it, ``playbook.request.evaluated`` and then the workflow; a keychain check first when the request
+        asks for one; only the given steps for a retry. Its rejection instead, when it cannot run."""
         eid = event.execution_id
         raw = event.payload.get("request") or {}
         request, problem = _recorded_request(raw, eid)
@@ -167,89 +172,15 @@ class Reducer:
             )
             self._reject(state, fx, ErrorInfo(kind="bad_request", message=problem).to_dict(), self.now(event))
             return state
-        state = ExecutionState(
-            execution_id=eid,
-            file=request.file or request.path or "<playbook>",
-            parent_execution_id=request.parent_execution_id,
-            parent_step_run_id=request.parent_step_run_id,
-            trace_id=request.trace_id or event.trace_id,
-            return_step=request.return_step,
-            attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
-            parent_iter=request.parent_iter if isinstance(request.parent_iter, dict) else None,
-            pool=pool if isinstance(pool := event.payload.get("pool"), str) else None,
-            started_at=event.timestamp or None,
-            retry_of=request.resume.execution_id if request.resume is not None else None,
-        )
-        rejected = event.payload.get("rejected")
-        if isinstance(rejected, dict):  # intake compiled it already: the rejection is written from here
-            self._reject(state, fx, rejected, self.now(event))
-            return state
-        text = request.playbook
-        if text is None:
-            message = "no playbook text in the request (catalog lookup by path happens at intake)"
-            self._reject(state, fx, ErrorInfo(kind="bad_request", message=message).to_dict(), self.now(event))
-            return state
-        plan, diags = self.plans.load(text, state.file, request.extensions)
+        state = _requested_state(event, request)
+        plan = self._evaluate(state, event, request, fx)
         if plan is None:
-            self._reject(state, fx, invalid_playbook_error(diags), self.now(event))
             return state
-        payload = request.payload if isinstance(request.payload, dict) else {}
-        state.content_hash = plan.content_hash
-        state.name = plan.playbook.metadata.name
-        state.path = plan.playbook.metadata.path
-        try:  # the workload's own templates render once, here: every step, and a replay, sees the values
-            state.workload = render_workload(plan.playbook.workload, payload, eid)
-        except RenderError as exc:
-            self._reject(
-                state, fx, ErrorInfo(kind="template_error", message=str(exc)).to_dict(), self.now(event)
-            )
-            return state
-        deadline = request.deadline_s or plan.playbook.executor.spec.get("deadline_s")
-        if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0:
-            state.deadline_s = float(deadline)
-            state.deadline_at = _epoch(event.timestamp) + float(deadline)
-        fx.events.append(
-            server_event(
-                state.execution_id,
-                E.REQUEST_EVALUATED,
-                "playbook",
-                state.path,
-                "success",
-                "execution",
-                {
-                    "content_hash": plan.content_hash,
-                    "name": state.name,
-                    "path": state.path,
-                    "version": plan.playbook.metadata.version,
-                    "warnings": [d.format() for d in diags if d.severity == "warning"],
-                    **({"extensions": sorted(set(request.extensions))} if request.extensions else {}),
-                },
-                trace_id=state.trace_id,
-                timestamp=self.now(event),
-            )
-        )
         run = _Run(self, state, plan, fx)
         run.timestamp = event.timestamp
         resume = raw.get("resume")
         if isinstance(resume, dict) and resume.get("tokens"):
-            # A retry: the recorded results and ctx stand; only the given steps run again.
-            run.workflow_started()
-            state.results = dict(resume.get("results") or {})
-            state.result_meta = {
-                k: v for k, v in (resume.get("result_meta") or {}).items() if k in state.results
-            }
-            state.ctx = dict(resume.get("ctx") or {})
-            state.step_status = {k: str(v) for k, v in (resume.get("step_status") or {}).items()}
-            for token in resume["tokens"]:
-                if token.get("step") not in plan.steps:
-                    run.fail_execution(
-                        ErrorInfo(
-                            kind="bad_request", message=f"retry: no step '{token.get('step')}'"
-                        ).to_dict()
-                    )
-                    continue
-                run.schedule(token["step"], dict(token.get("args") or {}), None)
-            run.check_complete()
+            _start_retry(run, state, plan, resume)
             return state
         check = check_command(plan, state, self.now(event)) if event.payload.get(CHECK_FLAG) is True else None
         if check is not None:  # the workflow starts when a worker has resolved the keychain
@@ -259,6 +190,68 @@ class Reducer:
         run.start_workflow()
         return state
 
+    def _evaluate(
+        self, state: ExecutionState, event: Event, request: ExecutionRequest, fx: Effects
+    ) -> Plan | None:
+        """The request's playbook compiled (from the plan cache) and its workload rendered into the state,
+        with its deadline, and ``playbook.request.evaluated`` written; None when the request is rejected
+        (by intake already, or here: no text, an invalid playbook, a workload template that fails)."""
+        rejected = event.payload.get("rejected")
+        if isinstance(rejected, dict):  # intake compiled it already: the rejection is written from here
+            self._reject(state, fx, rejected, self.now(event))
+            return None
+        text = request.playbook
+        if text is None:
+            message = "no playbook text in the request (catalog lookup by path happens at intake)"
+            self._reject(state, fx, ErrorInfo(kind="bad_request", message=message).to_dict(), self.now(event))
+            return None
+        plan, diags = self.plans.load(text, state.file, request.extensions)
+        if plan is None:
+            self._reject(state, fx, invalid_playbook_error(diags), self.now(event))
+            return None
+        payload = request.payload if isinstance(request.payload, dict) else {}
+        state.content_hash = plan.content_hash
+        state.name = plan.playbook.metadata.name
+        state.path = plan.playbook.metadata.path
+        try:  # the workload's own templates render once, here: every step, and a replay, sees the values
+            state.workload = render_workload(plan.playbook.workload, payload, state.execution_id)
+        except RenderError as exc:
+            self._reject(
+                state, fx, ErrorInfo(kind="template_error", message=str(exc)).to_dict(), self.now(event)
+            )
+            return None
+        deadline = request.deadline_s or plan.playbook.executor.spec.get("deadline_s")
+        if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and deadline > 0:
+            state.deadline_s = float(deadline)
+            state.deadline_at = _epoch(event.timestamp) + float(deadline)
+        fx.events.append(self._evaluated(state, plan, diags, request, self.now(event)))
+        return plan
+
+    @staticmethod
+    def _evaluated(
+        state: ExecutionState, plan: Plan, diags: tuple[Diagnostic, ...], request: ExecutionRequest, at: str
+    ) -> Event:
+        """``playbook.request.evaluated``: the playbook that runs (content hash, name, path, version), its
+        compiler's warnings and the DSL extensions it was compiled with."""
+        return server_event(
+            state.execution_id,
+            E.REQUEST_EVALUATED,
+            "playbook",
+            state.path,
+            "success",
+            "execution",
+            {
+                "content_hash": plan.content_hash,
+                "name": state.name,
+                "path": state.path,
+                "version": plan.playbook.metadata.version,
+                "warnings": [d.format() for d in diags if d.severity == "warning"],
+                **({"extensions": sorted(set(request.extensions))} if request.extensions else {}),
+            },
+            trace_id=state.trace_id,
+            timestamp=at,
+        )
+
     def _reject(self, state: ExecutionState, fx: Effects, error: dict[str, Any], at: str) -> None:
         state.status = "rejected"
         state.error = error
@@ -267,6 +260,42 @@ class Reducer:
 
 
 ITERATION_RESULTS = frozenset({E.LOOP_ITERATION_DONE, E.LOOP_ITERATION_FAILED})
+
+
+def _requested_state(event: Event, request: ExecutionRequest) -> ExecutionState:
+    """A new execution's state from its recorded request: its file, parent, trace, return step,
+    attachments, outer iteration, pool (the one intake recorded), start time and what it retries."""
+    return ExecutionState(
+        execution_id=event.execution_id,
+        file=request.file or request.path or "<playbook>",
+        parent_execution_id=request.parent_execution_id,
+        parent_step_run_id=request.parent_step_run_id,
+        trace_id=request.trace_id or event.trace_id,
+        return_step=request.return_step,
+        attachments=dict(request.attachments) if isinstance(request.attachments, dict) else {},
+        parent_iter=request.parent_iter if isinstance(request.parent_iter, dict) else None,
+        pool=pool if isinstance(pool := event.payload.get("pool"), str) else None,
+        started_at=event.timestamp or None,
+        retry_of=request.resume.execution_id if request.resume is not None else None,
+    )
+
+
+def _start_retry(run: _Run, state: ExecutionState, plan: Plan, resume: dict[str, Any]) -> None:
+    """A retry: the recorded results and ctx stand; only the given steps run again (a token naming no
+    step of the playbook fails the execution)."""
+    run.workflow_started()
+    state.results = dict(resume.get("results") or {})
+    state.result_meta = {k: v for k, v in (resume.get("result_meta") or {}).items() if k in state.results}
+    state.ctx = dict(resume.get("ctx") or {})
+    state.step_status = {k: str(v) for k, v in (resume.get("step_status") or {}).items()}
+    for token in resume["tokens"]:
+        if token.get("step") not in plan.steps:
+            run.fail_execution(
+                ErrorInfo(kind="bad_request", message=f"retry: no step '{token.get('step')}'").to_dict()
+            )
+            continue
+        run.schedule(token["step"], dict(token.get("args") or {}), None)
+    run.check_complete()
 
 
 def _recorded_request(raw: Any, execution_id: str) -> tuple[ExecutionRequest, str | None]:

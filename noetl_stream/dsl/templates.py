@@ -191,7 +191,7 @@ def has_template(text: str) -> bool:
 class Compiled:
     """A compiled template: ``render(scope)`` returns its value."""
 
-    __slots__ = ("_expr", "_reads", "_tmpl", "guarded", "native", "source")
+    __slots__ = ("_expr", "_path", "_reads", "_tmpl", "guarded", "native", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -199,6 +199,8 @@ class Compiled:
         self._tmpl: Any = None
         self._reads = False
         """The expression only reads the scope (its containers are JSON already: not walked)."""
+        self._path: _Path | None = None
+        """The expression is a name and keys (``iter.n``, ``workload.rows[0]``): looked up directly."""
         inner = _single_expression(source)
         self.native = inner is not None
         try:
@@ -206,6 +208,7 @@ class Compiled:
                 self._expr = ENV.compile_expression(inner, undefined_to_none=False)
                 self._reads = _reads_only(inner)
                 tree = ENV.parse(f"{{{{ {inner} }}}}")
+                self._path = _path_of(tree)
             else:
                 self._tmpl = ENV.from_string(source)
                 tree = ENV.parse(source)
@@ -223,7 +226,10 @@ class Compiled:
 
     def _render(self, scope: Mapping[str, Any]) -> Any:
         if self._expr is not None:
-            value = self._expr(scope)
+            path = self._path
+            value = _MISSING if path is None else _walk(scope, path)
+            if value is _MISSING:
+                value = self._expr(scope)
             t = type(value)
             if t in PLAIN_TYPES or (self._reads and (t is dict or t is list)):
                 return value
@@ -233,6 +239,52 @@ class Compiled:
                 value._fail_with_undefined_error()
             return to_json(value)
         return self._tmpl.render(scope)
+
+
+_Path = tuple[str, tuple[tuple[bool, Any], ...]]
+"""A name, then each key with whether it is an attribute (``.key``) or an item (``[key]``)."""
+_MISSING: Any = object()
+
+
+def _path_of(tree: nodes.Template) -> _Path | None:
+    """The path of a ``{{ name.key[0]['other'] }}`` template, if it is one."""
+    body = tree.body
+    if len(body) != 1 or not isinstance(body[0], nodes.Output) or len(body[0].nodes) != 1:
+        return None
+    node = body[0].nodes[0]
+    steps: list[tuple[bool, Any]] = []
+    while True:
+        if isinstance(node, nodes.Getattr):
+            steps.append((True, node.attr))
+            node = node.node
+        elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+            if type(node.arg.value) not in (str, int):
+                return None
+            steps.append((False, node.arg.value))
+            node = node.node
+        elif isinstance(node, nodes.Name) and node.ctx == "load":
+            return node.name, tuple(reversed(steps))
+        else:
+            return None
+
+
+def _walk(scope: Mapping[str, Any], path: _Path) -> Any:
+    """The value at `path`, looked up as the sandbox would find it when it finds it at once (a name of
+    the scope; a mapping's key, for an attribute; an item); `_MISSING` otherwise, and the template
+    renders it (an undefined name, a method, an object's attribute: the sandbox's rules and errors)."""
+    name, steps = path
+    try:
+        value = scope[name]
+    except KeyError:
+        return _MISSING
+    for attribute, key in steps:
+        if attribute and not isinstance(value, Mapping):
+            return _MISSING
+        try:
+            value = value[key]
+        except (TypeError, LookupError):
+            return _MISSING
+    return value
 
 
 _READ_FILTERS = frozenset({"default", "d"})

@@ -12,6 +12,7 @@ from typing import Any
 from noetl_stream.control.core.effects import _plain
 from noetl_stream.control.core.loops import Loops
 from noetl_stream.control.core.state import JoinState, StepRun
+from noetl_stream.dsl.model import Arc
 from noetl_stream.dsl.policy import MAX_FAILED_REENTRIES, admit, route
 from noetl_stream.dsl.templates import RenderError, render_value
 from noetl_stream.dsl.views import result_meta
@@ -172,22 +173,53 @@ class Routing(Loops):
 
     # -- boundaries -------------------------------------------------------------------------------
     def on_boundary(self, event: Event) -> None:
+        """A step run's boundary (``step.done``, ``step.failed``, ``loop.done``): its result and ctx patches
+        recorded, its ``next`` arcs evaluated (``next.evaluated``) and a token delivered along each arc
+        taken, "not coming" to the successors not taken. A boundary that names no running step run, or
+        does not fit the one it names, is ignored (`Effects.ignored` says why)."""
+        run = self._boundary_run(event)
+        if run is None:
+            return
+        name = run.step
+        failed = event.name == E.STEP_FAILED
+        conflict = self._record_boundary(event, run, failed)
+        ev = dict(event.payload)
+        ev.update(name=event.name, status=event.status, step=name, step_run_id=run.run_id)
+        # (a failed step has no result: its arcs read output as null)
+        scope = (
+            self.scope(run.args, ev, output=name, failed=failed)
+            if name in self.plan.scoped_routes
+            else _NO_SCOPE
+        )
+        routed = self._route(event, run, scope, conflict, failed)
+        if routed is not None:
+            arcs, writes = routed
+            self._take_arcs(event, run, arcs, writes, ev, failed)
+
+    def _boundary_run(self, event: Event) -> StepRun | None:
+        """The running step run a boundary ends, or None when it is to be ignored: no such run, a late
+        duplicate of a distributed loop's iterations, another step's name, a ``loop.done`` of no loop."""
         run = self.state.runs.get(event.step_run_id or "")
         if run is None:
             self.fx.ignored = self.no_run(event)
-            return
+            return None
         if run.loop is not None and not run.loop.finished:
-            return  # a late duplicate: a distributed loop ends only through its own boundary
+            return None  # a late duplicate: a distributed loop ends only through its own boundary
         name = run.step
-        step = self.plan.steps[name]
         if event.step is not None and event.step != name:
             self.fx.ignored = f"it names step '{event.step}', but step run '{run.run_id}' is of step '{name}'"
-            return
-        if event.name == E.LOOP_DONE and step.loop is None:
+            return None
+        if event.name == E.LOOP_DONE and self.plan.steps[name].loop is None:
             self.fx.ignored = f"loop.done for step '{name}', which has no loop"
-            return
+            return None
+        return run
+
+    def _record_boundary(self, event: Event, run: StepRun, failed: bool) -> dict[str, Any] | None:
+        """The run ends: its ctx patches applied, its result (and what its view reads of it) recorded, or
+        its failure counted toward a failing cycle, and its status. Returns the ``ctx_conflict`` error
+        when its patches were refused (`apply_ctx_patches`)."""
+        name = run.step
         del self.state.runs[run.run_id]
-        failed = event.name == E.STEP_FAILED
         payload = event.payload
         conflict = self.apply_ctx_patches(event, run)
         if not failed:
@@ -203,21 +235,28 @@ class Routing(Loops):
             self.state.failed_in_row[name] = self.state.failed_in_row.get(name, 0) + 1
         run.status = "failed" if failed else "done"
         self.state.step_status[name] = run.status
-        ev = dict(payload)
-        ev.update(name=event.name, status=event.status, step=name, step_run_id=run.run_id)
-        # (a failed step has no result: its arcs read output as null)
-        scope = (
-            self.scope(run.args, ev, output=name, failed=failed)
-            if name in self.plan.scoped_routes
-            else _NO_SCOPE
-        )
+        return conflict
+
+    def _route(
+        self,
+        event: Event,
+        run: StepRun,
+        scope: Mapping[str, Any],
+        conflict: dict[str, Any] | None,
+        failed: bool,
+    ) -> tuple[list[tuple[Arc, Any]], list[Any]] | None:
+        """The arcs the boundary takes, each with its rendered ``args``, and their rendered ``set:`` values.
+        None when it cannot be routed (a ctx conflict, a failing cycle, a template error): the error is
+        recorded (``next.evaluated``) as unhandled, and no token goes on from the step."""
+        name = run.step
+        step = self.plan.steps[name]
         try:
             if conflict is not None:  # not routed, like a routing error: the playbook must change
                 raise _UnroutableError(conflict)
             fired = route(step.next, scope, f"step '{name}'", failed=failed)
             if failed and fired and self.state.failed_in_row[name] >= MAX_FAILED_REENTRIES:
                 raise _UnroutableError(
-                    failing_cycle(name, self.state.failed_in_row[name], payload.get("error"))
+                    failing_cycle(name, self.state.failed_in_row[name], event.payload.get("error"))
                 )
             arcs = [
                 (
@@ -244,7 +283,22 @@ class Routing(Loops):
             )
             self.state.unhandled.append({"step": name, "step_run_id": run.run_id, "error": error})
             self.dead(name)
-            return
+            return None
+        return arcs, writes
+
+    def _take_arcs(
+        self,
+        event: Event,
+        run: StepRun,
+        arcs: list[tuple[Arc, Any]],
+        writes: list[Any],
+        ev: dict[str, Any],
+        failed: bool,
+    ) -> None:
+        """``next.evaluated`` with the arcs taken, a failure no arc handles recorded as unhandled, the arcs'
+        ``set:`` written, then a token along each arc and "not coming" to the successors not taken."""
+        name = run.step
+        step = self.plan.steps[name]
         self.emit(
             E.NEXT_EVALUATED,
             "next",
@@ -261,7 +315,11 @@ class Routing(Loops):
         )
         if failed and not arcs:
             self.state.unhandled.append(
-                {"step": name, "step_run_id": run.run_id, "error": payload.get("error") or _no_error(name)}
+                {
+                    "step": name,
+                    "step_run_id": run.run_id,
+                    "error": event.payload.get("error") or _no_error(name),
+                }
             )
         if writes:
             self.write_ctx(run, writes)

@@ -387,12 +387,19 @@ class Redactor:
     them. Non-string leaves equal to a secret's text (a numeric PIN) are masked too.
     """
 
-    __slots__ = ("_exact", "_pattern")
+    __slots__ = ("_anywhere", "_exact", "_numeric", "_pattern")
 
     def __init__(self, secrets: Iterable[str]) -> None:
         self._exact = frozenset(s for s in secrets if isinstance(s, str) and s)
         long = sorted((s for s in self._exact if len(s) >= MIN_SUBSTRING_SECRET), key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(s) for s in long)) if long else None
+        everything = sorted(self._exact, key=len, reverse=True)
+        self._anywhere = re.compile(
+            b"|".join(re.escape(s.encode("utf-8", "surrogatepass")) for s in everything)
+        )
+        """Any secret, as bytes: searched in a container's MessagePack form (`__call__`)."""
+        self._numeric = any(_number_text(s) for s in self._exact)
+        """A secret is a number's text (a PIN): numbers are binary in MessagePack, so always walk."""
 
     def __bool__(self) -> bool:
         return bool(self._exact)
@@ -403,14 +410,33 @@ class Redactor:
         return self._pattern.sub(MASK, s) if self._pattern is not None else s
 
     def __call__(self, value: Any) -> Any:
+        """A copy of `value` with the secrets masked; `value` itself when a container holds none of them.
+
+        A container is first looked at whole: its MessagePack form holds every string, key and bytes
+        value as it is (UTF-8, no escaping), so a secret found nowhere in it is in none of them, and the
+        walk that copies it is skipped (the usual case: a task's result holds no credential)."""
         if not self._exact:
             return value
+        t = type(value)
+        if t is str:
+            return self.text(value)
+        if (t is dict or t is list) and not self._numeric:
+            try:
+                packed = _PACK(value)
+            except (TypeError, ValueError, OverflowError):  # (not plain data: walked)
+                pass
+            else:
+                if self._anywhere.search(packed) is None:
+                    return value
+        return self._walk(value)
+
+    def _walk(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, Mapping):
-            return {(self.text(k) if isinstance(k, str) else k): self(v) for k, v in value.items()}
+            return {(self.text(k) if isinstance(k, str) else k): self._walk(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self(v) for v in value]
+            return [self._walk(v) for v in value]
         if isinstance(value, (bytes, bytearray)):
             try:
                 decoded = bytes(value).decode()
@@ -421,6 +447,18 @@ class Redactor:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and str(value) in self._exact:
             return MASK
         return value
+
+
+_PACK = msgspec.msgpack.Encoder().encode
+
+
+def _number_text(s: str) -> bool:
+    """Whether `s` may be the text of a number (``str`` of an int or float)."""
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
 
 
 def redact(obj: Any, secrets: Iterable[str]) -> Any:

@@ -192,6 +192,7 @@ class _PipelineRun:
         "ctx",
         "extras",
         "hide",
+        "index",
         "inp",
         "iter_scope",
         "named",
@@ -233,6 +234,8 @@ class _PipelineRun:
         self.hide = Redactor(self.secrets) if self.secrets else NOTHING_HIDDEN
         self.pc = 0
         """The index of the task that runs next."""
+        self.index: dict[str, int] | None = None
+        """The index of each task by name (the first of a name), for jumps: built at the first one."""
         self.attempt = 1
         self.named: set[str] = set()
         """Tasks whose result is in the scope under their name (the last run's, if it was ok)."""
@@ -290,11 +293,11 @@ class _PipelineRun:
         fails the task: ``template_error``), its result as templates read it, the ``then`` chosen and the
         index of its rule, its rendered ``set_iter`` and ``set_ctx``, and a retry's delay. The policy reads
         ``outcome`` and ``output`` (NoETL's envelope), in the scope only while it decides."""
+        if task.policy is None:  # (the usual case: nothing renders, nothing reads the scope)
+            then, rule = decide(None, outcome.status, self.scope)
+            return outcome, result_view(outcome.result), then, rule, _NO_PATCHES, 0.0
         scope = self.scope
-        # (what a policy's error names; without a policy nothing renders)
-        where = (
-            f"step '{self.inp.step.name}' task '{task.name}' spec.policy" if task.policy is not None else ""
-        )
+        where = f"step '{self.inp.step.name}' task '{task.name}' spec.policy"  # (what its errors name)
         scope["outcome"] = outcome.as_scope()
         view = scope["outcome"]["result"] = result_view(outcome.result)  # (`.data`, an http `.body`)
         shadowed = scope.get("output", _NONE)  # (a task or step named `output`: read again after)
@@ -383,7 +386,11 @@ class _PipelineRun:
             return self.pc + 1
         if do == "jump":
             self.prev = outcome.result
-            return next((i for i, t in enumerate(tasks) if t.name == then.to), len(tasks))
+            if self.index is None:  # (the first jump: a loop inside the pipeline jumps again and again)
+                self.index = {}
+                for i, t in enumerate(tasks):
+                    self.index.setdefault(t.name, i)
+            return self.index.get(then.to, len(tasks)) if then.to is not None else len(tasks)
         if do == "break":
             self.prev = outcome.result
             return len(tasks)

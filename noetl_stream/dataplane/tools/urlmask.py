@@ -14,6 +14,7 @@ keeps its exact text (no re-encoding), and a URL that is not valid (a port past 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection
 from urllib.parse import unquote_plus
@@ -52,7 +53,15 @@ def _pairs(part: str, names: Collection[str]) -> str:
 
 def masked_url(url: str, names: Collection[str] = ()) -> str:
     """`url` with its userinfo password and the values of query (and fragment) parameters named like
-    credentials (or one of `names`, lower-case) as ``***``; every other character as it was."""
+    credentials (or one of `names`, lower-case) as ``***``; every other character as it was. (Worked out
+    once per URL and names: a loop's tasks mask the same URL each time.)"""
+    if isinstance(names, frozenset):
+        return _masked_url(url, names)
+    return _masked_url.__wrapped__(url, names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _masked_url(url: str, names: Collection[str]) -> str:
     rest, hash_, fragment = url.partition("#")
     rest, qmark, query = rest.partition("?")
     scheme = _SCHEME.match(rest)
@@ -80,6 +89,6 @@ def mask_urls(text: str, names: Collection[str] = ()) -> str:
 
     if "://" in text:
         text = _ABSOLUTE.sub(lambda m: masked_url(m.group(0), names), text)
-    if "=" in text:
+    if "=" in text and ("?" in text or "&" in text or "#" in text):  # (a pair follows one of them)
         text = _PAIR.sub(pair, text)
     return text

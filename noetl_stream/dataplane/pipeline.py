@@ -29,7 +29,7 @@ from noetl_stream.dsl.policy import backoff_delay, decide
 from noetl_stream.dsl.scope import ITERATION_NAMES, iteration_names, layer_ctx
 from noetl_stream.dsl.templates import RenderError, json_inputs, render_value
 from noetl_stream.dsl.views import CtxView, IterView, plain, result_view
-from noetl_stream.kv.keychain import Redactor, secret_strings
+from noetl_stream.kv.keychain import Redactor, redactor, secret_strings
 from noetl_stream.protocol.errorinfo import ErrorInfo
 from noetl_stream.protocol.jsonvalue import PLAIN_TYPES, NotJSONError, to_json
 from noetl_stream.protocol.wire import Checkpoint, now_iso
@@ -231,7 +231,7 @@ class _PipelineRun:
         """The result the last task handed on (``_prev``; the pipeline's result when it ends)."""
         self.secrets = inp.secrets
         """The keychain values it resolved and the strings of secret results: hidden from what it reports."""
-        self.hide = Redactor(self.secrets) if self.secrets else NOTHING_HIDDEN
+        self.hide = redactor(self.secrets) if self.secrets else NOTHING_HIDDEN
         self.pc = 0
         """The index of the task that runs next."""
         self.index: dict[str, int] | None = None
@@ -327,7 +327,7 @@ class _PipelineRun:
         pipeline reports from now on."""
         if outcome.secret:
             self.secrets = self.secrets | secret_strings(outcome.result)
-            self.hide = Redactor(self.secrets)
+            self.hide = redactor(self.secrets)
         if self.on_task is not None:
             meta = outcome.meta
             payload: dict[str, Any] = {

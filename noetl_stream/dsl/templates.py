@@ -191,7 +191,7 @@ def has_template(text: str) -> bool:
 class Compiled:
     """A compiled template: ``render(scope)`` returns its value."""
 
-    __slots__ = ("_expr", "_path", "_reads", "_tmpl", "guarded", "native", "source")
+    __slots__ = ("_expr", "_parts", "_path", "_reads", "_tmpl", "guarded", "native", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -201,6 +201,8 @@ class Compiled:
         """The expression only reads the scope (its containers are JSON already: not walked)."""
         self._path: _Path | None = None
         """The expression is a name and keys (``iter.n``, ``workload.rows[0]``): looked up directly."""
+        self._parts: tuple[str | _Path, ...] | None = None
+        """The template is text and such paths (``item-{{ iter.i }}``): put together directly."""
         inner = _single_expression(source)
         self.native = inner is not None
         try:
@@ -212,6 +214,7 @@ class Compiled:
             else:
                 self._tmpl = ENV.from_string(source)
                 tree = ENV.parse(source)
+                self._parts = _parts_of(tree)
         except TemplateSyntaxError as exc:
             raise TemplateSyntaxProblemError(exc.message or "syntax error", exc.lineno or 1) from None
         self.guarded = needs_timer(tree)
@@ -238,6 +241,11 @@ class Compiled:
             if isinstance(value, Undefined):
                 value._fail_with_undefined_error()
             return to_json(value)
+        parts = self._parts
+        if parts is not None:
+            text = _joined(scope, parts)
+            if text is not None:
+                return text
         return self._tmpl.render(scope)
 
 
@@ -251,7 +259,41 @@ def _path_of(tree: nodes.Template) -> _Path | None:
     body = tree.body
     if len(body) != 1 or not isinstance(body[0], nodes.Output) or len(body[0].nodes) != 1:
         return None
-    node = body[0].nodes[0]
+    return _node_path(body[0].nodes[0])
+
+
+def _parts_of(tree: nodes.Template) -> tuple[str | _Path, ...] | None:
+    """The text and paths of a template made of nothing else (``{{ base }}/items/{{ iter.id }}``)."""
+    body = tree.body
+    if len(body) != 1 or not isinstance(body[0], nodes.Output):
+        return None
+    parts: list[str | _Path] = []
+    for node in body[0].nodes:
+        if isinstance(node, nodes.TemplateData):
+            parts.append(node.data)
+        elif (path := _node_path(node)) is not None:
+            parts.append(path)
+        else:
+            return None
+    return tuple(parts)
+
+
+def _joined(scope: Mapping[str, Any], parts: tuple[str | _Path, ...]) -> str | None:
+    """The template's text when every path in it is a plain value (a string, a number, a boolean, null:
+    written as the engine writes them, ``str``); None otherwise (the engine renders it)."""
+    out: list[str] = []
+    for part in parts:
+        if type(part) is str:
+            out.append(part)
+            continue
+        value = _walk(scope, part)  # type: ignore[arg-type]
+        if type(value) not in PLAIN_TYPES:  # (_MISSING too)
+            return None
+        out.append(value if type(value) is str else str(value))
+    return "".join(out)
+
+
+def _node_path(node: nodes.Node) -> _Path | None:
     steps: list[tuple[bool, Any]] = []
     while True:
         if isinstance(node, nodes.Getattr):

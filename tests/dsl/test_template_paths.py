@@ -1,7 +1,7 @@
 """A template that is a name and keys (``{{ iter.n }}``, ``{{ workload.rows[0]['id'] }}``) is looked up
-directly, without the template engine (the most common template in a loop's task). Its value, and its
-error when the path is not there, are the engine's: checked against the same lookup written so the
-engine evaluates it (``{{ [path][0] }}``)."""
+directly, without the template engine (the most common template in a loop's task), and so is text around
+such paths (``item-{{ iter.i }}``). Its value, and its error when the path is not there, are the engine's:
+checked against the same lookup written so the engine evaluates it (``{{ [path][0] }}``)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,23 @@ def outcome(source: str, scope: dict[str, Any]) -> tuple[str, Any]:
 def test_a_path_reads_what_the_engine_reads(scope: dict[str, Any], name: str, steps: list[str]) -> None:
     path = name + "".join(steps)
     assert outcome(f"{{{{ {path} }}}}", scope) == outcome(f"{{{{ [{path}][0] }}}}", scope)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    scope=st.dictionaries(KEYS, VALUES, max_size=4),
+    paths=st.lists(st.tuples(KEYS, STEPS), min_size=1, max_size=3),
+    text=st.text(alphabet="ab-/ {}%\n", max_size=4),
+)
+def test_text_around_paths_reads_what_the_engine_reads(
+    scope: dict[str, Any], paths: list[tuple[str, list[str]]], text: str
+) -> None:
+    exprs = [name + "".join(steps) for name, steps in paths]
+    direct = text.join(f"{{{{ {e} }}}}" for e in exprs) + text
+    engine = text.join(f"{{{{ [{e}][0] }}}}" for e in exprs) + text
+    if "{{" in text or "{%" in text or "{#" in text:
+        return  # (not text around paths)
+    assert outcome(direct, scope) == outcome(engine, scope)
 
 
 @pytest.mark.parametrize(

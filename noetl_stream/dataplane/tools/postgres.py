@@ -199,7 +199,29 @@ def _params(raw: Any, many: bool) -> tuple[Any, ...]:
         raise _ConfigError(f"'params' must be a list (bound as $1, $2, ...), got {type(raw).__name__}")
     if many and not all(isinstance(row, (list, tuple)) for row in raw):
         raise _ConfigError("with 'many: true', 'params' must be a list of parameter lists")
-    return tuple(tuple(_bindable(row)) for row in raw) if many else tuple(_bindable(list(raw)))
+    return tuple(tuple(row) for row in raw) if many else tuple(raw)
+
+
+_FLOAT_TYPES = frozenset({"float4", "float8", "_float4", "_float8"})
+"""Parameter types a float binds to as it is (a `_Float` would be turned back into the same float)."""
+
+
+def _bound(stmt: _Statement, prepared: Any) -> Any:
+    """The statement's params as they are bound (`_bindable`), each float kept as it is where its
+    parameter is a ``float4``/``float8`` (or an array of them); a ``many`` statement's rows alike."""
+    plain = tuple(t.name in _FLOAT_TYPES for t in prepared.get_parameters())
+    if stmt.many:
+        return [_bound_row(row, plain) for row in stmt.params]
+    return _bound_row(stmt.params, plain)
+
+
+def _bound_row(row: Sequence[Any], plain: tuple[bool, ...]) -> tuple[Any, ...]:
+    return tuple(
+        v
+        if (k < len(plain) and plain[k]) or not (type(v) is float or isinstance(v, (list, tuple)))
+        else _bindable(v)
+        for k, v in enumerate(row)
+    )
 
 
 def _statements(config: Mapping[str, Any]) -> list[_Statement]:
@@ -382,12 +404,13 @@ async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> dict[s
     async def run(prepared: Any) -> dict[str, Any]:
         columns = [a.name for a in prepared.get_attributes()]
         check_columns(columns)
+        params = _bound(stmt, prepared)
         if stmt.many:
             if columns:
-                return rows_result(columns, _rows(await prepared.fetchmany(stmt.params, timeout=timeout)))
-            await prepared.executemany(stmt.params, timeout=timeout)
-            return {**command_result(None, f"EXECUTEMANY {len(stmt.params)}"), "executed": len(stmt.params)}
-        records = await prepared.fetch(*stmt.params, timeout=timeout)
+                return rows_result(columns, _rows(await prepared.fetchmany(params, timeout=timeout)))
+            await prepared.executemany(params, timeout=timeout)
+            return {**command_result(None, f"EXECUTEMANY {len(params)}"), "executed": len(params)}
+        records = await prepared.fetch(*params, timeout=timeout)
         if columns:
             return rows_result(columns, _rows(records))
         status = prepared.get_statusmsg() or ""

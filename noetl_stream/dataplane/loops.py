@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_stream.dataplane.children import in_iteration
@@ -98,15 +98,10 @@ async def run_local_loop(
                 return
             if on_iteration is not None:
                 await on_iteration("loop.iteration.started", index, {})
-            scope = dict(base.scope)
-            scope["ctx"] = ctx if not parallel else scope.get("ctx") or {}
+            # (a parallel iteration reads the base scope's ctx: the pipeline copies the scope it writes)
+            scope = base.scope if parallel else {**base.scope, "ctx": ctx}
             it = iteration_scope(loop.iterator, items[k], index, parent_iter)
-            inp = replace(
-                base,
-                scope=scope,
-                scope_id=f"{base.scope_id}.{index}",
-                iter=it,
-            )
+            inp = base.for_iteration(scope, f"{base.scope_id}.{index}", it)
             with in_iteration(it):
                 res: PipelineResult = await run_pipeline(inp, on_task(index) if on_task else None)
             if res.ctx_patches:

@@ -97,6 +97,14 @@ class PipelineInput:
     trace_id: str | None = None
     """The execution's trace id (``outcome.meta.trace_id``; the worker always gives one, `CommandRun`)."""
 
+    def for_iteration(self, scope: dict[str, Any], scope_id: str, it: dict[str, Any]) -> PipelineInput:
+        """This input for one iteration of a local loop: its scope, scope id and ``iter`` (a copy made
+        per iteration: ``dataclasses.replace`` checks every field each time)."""
+        new = object.__new__(PipelineInput)
+        new.__dict__.update(self.__dict__)
+        new.scope, new.scope_id, new.iter = scope, scope_id, it
+        return new
+
 
 def _task_spec(inp: PipelineInput, task: Task) -> dict[str, Any]:
     cached = inp.spec_cache.get(task.name)

@@ -458,7 +458,10 @@ async def _request(
         chunks: list[bytes] = []
         size = 0
         cut = False
-        async for chunk in resp.content.iter_chunked(256 * 1024):
+        if resp.content_length is not None and resp.content_length <= max_body:  # (the usual case)
+            chunks.append(await resp.read())  # (what it announced: the parser reads no more)
+            size = len(chunks[0])
+        async for chunk in resp.content.iter_chunked(256 * 1024):  # (the rest: none, or all of it)
             if size + len(chunk) > max_body:  # no Content-Length (chunked), or more than it said
                 if ok:
                     raise _TooLargeError("")

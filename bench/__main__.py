@@ -167,9 +167,16 @@ async def measure_sync_always(url: str, repeat: int, chain: int) -> dict[str, An
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-async def measure_procs(url: str, quick: bool, repeat: int, sizes: tuple[int, ...]) -> dict[str, Any]:
-    """The figures with the controller and workers as separate processes (`bench.scale`)."""
+async def measure_procs(
+    url: str, quick: bool, repeat: int, sizes: tuple[int, ...], svc: tools.Services | None = None
+) -> dict[str, Any]:
+    """The figures with the controller and workers as separate processes (`bench.scale`), and a loop of
+    http tasks, local and distributed, on two worker processes (`tools.http_loops_in_processes`)."""
     out: dict[str, Any] = {}
+    if svc is not None:
+        out.update(
+            await tools.http_loops_in_processes(url, svc.http.url, 2000 if quick else 10_000, say=_say)
+        )
     rows, flat = await scale.growth(url, sizes, _say, quick)
     out.update(flat)
     out["growth"] = rows
@@ -265,7 +272,9 @@ def main() -> None:
         server = stack.enter_context(EmbeddedNats())
         results = run_event_loop(measure(server.url, args.quick, max(1, args.repeat), svc))
         if not args.no_procs:
-            results.update(run_event_loop(measure_procs(server.url, args.quick, max(1, args.repeat), sizes)))
+            results.update(
+                run_event_loop(measure_procs(server.url, args.quick, max(1, args.repeat), sizes, svc))
+            )
     with EmbeddedNats(sync_interval="always") as server:
         chain = concurrent_chain(args.quick)
         results.update(run_event_loop(measure_sync_always(server.url, max(1, args.repeat), chain)))

@@ -35,7 +35,9 @@ import aiohttp
 import asyncpg
 import msgspec
 
+from bench.procs import Deployment
 from bench.runtime import run_one
+from bench.scale import warm as warm_processes
 from bench.services import HttpServer, PgServer
 from noetl_stream.client.submit import request_for, submit
 from noetl_stream.client.tracking import Completions
@@ -131,7 +133,8 @@ async def http_direct_per_s(clients: DirectClients, url: str, n: int, concurrenc
     return n / dt
 
 
-def http_playbook(url: str, n: int, concurrency: int) -> str:
+def http_playbook(url: str, n: int, concurrency: int, exec_mode: str = "local") -> str:
+    policy = "" if exec_mode == "local" else f", policy: {{exec: {exec_mode}}}"
     return f"""apiVersion: noetl.io/v2
 kind: Playbook
 metadata: {{name: http_loop, path: bench/http_loop}}
@@ -143,13 +146,36 @@ workflow:
     loop:
       in: "{{{{ range(workload.n) | list }}}}"
       iterator: i
-      spec: {{mode: parallel, max_in_flight: {concurrency}}}
+      spec: {{mode: parallel, max_in_flight: {concurrency}{policy}}}
     tool:
       - name: get
         kind: http
         url: "{{{{ workload.url }}}}{HTTP_PATH}"
         params: {{i: "{{{{ iter.i }}}}"}}
 """
+
+
+async def http_loops_in_processes(
+    nats_url: str, http_url: str, items: int, workers: int = 2, say: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """A loop of `items` http tasks on real processes (one controller, a worker supervising `workers`
+    processes), local (one worker process runs them all) and distributed (each a command any worker
+    process takes): items/s, and the controller's and the workers' CPU µs per item."""
+    out: dict[str, float] = {}
+    async with Deployment(nats_url) as d:
+        ctl, wrk = d.controller(), d.worker(processes=workers)
+        await warm_processes(d)
+        for mode in ("local", "distributed"):
+            text = http_playbook(http_url, items, 100, mode)
+            await run_one(d, http_playbook(http_url, 200, 100, mode), "http_warm.yaml")  # type: ignore[arg-type]
+            if say is not None:
+                say(f"{items} http tasks, {mode} loop, {workers} worker processes ...")
+            c0, w0 = ctl.cpu_s(), wrk.cpu_s()
+            dt = await run_one(d, text, f"http_{mode}.yaml")  # type: ignore[arg-type]
+            out[f"http_{mode}_{workers}proc_items_per_s"] = items / dt
+            out[f"http_{mode}_{workers}proc_controller_cpu_us_per_item"] = (ctl.cpu_s() - c0) / items * 1e6
+            out[f"http_{mode}_{workers}proc_worker_cpu_us_per_item"] = (wrk.cpu_s() - w0) / items * 1e6
+    return out
 
 
 async def http_tasks_per_s(rt: Runtime, url: str, n: int, concurrency: int) -> float:

@@ -347,7 +347,12 @@ async def test_controls_pause_resume_cancel_and_retry_a_running_execution(
     # and a token the API refuses
     await click_step(browser, "wait")
     await call(browser.js, "sessionStorage.setItem('noetl-viewer-token', 'not-a-token')")
-    await call(browser.click, "#retry-from-step")
+    # (clicked when it is there: the panel is drawn again while its step's details are fetched again)
+    await call(
+        browser.wait,
+        "the retry-from-step button",
+        lambda: browser.js("const b = document.getElementById('retry-from-step'); b?.click(); return !!b"),
+    )
     await call(browser.wait, "the refusal", lambda: "HTTP 401" in (browser.text(outcome) or ""))
     assert "the server refused the token" in await call(browser.text, outcome)
     assert await call(browser.body, "view") == "execution"  # the page stays: the refusal is shown

@@ -25,3 +25,18 @@ def test_the_control_layers_contract_lists_every_module_of_control() -> None:
         p.name for p in control.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name != "core"
     }
     assert listed == modules
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import circles: no module reaches itself through the modules it imports (lazy imports inside
+    functions count; the type checker's imports do not)."""
+    import grimp
+
+    graph = grimp.build_graph("noetl_stream", exclude_type_checking_imports=True)
+    circles = [
+        (module, other)
+        for module in sorted(graph.modules)
+        for other in graph.find_modules_directly_imported_by(module)
+        if graph.chain_exists(importer=other, imported=module)
+    ]
+    assert circles == []

@@ -12,8 +12,10 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+import pytest
 from helpers import playbook
 from test_cli_run import ROOT, cli, noetl
 
@@ -273,3 +275,33 @@ async def test_submit_warns_about_undeclared_payload_keys_too(
         f"warning: {path}: the payload has a key its workload does not declare: 'hwo' (declared: who); "
         "passed on as given"
     ) in proc.stderr.splitlines()
+
+
+@pytest.mark.parametrize("after_s", [0.02, 0.1, 0.2])
+def test_ctrl_c_while_the_command_line_starts_is_exit_130_and_one_line(
+    tmp_path: Path, after_s: float
+) -> None:
+    """A Ctrl-C in the first fraction of a second, while the command line imports what it runs, is the
+    same one line and exit 130 (not a traceback of the module being imported)."""
+    path = _write(tmp_path, "blocked", BLOCKED)  # (it cannot end before the signal)
+    env = {k: v for k, v in os.environ.items() if k != "NOETL_NATS_URL"}
+    proc = subprocess.Popen(
+        [cli(), "run", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("interrupted"), err

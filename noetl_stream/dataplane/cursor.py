@@ -91,7 +91,7 @@ async def claim_frame(
     claim = {k: v for k, v in config.items() if k != "claim" and v is not None}
     outcome: Outcome = await TOOLS["postgres"]({**claim, "command": config["claim"]}, ctx)
     if outcome.status != "ok":
-        error = dict(outcome.error or {"kind": "pg_error"})
+        error = dict(outcome.error or ErrorInfo(kind="pg_error", message="the claim failed").to_dict())
         error["message"] = f"{where}.claim: {error.get('message', 'the claim failed')}"
         raise CursorError(error)
     result = outcome.result

@@ -415,7 +415,7 @@ class Redactor:
         A container is first looked at whole: its MessagePack form holds every string, key and bytes
         value as it is (UTF-8, no escaping), so a secret found nowhere in it is in none of them, and the
         walk that copies it is skipped (the usual case: a task's result holds no credential)."""
-        if not self._exact:
+        if not self._exact or value is None:
             return value
         t = type(value)
         if t is str:

@@ -16,6 +16,8 @@ from noetl_stream.runtime.local import Runtime
 
 TOKEN = "test-token-1"
 OTHER_TOKEN = "test-token-2"
+READ_TOKEN = "test-read-token"
+"""A token that may only read (``--api-read-token``)."""
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def serve(rt: Runtime, keychain_key: KeychainKey | None = None) -> AsyncIterator[Api]:
-    server = ApiServer(rt.controller, "127.0.0.1", 0, (TOKEN, OTHER_TOKEN))
+    server = ApiServer(rt.controller, "127.0.0.1", 0, (TOKEN, OTHER_TOKEN), (READ_TOKEN,))
     if keychain_key is not None:
         server.context.keychain = Keychain(rt.nc.jetstream(), rt.topology, keychain_key)
     await server.start()

@@ -1,7 +1,8 @@
 """The aiohttp application: bearer-token authentication, JSON errors, the routes of `ROUTES`.
 
 Every route but ``/health`` and the viewer's static pages (``/ui...``) needs
-``Authorization: Bearer <token>`` with one of the configured tokens (401 otherwise). Every refusal is a
+``Authorization: Bearer <token>`` with one of the configured tokens (401 otherwise). A read-only token
+(``--api-read-token``) may call the ``GET`` routes; any other method answers 403. Every refusal is a
 4xx (503 when NATS or the keychain key is unavailable) with a ``{error, detail}`` body; an unexpected
 failure is a 500 with the same shape, never a traceback.
 """
@@ -19,6 +20,9 @@ from aiohttp import web
 
 from noetl_stream.api.http import (
     CONTEXT,
+    MAY,
+    MAY_OPERATE,
+    MAY_READ,
     ApiContext,
     ApiError,
     Handler,
@@ -32,7 +36,7 @@ from noetl_stream.api.routes import ROUTES
 from noetl_stream.control.inspect import QueryError
 from noetl_stream.errors import ConfigurationError
 
-__all__ = ["MAX_BODY_BYTES", "build_app", "check_tokens"]
+__all__ = ["MAX_BODY_BYTES", "READ_METHODS", "build_app", "check_token_kinds", "check_tokens"]
 
 log = structlog.get_logger(__name__)
 
@@ -60,13 +64,38 @@ _UNAVAILABLE = (
 )
 
 
-def check_tokens(tokens: tuple[str, ...]) -> tuple[str, ...]:
-    tokens = tuple(t.strip() for t in tokens if t and t.strip())
-    if not tokens:
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""What a read-only token may call: nothing it sends changes anything."""
+READ_ONLY = "this token may only read: it may call the GET routes, not this one (an operator token may)"
+
+
+def _clean(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t.strip() for t in tokens if t and t.strip()))
+
+
+def check_token_kinds(
+    tokens: tuple[str, ...], read_tokens: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The operator tokens and the read-only ones, stripped; at least one of either kind, and none of
+    both (ConfigurationError)."""
+    operate, read = _clean(tokens), _clean(read_tokens)
+    if not operate and not read:
         raise ConfigurationError(
-            "the HTTP API needs at least one bearer token: --api-token or NOETL_API_TOKENS (comma-separated)"
+            "the HTTP API needs at least one bearer token: --api-token or NOETL_API_TOKENS (comma-separated), "
+            "or a read-only one: --api-read-token or NOETL_API_READ_TOKENS"
         )
-    return tokens
+    both = set(operate) & set(read)
+    if both:
+        raise ConfigurationError(
+            f"{len(both)} token(s) given both as an operator token (--api-token, NOETL_API_TOKENS) and as a "
+            "read-only one (--api-read-token, NOETL_API_READ_TOKENS): give each token as one kind only"
+        )
+    return operate, read
+
+
+def check_tokens(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """The operator tokens, stripped; at least one (ConfigurationError)."""
+    return check_token_kinds(tokens)[0]
 
 
 @web.middleware
@@ -115,8 +144,9 @@ def _internal(request: web.Request, exc: BaseException) -> web.Response:
     return error_response(500, "internal", f"{type(exc).__name__}: the server could not handle this request")
 
 
-def _auth(tokens: tuple[str, ...]) -> Any:
-    encoded = [t.encode() for t in tokens]
+def _auth(tokens: tuple[str, ...], read_tokens: tuple[str, ...] = ()) -> Any:
+    encoded = [t.encode() for t in (*tokens, *read_tokens)]
+    operators = len(tokens)
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -131,6 +161,10 @@ def _auth(tokens: tuple[str, ...]) -> Any:
             return error_response(
                 401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required"
             )
+        may = MAY_OPERATE if any(matched[:operators]) else MAY_READ
+        if may is MAY_READ and request.method not in READ_METHODS:
+            return error_response(403, "forbidden", READ_ONLY)
+        request[MAY] = may
         return await handler(request)
 
     return auth
@@ -156,8 +190,8 @@ def _strict(route: Route) -> Handler:
 
 def build_app(context: ApiContext) -> web.Application:
     """The REST API of one controller process (``ROUTES``), with authentication and JSON errors."""
-    tokens = check_tokens(context.tokens)
-    app = web.Application(middlewares=[_errors, _auth(tokens)], client_max_size=MAX_BODY_BYTES)
+    tokens, read_tokens = check_token_kinds(context.tokens, context.read_tokens)
+    app = web.Application(middlewares=[_errors, _auth(tokens, read_tokens)], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = context
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _strict(route), name=route.operation_id)

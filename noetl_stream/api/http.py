@@ -23,6 +23,9 @@ from noetl_stream.protocol.wire import decode_json
 
 __all__ = [
     "CONTEXT",
+    "MAY",
+    "MAY_OPERATE",
+    "MAY_READ",
     "YAML_TYPES",
     "ApiContext",
     "ApiError",
@@ -54,6 +57,8 @@ class ApiContext:
     intake: Intake
     tokens: tuple[str, ...]
     metrics: Metrics | None = None
+    read_tokens: tuple[str, ...] = ()
+    """Tokens that may only read: the ``GET`` routes (403 for any other method)."""
     keychain: Keychain | None = None
     streams: set[asyncio.Queue[tuple[int, bytes]]] = field(default_factory=set)
     """The queues of the handlers streaming server-sent events (``?follow=1``): when the server stops it
@@ -73,6 +78,11 @@ END_OF_STREAM = (-1, b"")
 """What a stopping server puts in an event stream's queue (`ApiContext.streams`)."""
 
 CONTEXT = web.AppKey("noetl_api_context", ApiContext)
+
+MAY_READ = ("read",)
+MAY_OPERATE = ("read", "operate")
+MAY = web.RequestKey[tuple[str, ...]]("noetl_api_may")
+"""What the request's token may do (`MAY_READ` or `MAY_OPERATE`), set by the authentication."""
 
 
 def context(request: web.Request) -> ApiContext:

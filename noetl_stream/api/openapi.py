@@ -14,6 +14,7 @@ import msgspec
 from ruamel.yaml import YAML
 
 from noetl_stream import __version__
+from noetl_stream.api.app import READ_METHODS
 from noetl_stream.api.http import JSON, Route
 from noetl_stream.api.routes import ROUTES
 from noetl_stream.protocol.operations import ErrorReply
@@ -24,6 +25,7 @@ _REF = "#/components/schemas/{name}"
 _DESCRIPTIONS = {
     400: "Malformed request",
     401: "Missing or wrong bearer token",
+    403: "The token may only read (a read-only token: GET routes only)",
     404: "No such execution, playbook or entry",
     409: "Conflicts with what is stored: a version registered with other content, an execution that has finished",
     415: "The body is not sent as a content type the route takes (application/json; a form or text/plain is refused)",
@@ -95,6 +97,8 @@ def _operation(route: Route) -> dict[str, Any]:
         responses.setdefault(str(code), _error(_DESCRIPTIONS.get(code, "Refused")))
     if route.auth:
         responses["401"] = _error(_DESCRIPTIONS[401])
+        if route.method not in READ_METHODS:
+            responses["403"] = _error(_DESCRIPTIONS[403])
     else:
         op["security"] = []
     op["responses"] = dict(sorted(responses.items()))
@@ -113,7 +117,8 @@ def document() -> dict[str, Any]:
             "version": __version__,
             "description": "Operator REST API of the noetl-stream controller (`noetl-stream controller --http`). "
             "Every route but /health and the viewer's static pages (/ui...) needs "
-            "`Authorization: Bearer <token>`; every refusal is a 4xx "
+            "`Authorization: Bearer <token>`; a read-only token may call the GET routes only (403 for the "
+            "others; GET /api/session says what a token may do); every refusal is a 4xx "
             "(503 when a dependency is unavailable) with an `{error, detail}` body.",
         },
         "security": [{"bearer": []}],

@@ -1,11 +1,12 @@
-"""Liveness, readiness and metrics."""
+"""Liveness, readiness, metrics, and what the request's token may do."""
 
 from __future__ import annotations
 
+import msgspec
 from aiohttp import web
 from nats.js.errors import NotFoundError
 
-from noetl_stream.api.http import ApiError, context, reply
+from noetl_stream.api.http import MAY, MAY_READ, ApiError, context, reply
 from noetl_stream.kv.provision import stream_names
 from noetl_stream.prometheus import CONTENT_TYPE
 from noetl_stream.protocol.operations import HealthReply, ReadyReply
@@ -45,3 +46,17 @@ async def metrics(request: web.Request) -> web.StreamResponse:
         raise ApiError(404, "not_found", "metrics are not collected by this process")
     await ctx.metrics.refresh(ctx.nc)
     return web.Response(body=ctx.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+
+class SessionReply(msgspec.Struct):
+    """What the request's bearer token may do: ``["read"]`` (a read-only token: the GET routes) or
+    ``["read", "operate"]`` (every route: start, cancel, pause, resume, retry, catalog and keychain
+    writes)."""
+
+    may: list[str]
+
+
+async def session(request: web.Request) -> web.StreamResponse:
+    """What the token of this request may do (the viewer disables the actions a read-only token may not
+    take)."""
+    return reply(SessionReply(may=list(request.get(MAY, MAY_READ))))

@@ -357,6 +357,17 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/api/session",
+        probes.session,
+        "getSession",
+        "What the request's token may do: read (the GET routes) or also operate (every route); "
+        "a read-only token's other calls answer 403",
+        probes.SessionReply,
+        errors=(),
+        tags=("session",),
+    ),
+    Route(
+        "GET",
         "/health",
         probes.health,
         "health",

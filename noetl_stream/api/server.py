@@ -14,11 +14,20 @@ from noetl_stream.control.controller import Controller
 from noetl_stream.control.metrics import Metrics
 from noetl_stream.errors import ConfigurationError
 
-__all__ = ["TOKENS_ENV", "ApiServer", "http_url", "listen_text", "parse_listen", "tokens_from"]
+__all__ = [
+    "READ_TOKENS_ENV",
+    "TOKENS_ENV",
+    "ApiServer",
+    "http_url",
+    "listen_text",
+    "parse_listen",
+    "tokens_from",
+]
 
 log = structlog.get_logger(__name__)
 
 TOKENS_ENV = "NOETL_API_TOKENS"
+READ_TOKENS_ENV = "NOETL_API_READ_TOKENS"
 
 
 def listen_text(host: str, port: int) -> str:
@@ -39,16 +48,26 @@ def parse_listen(value: str, option: str = "--http") -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def tokens_from(given: tuple[str, ...], environ: dict[str, str] | None = None) -> tuple[str, ...]:
+def tokens_from(
+    given: tuple[str, ...], environ: dict[str, str] | None = None, name: str = TOKENS_ENV
+) -> tuple[str, ...]:
+    """The tokens given as options, then those of the environment variable `name` (comma-separated)."""
     env = os.environ if environ is None else environ
-    from_env = [t for t in env.get(TOKENS_ENV, "").split(",") if t.strip()]
+    from_env = [t for t in env.get(name, "").split(",") if t.strip()]
     return tuple(dict.fromkeys([*given, *from_env]))
 
 
 class ApiServer:
     """The REST API plus the metrics it serves, attached to a running controller."""
 
-    def __init__(self, controller: Controller, host: str, port: int, tokens: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        host: str,
+        port: int,
+        tokens: tuple[str, ...],
+        read_tokens: tuple[str, ...] = (),
+    ) -> None:
         self.controller = controller
         self.host = host
         self.port = port
@@ -60,6 +79,7 @@ class ApiServer:
             intake=controller.intake,
             tokens=tokens,
             metrics=self.metrics,
+            read_tokens=read_tokens,
         )
         self.app = build_app(self.context)
         self._runner: web.AppRunner | None = None

@@ -51,6 +51,13 @@ from noetl_stream.cli.main import main
     help="A bearer token the REST API accepts (repeat; also NOETL_API_TOKENS, comma-separated).",
 )
 @click.option(
+    "--api-read-token",
+    "api_read_tokens",
+    multiple=True,
+    help="A bearer token that may only read: the GET routes, 403 for the others (repeat; also "
+    "NOETL_API_READ_TOKENS, comma-separated).",
+)
+@click.option(
     "--legacy",
     is_flag=True,
     envvar="NOETL_LEGACY",
@@ -71,6 +78,7 @@ def controller(
     log_level: str,
     http: str | None,
     api_tokens: tuple[str, ...],
+    api_read_tokens: tuple[str, ...] = (),
     legacy: bool = False,
     controller_id: str | None = None,
 ) -> None:
@@ -78,7 +86,8 @@ def controller(
 
     Several controllers share the executions: each holds the leases of some partitions."""
     from noetl_stream.api import parse_listen, tokens_from
-    from noetl_stream.api.app import check_tokens
+    from noetl_stream.api.app import check_token_kinds
+    from noetl_stream.api.server import READ_TOKENS_ENV
     from noetl_stream.errors import ConfigurationError
     from noetl_stream.logs import configure
     from noetl_stream.runtime.services import run_controller
@@ -86,17 +95,28 @@ def controller(
     configure(log_level)
     listen: tuple[str, int] | None = None
     tokens: tuple[str, ...] = ()
+    read_tokens: tuple[str, ...] = ()
     if http is not None:
         try:
             listen = parse_listen(http)
-            tokens = check_tokens(tokens_from(api_tokens))
+            tokens, read_tokens = check_token_kinds(
+                tokens_from(api_tokens), tokens_from(api_read_tokens, name=READ_TOKENS_ENV)
+            )
         except ConfigurationError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_INVALID)
     extensions: tuple[str, ...] = ("legacy",) if legacy else ()
     run_async(
         run_controller(
-            nats_url, topology_for(prefix), pools, grace, listen, tokens, extensions, controller_id
+            nats_url,
+            topology_for(prefix),
+            pools,
+            grace,
+            listen,
+            tokens,
+            extensions,
+            controller_id,
+            api_read_tokens=read_tokens,
         ),
         nats_url,
     )

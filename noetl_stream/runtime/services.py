@@ -121,8 +121,10 @@ async def run_controller(
     api_tokens: tuple[str, ...] = (),
     extensions: tuple[str, ...] = (),
     controller_id: str | None = None,
+    api_read_tokens: tuple[str, ...] = (),
 ) -> None:
-    """Run a controller until SIGTERM/SIGINT; with ``http`` (host, port) it also serves the REST API.
+    """Run a controller until SIGTERM/SIGINT; with ``http`` (host, port) it also serves the REST API
+    (``api_tokens`` may do everything, ``api_read_tokens`` only read).
 
     ``extensions`` (``legacy``) are DSL extensions every request is compiled with."""
     from noetl_stream.api import ApiServer
@@ -143,7 +145,9 @@ async def run_controller(
             controller_id=controller_id,
             settings=Settings.from_env(os.environ),
         )
-        api = ApiServer(controller, http[0], http[1], api_tokens) if http is not None else None
+        api = (
+            ApiServer(controller, http[0], http[1], api_tokens, api_read_tokens) if http is not None else None
+        )
         if api is not None:  # the workers' task events are watched before any work is taken: none missed
             await api.metrics.start(nc)
         async with controller:

@@ -6,6 +6,8 @@
 //                          (GET /api/executions/{id}/graph, .../steps/{step}, .../result, and
 //                          GET /api/executions/{id}/events?follow=1 read as server-sent events;
 //                          POST .../cancel, .../pause, .../resume, .../retry)
+// GET /api/session says once per page load what the token may do: a read-only token's action buttons
+// are disabled (the API would answer 403).
 //
 // Every data call carries "Authorization: Bearer <token>". The token comes from the URL fragment
 // (#token=...), which is removed from the address bar at once, or from the page's form, and is kept in
@@ -28,6 +30,8 @@
   const READABLE = 0.6; // the smallest scale a graph opens at: below it, it opens at the start, not fitted
   const ITERATIONS_PAGE = 50;
   const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const READ_ONLY_TITLE = "this token may only read: the server refuses its actions (an operator token may act)";
 
   class AuthError extends Error {}
 
@@ -94,6 +98,22 @@
   }
 
   const apiJson = async (path) => (await api(path)).json();
+
+  // What the token may do (GET /api/session): asked once per page load, after the token is known.
+  const session = { may: null };
+
+  async function loadSession() {
+    if (session.may) return;
+    try {
+      session.may = (await apiJson("/session")).may;
+    } catch (err) {
+      if (err instanceof AuthError) throw err;
+      session.may = ["read", "operate"]; // a server that cannot say: the buttons stay, its answer is shown
+    }
+    document.body.dataset.may = session.may.join(" ");
+  }
+
+  const mayOperate = () => !session.may || session.may.includes("operate");
 
   // An operator's action: the API's answer as it is, a refusal included (shown, never thrown).
   async function apiSend(path, body) {
@@ -969,13 +989,14 @@
     const runs = d ? d.runs : [];
     const run = runs.find((r) => r.step_run_id === view.detailRun) || runs[runs.length - 1];
     const lp = step.loop;
+    const operate = mayOperate();
     const retryHere = h("button", {
       type: "button",
       id: "retry-from-step",
       class: "action",
       "data-step": step.name,
-      disabled: TERMINAL.has(g.status) ? null : "disabled",
-      title: TERMINAL.has(g.status) ? `start a new execution from ${step.name}, reusing what succeeded before it` : "the execution has to end first",
+      disabled: operate && TERMINAL.has(g.status) ? null : "disabled",
+      title: !operate ? READ_ONLY_TITLE : TERMINAL.has(g.status) ? `start a new execution from ${step.name}, reusing what succeeded before it` : "the execution has to end first",
       text: "Retry from this step",
       on: { click: () => act("retry", { from_steps: [step.name] }) },
     });
@@ -1063,6 +1084,7 @@
         id: "action-" + action,
         "data-action": action,
         "data-label": label,
+        "data-title": title,
         title,
         text: label,
         on: { click: () => act(action, action === "cancel" ? { reason: "cancelled from the viewer" } : {}) },
@@ -1070,9 +1092,11 @@
     }
     const ended = TERMINAL.has(g.status);
     const enabled = { cancel: !ended, pause: !ended && !g.paused, resume: !ended && g.paused, retry: ended };
+    const operate = mayOperate();
     for (const button of box.querySelectorAll("button.action")) {
       const action = button.dataset.action;
-      button.disabled = !enabled[action];
+      button.disabled = !operate || !enabled[action];
+      button.title = operate ? button.dataset.title : READ_ONLY_TITLE;
       button.classList.toggle("armed", armed.action === action);
       button.textContent = armed.action === action ? CONFIRM[action] : button.dataset.label;
     }
@@ -1327,6 +1351,7 @@
     wireMinimap(byId("minimap"));
     window.addEventListener("resize", updateMinimap);
     document.body.dataset.view = "execution";
+    await loadSession();
     await refreshGraph();
     setInterval(() => {
       if (view.graph && !view.graph.finished_at) {
@@ -1358,6 +1383,7 @@
       if (!value) return;
       sessionStorage.setItem(TOKEN_KEY, value);
       byId("token-input").value = "";
+      session.may = null; // another token: asked again
       route();
     });
     route();

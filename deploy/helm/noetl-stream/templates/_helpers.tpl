@@ -190,6 +190,13 @@ credentials in each URL of a comma-separated list.
       name: {{ . }}
       key: {{ $.Values.controller.api.tokensKey }}
 {{- end }}
+{{- with .Values.controller.api.readTokensSecret }}
+- name: NOETL_API_READ_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.controller.api.readTokensKey }}
+{{- end }}
 {{- end }}
 
 {{- define "noetl-stream.workerEnv" -}}
@@ -221,6 +228,7 @@ NOETL_NATS_CA: nats.tls.caSecret
 HOME: the chart (/tmp, the writable emptyDir)
 NOETL_CONTROLLER_ID: the chart (the pod name)
 NOETL_API_TOKENS: controller.api.tokensSecret
+NOETL_API_READ_TOKENS: controller.api.readTokensSecret
 NOETL_KEYCHAIN_KEY_FILE: keychain.existingSecret or keychain.key
 {{- range $k, $_ := include "noetl-stream.settings" . | fromYaml }}
 {{ $k }}: prefix and jetstream.*

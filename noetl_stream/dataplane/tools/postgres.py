@@ -210,8 +210,16 @@ def _bound(stmt: _Statement, prepared: Any) -> Any:
     """The statement's params as they are bound (`_bindable`), each float kept as it is where its
     parameter is a ``float4``/``float8`` (or an array of them); a ``many`` statement's rows alike."""
     plain = tuple(t.name in _FLOAT_TYPES for t in prepared.get_parameters())
-    if stmt.many:
-        return [_bound_row(row, plain) for row in stmt.params]
+    if stmt.many:  # (most rows need nothing: looked at only where a value might)
+        width = len(plain)
+        watch = tuple(k for k in range(width) if not plain[k])
+        return [
+            row
+            if len(row) == width
+            and not any(type(row[k]) is float or isinstance(row[k], (list, tuple)) for k in watch)
+            else _bound_row(row, plain)
+            for row in stmt.params
+        ]
     return _bound_row(stmt.params, plain)
 
 

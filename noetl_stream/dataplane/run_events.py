@@ -201,7 +201,12 @@ class RunEvents:
             self.outbox.event(ev, data)
         await self.outbox.flush()
 
-    async def publish_pending(self) -> None:
+    async def publish_pending(self, *, progress: bool = False) -> None:
+        """Publish what is queued and wait until it is stored. `progress` (the worker's watcher, while the
+        command runs): nothing when `record`'s writer is busy — it publishes what is queued itself, and the
+        watcher must not wait for a writer a busy loop keeps busy (its keep-alive comes after this)."""
+        if progress and self._recording is not None:
+            return
         await self._recorded()
         pending, self.pending = self.pending, []
         ready = await self._encoded(pending)

@@ -364,7 +364,7 @@ class Worker:
         run.wake = asyncio.Event()
         while not run.finished:
             try:
-                await run.events.publish_pending()
+                await run.events.publish_pending(progress=True)
             except Exception as exc:  # the final flush reports failures; progress is best effort
                 self._log.debug("worker.progress_publish_failed", error=str(exc))
             if loop.time() >= next_keep_alive:

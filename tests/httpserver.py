@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gzip
 import socket
 from typing import Any
 
@@ -24,7 +25,7 @@ class HttpServer:
     ``/raw?type=T&body=B``             B as the body, T (default none) as its content type
     ``/big?bytes=N&chunked=1&status=S&type=T&char=C``  that status (200) and N bytes of C (``x``; a
                                        multi-byte C counts its bytes), with a Content-Length or (chunked)
-                                       without one
+                                       without one; ``gzip=1``: compressed (its Content-Length too)
     ``/drip?s=SECONDS``                a JSON body sent one byte every 0.1 s for that long
     """
 
@@ -107,6 +108,9 @@ class HttpServer:
         body = char * (int(request.query.get("bytes", "1048576")) // len(char))
         status = int(request.query.get("status", "200"))
         ctype = request.query.get("type", "text/plain")
+        if request.query.get("gzip") == "1":  # (Content-Length is the compressed size)
+            headers = {"Content-Encoding": "gzip"}
+            return web.Response(status=status, body=gzip.compress(body), content_type=ctype, headers=headers)
         if request.query.get("chunked") != "1":
             return web.Response(status=status, body=body, content_type=ctype, charset="utf-8")
         resp = web.StreamResponse(status=status)

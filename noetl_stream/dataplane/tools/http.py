@@ -458,7 +458,11 @@ async def _request(
         chunks: list[bytes] = []
         size = 0
         cut = False
-        if resp.content_length is not None and resp.content_length <= max_body:  # (the usual case)
+        if (
+            resp.content_length is not None
+            and resp.content_length <= max_body
+            and resp.headers.get("Content-Encoding", "identity").lower() == "identity"
+        ):  # (the usual case; a compressed body's length is not what it inflates to)
             chunks.append(await resp.read())  # (what it announced: the parser reads no more)
             size = len(chunks[0])
         async for chunk in resp.content.iter_chunked(256 * 1024):  # (the rest: none, or all of it)

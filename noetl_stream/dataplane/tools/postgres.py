@@ -424,7 +424,7 @@ async def _run_one(conn: Any, stmt: _Statement, timeout: float | None) -> dict[s
         status = prepared.get_statusmsg() or ""
         return command_result(_rowcount(status), status)
 
-    return await run_prepared(conn, stmt.sql, timeout, run)
+    return await run_prepared(conn, stmt.sql, timeout, run, once=not stmt.many)
 
 
 def _transaction(raw: Any) -> str | None:

@@ -264,6 +264,22 @@ async def test_http_a_body_over_max_body_bytes_fails_without_being_read_whole(
     assert ok.status == "ok" and len(ok.result["data"]) == 3 * 1024 * 1024
 
 
+@pytest.mark.parametrize("status", [200, 500])
+async def test_http_a_compressed_body_is_judged_by_what_it_inflates_to(
+    server: HttpServer, services: WorkerServices, status: int
+) -> None:
+    """Its Content-Length is the compressed size (a few KiB for 3 MiB of one letter): within the limit,
+    it must not let the inflated body through whole."""
+    url = f"{server.url}/big?bytes={3 * 1024 * 1024}&gzip=1&status={status}"
+    out = await run_http({"url": url}, context({"max_body_bytes": 1024 * 1024}, services))
+    assert int(out.helpers["http"]["headers"]["content-length"]) < 1024 * 1024
+    if status == 200:
+        assert out.error is not None and out.error["kind"] == "response_too_large", out.error
+    else:  # an error status is answered, its body cut at the limit
+        assert out.helpers["http"].get("truncated") is True
+        assert len(out.result["data"]) == 1024 * 1024
+
+
 async def test_http_a_head_request_is_not_judged_by_the_length_it_announces(
     server: HttpServer, services: WorkerServices
 ) -> None:

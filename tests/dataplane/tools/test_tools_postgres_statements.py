@@ -89,3 +89,21 @@ async def test_inside_a_transaction_a_stale_statement_fails_the_task_and_the_nex
     again = await pg(services, query=select, transaction=True)
     assert again.status == "ok", again.error
     assert again.result["columns"] == ["id", "name", "extra"]
+
+
+async def test_a_column_whose_type_changed_takes_the_values_of_its_new_type(
+    services: WorkerServices, table: str
+) -> None:
+    """The statement kept by the connection has the parameter types of when it was prepared (int): a
+    text value is refused on the client, before the server sees it. Prepared afresh, its types differ:
+    the task runs with those, as it did when every task prepared its statement."""
+    insert = f"INSERT INTO {table} (id, name) VALUES ($1, $2)"
+    assert (await pg(services, command=insert, params=[1, "a"])).status == "ok"
+    altered = await pg(services, command=f"ALTER TABLE {table} ALTER COLUMN name TYPE int USING 0")
+    assert altered.status == "ok", altered.error
+    out = await pg(services, command=insert, params=[2, 7])
+    assert out.status == "ok", out.error
+    wrong = await pg(services, command=insert, params=[3, "not a number"])  # (a value that is wrong)
+    assert wrong.status == "error" and wrong.error is not None and wrong.error["kind"] == "pg_error"
+    rows = await pg(services, query=f"SELECT id, name FROM {table} ORDER BY id")
+    assert rows.result["rows"] == [{"id": 1, "name": 0}, {"id": 2, "name": 7}]

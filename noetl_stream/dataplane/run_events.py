@@ -54,6 +54,8 @@ class RunEvents:
         """Settled when the records asked for in this turn are written (`record`)."""
         self._recording: asyncio.Future[None] | None = None
         """`record`'s writer: what is published after it waits for it (stream order)."""
+        self._publishing: asyncio.Future[None] | None = None
+        """`publish_pending` in progress: `record`'s writer waits for it (what it took is older)."""
         self._unrecorded: list[tuple[Event, bytes]] = []
         """Messages a failed `record` write did not publish: published first, as they were (a carrier's
         id names the same message on every try)."""
@@ -136,6 +138,8 @@ class RunEvents:
             self._recording = None
 
     async def _write_records(self) -> None:
+        if self._publishing is not None:  # (what it took goes first: the stream keeps their order)
+            await asyncio.shield(self._publishing)
         if self._unrecorded:
             return  # a write failed: what follows goes with the final flush, after it
         pending, self.pending = self.pending, []
@@ -145,7 +149,7 @@ class RunEvents:
         for k, (ev, data) in enumerate(ready):
             try:
                 await self.outbox.send_now(ev, data)
-            except Exception:
+            except BaseException:  # (cancelled too)
                 self._unrecorded = ready[k:]
                 raise
 
@@ -208,18 +212,25 @@ class RunEvents:
         if progress and self._recording is not None:
             return
         await self._recorded()
-        pending, self.pending = self.pending, []
-        ready = await self._encoded(pending)
-        if self.parts.carry:
-            ready = carry(ready, MAX_EVENT_BYTES)
-        unrecorded, self._unrecorded = self._unrecorded, []
-        for ev, data in unrecorded + ready:
-            self.outbox.event(ev, data)
+        publishing = self._publishing = asyncio.get_running_loop().create_future()
         try:
-            await self.outbox.flush()
-        except BaseException:
-            self._unrecorded = unrecorded  # (the next try publishes them again, as they were)
-            raise
+            pending, self.pending = self.pending, []
+            ready = await self._encoded(pending)
+            if self.parts.carry:
+                ready = carry(ready, MAX_EVENT_BYTES)
+            unrecorded, self._unrecorded = self._unrecorded, []
+            for ev, data in unrecorded + ready:
+                self.outbox.event(ev, data)
+            try:
+                await self.outbox.flush()
+            except BaseException:
+                # The next try publishes them again, as they were (the same ids name the same messages):
+                # a progress publish that failed loses nothing the command's final flush could write.
+                self._unrecorded = unrecorded + ready
+                raise
+        finally:
+            self._publishing = None
+            publishing.set_result(None)
 
 
 _FAILURES = frozenset({E.STEP_FAILED, E.LOOP_ITERATION_FAILED, E.KEYCHAIN_FAILED})

@@ -50,6 +50,9 @@ class RunEvents:
         self.pending: list[Event] = []
         self._unconfirmed: list[tuple[Event, bytes]] = []
         """What `publish_pending_nowait` published, kept until it is known to be stored."""
+        self.local_loop = cmd.iteration is None and cmd.step_def is not None and cmd.step_def.loop is not None
+        """A local loop's run (every iteration here): its iteration records may be carried (`carry`); a
+        distributed loop's iteration boundaries never are (the controller folds them)."""
         self._waiter: asyncio.Future[None] | None = None
         """Settled when the records asked for in this turn are written (`record`)."""
         self._recording: asyncio.Future[None] | None = None
@@ -145,7 +148,7 @@ class RunEvents:
         pending, self.pending = self.pending, []
         ready = await self._encoded(pending)
         if self.parts.carry:
-            ready = carry(ready, MAX_EVENT_BYTES, ITERATIONS_MAX_BYTES)
+            ready = carry(ready, MAX_EVENT_BYTES, ITERATIONS_MAX_BYTES, iterations=self.local_loop)
         for k, (ev, data) in enumerate(ready):
             try:
                 await self.outbox.send_now(ev, data)
@@ -186,7 +189,7 @@ class RunEvents:
                 return None
             ready.append((ev, data))
         if self.parts.carry:
-            ready = carry(ready, MAX_EVENT_BYTES)
+            ready = carry(ready, MAX_EVENT_BYTES, iterations=self.local_loop)
         for ev, data in ready:
             outbox.event(ev, data)
         fut = outbox.flush_nowait()
@@ -217,7 +220,7 @@ class RunEvents:
             pending, self.pending = self.pending, []
             ready = await self._encoded(pending)
             if self.parts.carry:
-                ready = carry(ready, MAX_EVENT_BYTES)
+                ready = carry(ready, MAX_EVENT_BYTES, iterations=self.local_loop)
             unrecorded, self._unrecorded = self._unrecorded, []
             for ev, data in unrecorded + ready:
                 self.outbox.event(ev, data)

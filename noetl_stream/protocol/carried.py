@@ -46,20 +46,28 @@ flood of tiny records would otherwise make one stored message a page no reader c
 
 
 def carry(
-    ready: list[tuple[Event, bytes]], max_message_bytes: int, carry_max_bytes: int = CARRY_MAX_BYTES
+    ready: list[tuple[Event, bytes]],
+    max_message_bytes: int,
+    carry_max_bytes: int = CARRY_MAX_BYTES,
+    *,
+    iterations: bool = False,
 ) -> list[tuple[Event, bytes]]:
     """``ready`` (events in publishing order, each with its encoding) with each carrier's carried events
     moved into its message: the longest run right before it of the names it carries (`E.CARRIED_BY`),
     from the same execution, source and step run, within `carry_max_bytes` and with the carrier within
     ``max_message_bytes``. A carrier formed earlier in the same list is taken whole, flattened (what it
     carries, then itself), when the later one may carry all of it: a local loop's batch of iterations is
-    one message. The same list (the same object) when there is nothing to carry. Deterministic: the same
-    events give the same messages, so a publish retried after a crash has the same ``Nats-Msg-Id``s."""
+    one message. `iterations` (a local loop's events only): iteration events (`E.ITERATION_EVENTS`) may be
+    carried too; a distributed loop's iteration boundaries, which the controller folds, never are. The
+    same list (the same object) when there is nothing to carry. Deterministic: the same events give the
+    same messages, so a publish retried after a crash has the same ``Nats-Msg-Id``s."""
     if len(ready) < 2:
         return ready
     out: list[_Held] = []
     for ev, data in ready:
         names = E.CARRIED_BY.get(ev.name)
+        if names is not None and not iterations:
+            names = E.CARRIED_EVENTS
         if names is None or ev.carried or not out:
             out.append(_Held(ev, data))
             continue

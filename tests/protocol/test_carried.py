@@ -325,23 +325,37 @@ def iteration(index: int, end: str = E.LOOP_ITERATION_DONE) -> list[Event]:
 
 def test_a_batch_of_local_iterations_is_one_message_holding_them_all_in_order() -> None:
     events = iteration(0) + iteration(1, E.LOOP_ITERATION_FAILED) + iteration(2)
-    (message,) = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES)
+    (message,) = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES, iterations=True)
     carrier, data = message
     assert carrier.event_id == events[-1].event_id and len(carrier.carried) == len(events) - 1
     assert expand(decode_event(data)) == events
     assert decode_all(data) == events
 
 
+def test_outside_a_local_loop_an_iteration_boundary_is_never_carried() -> None:
+    """A distributed iteration's command (or anything but a local loop's run) carries task events only:
+    an iteration boundary the controller folds is never inside another's message."""
+    events = [*iteration(0), *iteration(1, E.LOOP_ITERATION_FAILED)]
+    out = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES)
+    assert [e.name for e, _ in out] == [
+        E.LOOP_ITERATION_STARTED,
+        E.LOOP_ITERATION_DONE,
+        E.LOOP_ITERATION_STARTED,
+        E.LOOP_ITERATION_FAILED,
+    ]
+    assert [e for m, _ in out for e in expand(m)] == events
+
+
 def test_a_loops_end_carries_no_iteration_records() -> None:
     events = [*iteration(0), event(E.LOOP_DONE)]
-    out = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES)
+    out = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES, iterations=True)
     assert [e.name for e, _ in out] == [E.LOOP_ITERATION_DONE, E.LOOP_DONE]
     assert [e for m, _ in out for e in expand(m)] == events
 
 
 def test_a_batch_of_iterations_stays_within_its_bytes_and_count() -> None:
     events = [e for i in range(100) for e in iteration(i)]
-    out = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES)
+    out = carry(ready(*events), LIMIT, ITERATIONS_MAX_BYTES, iterations=True)
     assert 1 < len(out) < 100
     for message, _ in out:
         assert len(message.carried) <= MAX_CARRIED

@@ -10,11 +10,10 @@ allowed) and, for the catalog, the YAML types are read as before.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from apiserver import Api, serve
+from apiserver import Api
 from helpers import playbook
 
 from noetl_stream.api.openapi import document
@@ -23,12 +22,6 @@ from noetl_stream.runtime.local import Runtime
 GOOD = playbook("- step: start\n  tool: {kind: noop}\n")
 START = json.dumps({"playbook": GOOD}).encode()
 CATALOGUED = playbook("- step: start\n  tool: {kind: noop}\n", name="hostile-ct")  # path tests/hostile-ct
-
-
-@pytest.fixture
-async def api(runtime: Runtime) -> AsyncIterator[Api]:
-    async with serve(runtime) as client:
-        yield client
 
 
 async def recorded(rt: Runtime) -> int:

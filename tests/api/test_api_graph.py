@@ -9,7 +9,7 @@ from typing import Any
 import helpers
 import msgspec
 import pytest
-from apiserver import Api, serve
+from apiserver import Api
 from helpers import playbook
 from viewer_support import GATE_BOOK, graph_when, open_gate, pipeline_book, start, steps
 
@@ -17,12 +17,6 @@ from noetl_stream.api.graph import fold_graph
 from noetl_stream.client.submit import retry_request
 from noetl_stream.protocol import events as E
 from noetl_stream.runtime.local import Runtime
-
-
-@pytest.fixture
-async def api(runtime: Runtime) -> Any:
-    async with serve(runtime) as client:
-        yield client
 
 
 def _at(iso: str) -> datetime.datetime:

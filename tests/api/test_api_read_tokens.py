@@ -8,28 +8,20 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from apiserver import OTHER_TOKEN, READ_TOKEN, Api, serve, sse
+from apiserver import OTHER_TOKEN, READ_TOKEN, Api, sse
 from helpers import playbook
 
 from noetl_stream.api.app import READ_METHODS, check_token_kinds
 from noetl_stream.api.routes import ROUTES
 from noetl_stream.api.server import READ_TOKENS_ENV, TOKENS_ENV, tokens_from
 from noetl_stream.errors import ConfigurationError
-from noetl_stream.runtime.local import Runtime
 
 READ_ONLY = "this token may only read"
 ONE_STEP = playbook("- step: start\n  tool: {kind: noop, result: 7}", name="readable")
 AS_READER = {"Authorization": f"Bearer {READ_TOKEN}"}
-
-
-@pytest.fixture
-async def api(runtime: Runtime) -> AsyncIterator[Api]:
-    async with serve(runtime) as client:
-        yield client
 
 
 async def as_reader(api: Api, method: str, path: str, expect: int, **kwargs: Any) -> Any:

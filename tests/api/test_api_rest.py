@@ -70,12 +70,6 @@ RETRIES = playbook(
 )
 
 
-@pytest.fixture
-async def api(runtime: Runtime) -> Any:
-    async with serve(runtime) as client:
-        yield client
-
-
 async def start(api: Api, body: dict[str, Any]) -> str:
     reply = await api.json("POST", "/api/executions", 201, json=body)
     return str(reply["execution_id"])

@@ -8,26 +8,10 @@ API the page reads. Screenshots go to ``test-artifacts/``.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-from apiserver import TOKEN, Api, serve
-from viewer_support import GATE_BOOK, Browser, call, graph_when, open_browser, open_gate, pipeline_book, start
-
-from noetl_stream.runtime.local import Runtime
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with open_browser() as b:
-        yield b
-
-
-@pytest.fixture
-async def api(runtime: Runtime) -> AsyncIterator[Api]:
-    async with serve(runtime) as client:
-        yield client
+from apiserver import TOKEN, Api
+from viewer_support import GATE_BOOK, Browser, call, graph_when, open_gate, pipeline_book, start
 
 
 async def test_the_execution_page_shows_the_graph_timeline_and_list(api: Api, browser: Browser) -> None:

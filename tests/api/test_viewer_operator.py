@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver import TOKEN, Api, serve
+from apiserver import TOKEN, Api
 from helpers import playbook
 from viewer_support import (
     ARTIFACTS,
@@ -25,13 +24,10 @@ from viewer_support import (
     Browser,
     call,
     graph_when,
-    open_browser,
     open_gate,
     pipeline_book,
     start,
 )
-
-from noetl_stream.runtime.local import Runtime
 
 LANES = ("extract", "transform", "load")
 LANE_STEPS = 32
@@ -82,18 +78,6 @@ BETA = playbook(
     """,
     name="beta",
 )
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with open_browser() as b:
-        yield b
-
-
-@pytest.fixture
-async def api(runtime: Runtime) -> AsyncIterator[Api]:
-    async with serve(runtime) as client:
-        yield client
 
 
 def picture(b: Browser, name: str) -> Path:

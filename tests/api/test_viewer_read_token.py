@@ -4,14 +4,10 @@ saying why; an action the server refuses with 403 is shown in the outcome line."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-from apiserver import READ_TOKEN, TOKEN, Api, serve
-from viewer_support import GATE_BOOK, Browser, call, graph_when, open_browser, open_gate, start
-
-from noetl_stream.runtime.local import Runtime
+from apiserver import READ_TOKEN, TOKEN, Api
+from viewer_support import GATE_BOOK, Browser, call, graph_when, open_gate, start
 
 READ_ONLY = "this token may only read"
 ACTIONS = ("cancel", "pause", "resume", "retry")
@@ -19,18 +15,6 @@ BUTTONS_JS = """
 return Array.from(document.querySelectorAll('#controls button.action'),
                   b => [b.dataset.action, b.disabled, b.title]);
 """
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with open_browser() as b:
-        yield b
-
-
-@pytest.fixture
-async def api(runtime: Runtime) -> AsyncIterator[Api]:
-    async with serve(runtime) as client:
-        yield client
 
 
 async def buttons(b: Browser) -> dict[str, tuple[bool, str]]:

@@ -130,10 +130,11 @@ def test_a_failed_run_names_the_failed_step_and_its_error_once(tmp_path: Path) -
     assert as_json.stderr == "", "the outcome on stdout says it all"
 
 
-def test_ctrl_c_is_exit_130_and_one_line(tmp_path: Path) -> None:
+def _run_blocked(tmp_path: Path) -> subprocess.Popen[str]:
+    """``noetl-stream run`` of a playbook whose task blocks (it cannot end before a signal)."""
     path = _write(tmp_path, "blocked", BLOCKED)
     env = {k: v for k, v in os.environ.items() if k != "NOETL_NATS_URL"}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [cli(), "run", str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -143,6 +144,10 @@ def test_ctrl_c_is_exit_130_and_one_line(tmp_path: Path) -> None:
         # Ctrl-C's default action: a child of a non-interactive shell may have inherited SIGINT ignored.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def test_ctrl_c_is_exit_130_and_one_line(tmp_path: Path) -> None:
+    proc = _run_blocked(tmp_path)
     try:
         assert proc.stderr is not None
         before = []
@@ -283,17 +288,7 @@ def test_ctrl_c_while_the_command_line_starts_is_exit_130_and_one_line(
 ) -> None:
     """A Ctrl-C in the first fraction of a second, while the command line imports what it runs, is the
     same one line and exit 130 (not a traceback of the module being imported)."""
-    path = _write(tmp_path, "blocked", BLOCKED)  # (it cannot end before the signal)
-    env = {k: v for k, v in os.environ.items() if k != "NOETL_NATS_URL"}
-    proc = subprocess.Popen(
-        [cli(), "run", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = _run_blocked(tmp_path)
     try:
         time.sleep(after_s)
         proc.send_signal(signal.SIGINT)

@@ -55,13 +55,11 @@ def masked_url(url: str, names: Collection[str] = ()) -> str:
     """`url` with its userinfo password and the values of query (and fragment) parameters named like
     credentials (or one of `names`, lower-case) as ``***``; every other character as it was. (Worked out
     once per URL and names: a loop's tasks mask the same URL each time.)"""
-    if isinstance(names, frozenset):
-        return _masked_url(url, names)
-    return _masked_url.__wrapped__(url, names)
+    return _masked_url(url, frozenset(names))  # (a frozenset is itself: no copy)
 
 
 @functools.lru_cache(maxsize=1024)
-def _masked_url(url: str, names: Collection[str]) -> str:
+def _masked_url(url: str, names: frozenset[str]) -> str:
     rest, hash_, fragment = url.partition("#")
     rest, qmark, query = rest.partition("?")
     scheme = _SCHEME.match(rest)

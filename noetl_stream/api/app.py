@@ -36,7 +36,7 @@ from noetl_stream.api.routes import ROUTES
 from noetl_stream.control.inspect import QueryError
 from noetl_stream.errors import ConfigurationError
 
-__all__ = ["MAX_BODY_BYTES", "READ_METHODS", "build_app", "check_token_kinds", "check_tokens"]
+__all__ = ["MAX_BODY_BYTES", "READ_METHODS", "build_app", "check_token_kinds"]
 
 log = structlog.get_logger(__name__)
 
@@ -91,11 +91,6 @@ def check_token_kinds(
             "read-only one (--api-read-token, NOETL_API_READ_TOKENS): give each token as one kind only"
         )
     return operate, read
-
-
-def check_tokens(tokens: tuple[str, ...]) -> tuple[str, ...]:
-    """The operator tokens, stripped; at least one (ConfigurationError)."""
-    return check_token_kinds(tokens)[0]
 
 
 @web.middleware

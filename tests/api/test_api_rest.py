@@ -455,12 +455,12 @@ async def test_a_missing_bucket_or_stream_is_a_503_that_says_to_provision(api: A
 
 
 def test_the_app_needs_a_token() -> None:
-    from noetl_stream.api.app import check_tokens
+    from noetl_stream.api.app import check_token_kinds
     from noetl_stream.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="bearer token"):
-        check_tokens(("", " "))
-    assert check_tokens((" a ", "b")) == ("a", "b")
+        check_token_kinds(("", " "))
+    assert check_token_kinds((" a ", "b")) == (("a", "b"), ())
 
 
 async def test_a_client_that_goes_away_mid_stream_leaves_the_server_serving(

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -282,14 +283,34 @@ async def test_submit_warns_about_undeclared_payload_keys_too(
     ) in proc.stderr.splitlines()
 
 
-@pytest.mark.parametrize("after_s", [0.02, 0.1, 0.2])
+# The console script's entry, as the installed script runs it, after a line that says it was reached (the
+# interpreter's own start, before it, is no code of ours: a Ctrl-C there is Python's).
+CONSOLE = (
+    "import sys; from noetl_stream.console import entry; print('reached', flush=True); "
+    "sys.argv = ['noetl-stream', 'run', sys.argv[1]]; entry()"
+)
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.15])
 def test_ctrl_c_while_the_command_line_starts_is_exit_130_and_one_line(
     tmp_path: Path, after_s: float
 ) -> None:
     """A Ctrl-C in the first fraction of a second, while the command line imports what it runs, is the
     same one line and exit 130 (not a traceback of the module being imported)."""
-    proc = _run_blocked(tmp_path)
+    path = _write(tmp_path, "blocked", BLOCKED)  # (it cannot end before the signal)
+    env = {k: v for k, v in os.environ.items() if k != "NOETL_NATS_URL"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONSOLE, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "reached\n"
         time.sleep(after_s)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
